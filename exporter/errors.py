@@ -1,0 +1,37 @@
+"""The exception hierarchy, drawn once.
+
+Every error a user can cause (a bad flag, a missing model file, a malformed capture) is a
+:class:`UsageError`: the CLI prints its message as one line and exits with code 2. Its message
+names the problem and the fix. Anything else escaping to the CLI is a bug in vllm-headroom.
+"""
+
+from __future__ import annotations
+
+
+class HeadroomError(Exception):
+    """Base class for every error vllm-headroom raises on purpose."""
+
+
+class UsageError(HeadroomError):
+    """Bad input from the user: flags, settings, model files, captures. Exit code 2."""
+
+
+class ModelConfigError(UsageError):
+    """A model's ``config.json`` (or the catalogue entry) cannot be used for sizing."""
+
+
+class UnsupportedModelError(ModelConfigError):
+    """The model's attention kind is one the sizing model declines, with the reason."""
+
+
+class ParseError(UsageError):
+    """A Prometheus text exposition could not be parsed; the message names the line."""
+
+
+class SourceError(HeadroomError):
+    """A data source (vLLM HTTP, NVML) failed; carries a bounded ``reason`` for metrics."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        #: Low-cardinality reason, safe to use as a label value (``timeout``, ``http_5xx``...).
+        self.reason = reason
