@@ -37,7 +37,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _command_modules() -> list[_CommandModule]:
     # Imported here so that `vllm-headroom --version` does not pay for every subcommand.
-    return []
+    from exporter import plan  # noqa: PLC0415 (lazy on purpose, see above)
+
+    return [plan]
 
 
 def build_parser() -> OneLineParser:

@@ -1,0 +1,71 @@
+"""Specification of the built-in GPU and model catalogues (exporter.catalog)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.catalog import find_gpu, find_model, gpus, models, smallest_gpu
+from exporter.errors import UsageError
+from exporter.overhead import GIB
+from exporter.sizing import Deployment
+
+REQUIRED_GPUS = [
+    "H100 80GB",
+    "H200",
+    "A100 40GB",
+    "A100 80GB",
+    "L40S",
+    "L4",
+    "A10G",
+    "T4",
+    "RTX 4090",
+    "RTX 3090",
+    "B200",
+    "MI300X",
+]
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_required_gpus_present_with_source(name: str) -> None:
+    """Every GPU the issue lists is in the catalogue, with a source and a plausible size."""
+    spec = find_gpu(name)
+    assert spec.source
+    assert 14 * GIB < spec.memory_bytes < 200 * GIB
+
+
+def test_gpu_lookup_forgives_spelling() -> None:
+    """Case, dashes and aliases do not matter: 'h100-80gb' is the H100 80GB."""
+    assert find_gpu("h100-80gb").name == "H100 80GB"
+    assert find_gpu("NVIDIA A100-SXM4-40GB").name == "A100 40GB"
+
+
+def test_unknown_gpu_suggests_close_matches() -> None:
+    """An unknown GPU name fails with close matches in the message."""
+    with pytest.raises(UsageError, match="H100"):
+        find_gpu("H10")
+
+
+def test_every_model_entry_parses_and_cites() -> None:
+    """Every catalogue model parses into an architecture and cites its source."""
+    for entry in models():
+        arch = entry.arch()
+        assert entry.source
+        assert arch.num_layers > 0
+        assert arch.params
+
+
+def test_model_lookup_by_hub_id_and_alias() -> None:
+    """A model is found by name, hub id or alias."""
+    assert find_model("meta-llama/Llama-3.1-8B-Instruct").name == "llama-3.1-8b"
+    assert find_model("Qwen/Qwen2.5-7B").name == "qwen2.5-7b"
+    assert find_model("no-such-model") is None
+
+
+def test_smallest_gpu_is_the_first_that_fits() -> None:
+    """The smallest catalogue GPU holding the target fits it; the one below it does not."""
+    arch = find_model("llama-3.1-8b").arch()
+    deployment = Deployment(gpu_memory_bytes=0, max_model_len=8192)
+    spec = smallest_gpu(arch, deployment=deployment, sequences=100, context_tokens=4000)
+    assert spec is not None
+    ordered = list(gpus())
+    assert ordered.index(spec) > 0

@@ -1,0 +1,305 @@
+"""Specification of the sizing model (exporter.sizing), worked examples and properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.errors import UnsupportedModelError, UsageError
+from exporter.modelconfig import load_model_arch
+from exporter.sizing import (
+    Declined,
+    Deployment,
+    MlaDims,
+    ModelArch,
+    SizingResult,
+    kv_bytes_per_element,
+    kv_heads_per_gpu,
+    pipeline_partition,
+    require_sized,
+    size_deployment,
+    utilization_needed,
+)
+from exporter.vllm_version import VllmVersion
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+GB = 10**9
+GIB = 2**30
+
+
+def sized(arch: ModelArch, deployment: Deployment) -> SizingResult:
+    """Size and insist the model was not declined."""
+    return require_sized(size_deployment(arch, deployment=deployment))
+
+
+def arch(name: str) -> ModelArch:
+    """Load a fixture config by directory name."""
+    return load_model_arch(CONFIGS / name)
+
+
+LLAMA = Deployment(
+    gpu_memory_bytes=80 * GB,
+    gpu_memory_utilization=0.9,
+    weights_bytes=16 * GB,
+    overhead_bytes=4 * GB,
+    dtype="float16",
+    max_model_len=8192,
+)
+
+
+def test_worked_example_bytes_per_token() -> None:
+    """Llama 3.1 8B in FP16 costs exactly 131,072 bytes (128 KiB) of KV per token."""
+    result = sized(arch("llama-3.1-8b-instruct"), LLAMA)
+    assert result.bytes_per_token == 131_072
+    assert result.bytes_per_token * 2000 == 250 * 2**20  # a 2,000-token sequence: 250 MiB
+
+
+def test_worked_example_budget_and_sequences() -> None:
+    """80 GB x 0.9 - 16 GB - 4 GB = 52 GB holds about 200 x 2,000 or 50 x 8,000 tokens."""
+    result = sized(arch("llama-3.1-8b-instruct"), LLAMA)
+    assert result.kv_budget_bytes == 52 * GB
+    assert result.sequences_at(2000) == 198
+    assert result.sequences_at(8000) == 49
+
+
+def test_worked_example_fp8_doubles() -> None:
+    """An FP8 KV cache halves bytes per token and doubles the sequences that fit."""
+    result = sized(arch("llama-3.1-8b-instruct"), replace(LLAMA, kv_cache_dtype="fp8"))
+    assert result.bytes_per_token == 65_536
+    assert result.sequences_at(2000) == 396
+    assert result.sequences_at(8000) == 99
+
+
+def test_tiny_cpu_model_matches_vllm_032() -> None:
+    """The tiny CPU model costs 1,024 bytes/token and gives vLLM 0.32's 8 blocks = 1,024 tokens."""
+    deployment = Deployment(
+        gpu_memory_bytes=0,
+        device="cpu",
+        kv_cache_memory_bytes=1_048_576,
+        max_model_len=512,
+        vllm_version=VllmVersion(0, 32, 0),
+    )
+    result = sized(arch("tiny-llama"), deployment)
+    assert result.bytes_per_token == 1024
+    assert result.block_size == 128
+    assert result.kv_blocks == 8
+    assert result.kv_capacity_tokens == 1024
+    assert result.kv_cache_size_tokens == 1024
+    assert result.max_concurrency == 2.0
+    assert result.usable_tokens == 7 * 128
+
+
+def test_qwen25_7b_bytes_per_token() -> None:
+    """Qwen2.5 7B: 2 x 28 layers x 4 KV heads x 128 x 2 bytes = 57,344 bytes per token."""
+    result = sized(arch("qwen2.5-7b-instruct"), replace(LLAMA, weights_bytes=None))
+    assert result.bytes_per_token == 57_344
+    assert result.attention_kind == "GQA"
+
+
+def test_deepseek_v3_mla_bytes_and_tp_invariance() -> None:
+    """DeepSeek-V3 caches 576 values per layer (61 x 576 x 2 bytes), the same on every TP rank."""
+    model = arch("deepseek-v3")
+    deployment = Deployment(gpu_memory_bytes=140 * GIB, tensor_parallel=8, max_model_len=8192)
+    result = sized(model, deployment)
+    assert result.bytes_per_token == 61 * 576 * 2
+    for tp in (1, 2, 4, 16):
+        other = sized(model, replace(deployment, tensor_parallel=tp, weights_bytes=GIB))
+        assert other.bytes_per_token == result.bytes_per_token
+
+
+def test_gemma2_9b_matches_vllm_019_log() -> None:
+    """Gemma 2 9B with 54.12 GiB of KV memory gives vLLM 0.19's logged 168,880 tokens."""
+    deployment = Deployment(
+        gpu_memory_bytes=int(79.19 * GIB),  # an H100: vLLM's 8,192-token batch default
+        kv_cache_memory_bytes=int(54.12 * GIB),
+        max_model_len=8192,
+        vllm_version=VllmVersion(0, 19, 0),
+    )
+    result = sized(arch("gemma-2-9b-it"), deployment)
+    assert [g.kind for g in result.kv_groups] == ["sliding", "full"]
+    assert result.legacy_log_tokens == 168_880
+    assert result.reported_capacity_tokens == 168_880
+    # vLLM logged "Maximum concurrency for 8,192 tokens per request: 20.60x".
+    assert f"{result.max_concurrency:.2f}" == "20.60"
+
+
+def test_gemma3_vlm_groups_and_concurrency() -> None:
+    """Gemma 3 12B (text_config nested) forms 6 groups of 8 layers; vLLM 0.19 logged 15.88x."""
+    deployment = Deployment(
+        gpu_memory_bytes=int(79.19 * GIB),
+        kv_cache_memory_bytes=int(47.72 * GIB),
+        max_model_len=8192,
+        vllm_version=VllmVersion(0, 19, 0),
+    )
+    result = sized(arch("gemma-3-12b-it"), deployment)
+    assert len(result.kv_groups) == 6
+    assert result.kv_groups[0].num_layers == 8
+    assert result.legacy_log_tokens == 130_304
+    assert f"{result.max_concurrency:.2f}" == "15.88"
+    # From vLLM 0.24 the reported capacity is concurrency x max_model_len instead.
+    newer = sized(arch("gemma-3-12b-it"), replace(deployment, vllm_version=VllmVersion(0, 24)))
+    assert newer.reported_capacity_tokens == int(newer.max_concurrency * 8192)
+
+
+def test_mistral_sliding_window_bounds_sequence_blocks() -> None:
+    """Mistral 7B v0.1 windows every layer: a long sequence holds only about the window."""
+    result = sized(arch("mistral-7b-v0.1"), replace(LLAMA, max_model_len=32768))
+    assert result.attention_kind == "GQA (sliding window)"
+    assert result.blocks_per_sequence(2000) == 125
+    assert result.blocks_per_sequence(30000) == 4095 // 16 + 1 + 1
+    assert result.sequences_at(30000) > result.usable_tokens // 30000
+
+
+def test_kv_heads_replicated_beyond_tp() -> None:
+    """KV heads split by TP and are replicated (never fewer than 1) once TP exceeds them."""
+    assert kv_heads_per_gpu(8, 2) == 4
+    assert kv_heads_per_gpu(8, 8) == 1
+    assert kv_heads_per_gpu(8, 16) == 1
+
+
+def test_pipeline_partition_spares_last_stage() -> None:
+    """Pipeline stages split layers evenly, extra layers going to the stages before the last."""
+    assert pipeline_partition(32, 4) == (8, 8, 8, 8)
+    assert pipeline_partition(30, 4) == (7, 8, 8, 7)
+    assert sum(pipeline_partition(61, 8)) == 61
+
+
+def test_pipeline_parallel_halves_layers_per_gpu() -> None:
+    """With PP 2 each GPU holds half the layers, so bytes per token halve."""
+    model = arch("llama-3.1-8b-instruct")
+    one = sized(model, replace(LLAMA, weights_bytes=None, overhead_bytes=None))
+    two = sized(model, replace(LLAMA, weights_bytes=None, overhead_bytes=None, pipeline_parallel=2))
+    assert two.bytes_per_token * 2 == one.bytes_per_token
+    assert len(two.stages) == 2
+
+
+def test_kv_dtype_bytes() -> None:
+    """auto follows the model dtype; fp8 variants are 1 byte; fp32 is 4; unknown is refused."""
+    assert kv_bytes_per_element("auto", model_dtype="bfloat16") == 2
+    assert kv_bytes_per_element("auto", model_dtype="float32") == 4
+    assert kv_bytes_per_element("fp8_e5m2", model_dtype="bfloat16") == 1
+    assert kv_bytes_per_element("fp8_e4m3", model_dtype="bfloat16") == 1
+    with pytest.raises(UsageError, match="unknown KV cache dtype"):
+        kv_bytes_per_element("int3", model_dtype="bfloat16")
+
+
+def test_utilization_outside_range_is_refused() -> None:
+    """A utilization outside (0, 1] is bad input, not a silent clamp."""
+    with pytest.raises(UsageError, match=r"\(0, 1\]"):
+        sized(arch("tiny-llama"), replace(LLAMA, gpu_memory_utilization=1.2))
+
+
+def test_tp_that_does_not_divide_kv_heads_is_refused() -> None:
+    """vLLM refuses a TP that neither divides the KV heads nor is a multiple of them."""
+    with pytest.raises(UsageError, match="do not divide"):
+        sized(arch("qwen2.5-7b-instruct"), replace(LLAMA, tensor_parallel=3))
+
+
+def test_declined_model_says_why() -> None:
+    """A declined architecture yields Declined, and require_sized raises with the reason."""
+    model = replace(arch("tiny-llama"), declined="hybrid state-space model")
+    outcome = size_deployment(model, deployment=LLAMA)
+    assert isinstance(outcome, Declined)
+    with pytest.raises(UnsupportedModelError, match="state-space"):
+        require_sized(outcome)
+
+
+def test_default_utilization_depends_on_version() -> None:
+    """Without --gpu-memory-utilization: 0.9 before vLLM 0.20, 0.92 from 0.20."""
+    base = replace(LLAMA, gpu_memory_utilization=None)
+    old = sized(arch("tiny-llama"), replace(base, vllm_version=VllmVersion(0, 19)))
+    new = sized(arch("tiny-llama"), replace(base, vllm_version=VllmVersion(0, 20)))
+    assert (old.gpu_memory_utilization, new.gpu_memory_utilization) == (0.9, 0.92)
+
+
+def test_utilization_needed_is_the_smallest_that_fits() -> None:
+    """The inverse question returns a utilization that fits, while 0.001 less does not."""
+    model = arch("llama-3.1-8b-instruct")
+    needed = utilization_needed(model, deployment=LLAMA, sequences=150, context_tokens=2000)
+    assert needed is not None
+    fits = sized(model, replace(LLAMA, gpu_memory_utilization=needed))
+    below = sized(model, replace(LLAMA, gpu_memory_utilization=round(needed - 0.001, 3)))
+    assert fits.sequences_at(2000) >= 150 > below.sequences_at(2000)
+    assert utilization_needed(model, deployment=LLAMA, sequences=10**6, context_tokens=2000) is None
+
+
+shapes = st.builds(
+    lambda layers, kv, heads_mult, head_dim: ModelArch(
+        name="prop",
+        num_layers=layers,
+        num_attention_heads=kv * heads_mult,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        hidden_size=kv * heads_mult * head_dim,
+        vocab_size=32000,
+        params=10**9,
+        max_position_embeddings=8192,
+    ),
+    st.integers(1, 96),
+    st.sampled_from([1, 2, 4, 8, 16, 32]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([64, 80, 128, 256]),
+)
+PROP = Deployment(gpu_memory_bytes=80 * GIB, max_model_len=8192, vllm_version=VllmVersion(0, 19))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.floats(0.3, 0.95), st.floats(0.001, 0.05))
+def test_more_utilization_never_fewer_tokens(model: ModelArch, util: float, step: float) -> None:
+    """Raising the utilization never lowers the KV capacity."""
+    low = sized(model, replace(PROP, gpu_memory_utilization=util))
+    high = sized(model, replace(PROP, gpu_memory_utilization=min(1.0, util + step)))
+    assert high.kv_capacity_tokens >= low.kv_capacity_tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.integers(1, 64))
+def test_fp8_gives_twice_the_tokens_within_a_block(model: ModelArch, budget_mib: int) -> None:
+    """With the same budget an FP8 KV cache holds twice the tokens, to within one block."""
+    fixed = replace(PROP, kv_cache_memory_bytes=budget_mib * 2**20 * 64)
+    sixteen = sized(model, fixed)
+    eight = sized(model, replace(fixed, kv_cache_dtype="fp8"))
+    assert abs(eight.kv_capacity_tokens - 2 * sixteen.kv_capacity_tokens) <= sixteen.block_size
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.sampled_from([1, 2, 4, 8, 16, 32, 64]))
+def test_tp_beyond_kv_heads_stops_shrinking(model: ModelArch, tp: int) -> None:
+    """Once TP reaches the KV heads, doubling it no longer shrinks bytes per token."""
+    if tp < model.num_kv_heads or tp % model.num_kv_heads:
+        return
+    one = sized(model, replace(PROP, tensor_parallel=tp))
+    two = sized(model, replace(PROP, tensor_parallel=tp * 2))
+    assert one.bytes_per_token == two.bytes_per_token == 2 * model.num_layers * model.head_dim * 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 96), st.sampled_from([1, 2, 4, 8, 16]))
+def test_mla_bytes_do_not_change_with_tp(layers: int, tp: int) -> None:
+    """MLA's latent is replicated on every rank: bytes per token ignore TP."""
+    model = ModelArch(
+        name="mla",
+        num_layers=layers,
+        num_attention_heads=16,
+        num_kv_heads=16,
+        head_dim=128,
+        hidden_size=2048,
+        vocab_size=32000,
+        params=10**9,
+        mla=MlaDims(512, 64),
+        max_position_embeddings=8192,
+    )
+    result = sized(model, replace(PROP, tensor_parallel=tp))
+    assert result.bytes_per_token == layers * 576 * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.integers(1, 40_000))
+def test_sequences_never_exceed_tokens_over_context(model: ModelArch, context: int) -> None:
+    """Full-attention sequences of T tokens never exceed usable tokens / T."""
+    result = sized(model, PROP)
+    assert result.sequences_at(context) <= result.usable_tokens // context
