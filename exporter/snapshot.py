@@ -105,3 +105,8 @@ class VllmSnapshot:
     process_start_time_seconds: float | None = None
     #: ``vllm:admission_rejections_total`` summed over reasons (0.33+; no ``engine`` label).
     admission_rejections_total: float | None = None
+    #: True when vLLM labelled its series with ``engine`` (V1 >= 0.8.3), even if only ``"0"``.
+    engine_labelled: bool = False
+    #: Samples the parser's cardinality caps discarded (too many engines, reasons, buckets or
+    #: ``cache_config_info`` labels); 0 for any real vLLM.
+    dropped_samples: int = 0

@@ -1,0 +1,576 @@
+"""vLLM /metrics payloads into VllmSnapshots: real captures, version differences, data parallelism.
+
+Golden files: ``tests/golden/vllm-metrics/<capture>.json`` hold every capture's snapshot (or its
+parse error) as stable JSON. After a deliberate change, regenerate them with
+``HEADROOM_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_vllm_metrics.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.errors import ParseError
+from exporter.snapshot import Histogram, VllmSnapshot
+from exporter.vllm_metrics import CardinalityLimits, guess_vllm_version, parse_vllm_metrics
+
+CAPTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vllm-metrics"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "vllm-metrics"
+UPDATE_GOLDEN = os.environ.get("HEADROOM_UPDATE_GOLDEN") == "1"
+
+ALL_CAPTURES = sorted(path.name for path in CAPTURES.glob("*.prom"))
+DOCS_CAPTURE = "14_v0.33.0-docs_V1_vllm-docs-examples.prom"
+HELP_TYPE_ONLY = "05_v0.5.4-0.6.x_V0_meetkai-functionary-pr263_help-type-only.prom"
+AFTER_LOAD = "vllm-0.32.0-cpu-after-load.prom"
+PARSEABLE = [name for name in ALL_CAPTURES if name != DOCS_CAPTURE]
+
+
+def _capture(name: str) -> str:
+    return (CAPTURES / name).read_text(encoding="utf-8")
+
+
+# --- golden files ----------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON for a snapshot: sorted keys and sets, infinities and NaN as strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in sorted(value.items())}
+    if isinstance(value, frozenset | set):
+        return sorted(value)
+    if isinstance(value, tuple | list):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    return value
+
+
+def _render(name: str) -> str:
+    try:
+        snapshot = parse_vllm_metrics((CAPTURES / name).read_bytes())
+    except ParseError as error:
+        document: dict[str, Any] = {"capture": name, "parse_error": str(error)}
+    else:
+        document = {
+            "capture": name,
+            "vllm_version_guess": guess_vllm_version(snapshot),
+            "snapshot": _jsonable(snapshot),
+        }
+    return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+@pytest.mark.parametrize("name", ALL_CAPTURES)
+def test_every_capture_matches_its_golden_file(name: str) -> None:
+    """Each real capture parses to exactly its reviewed golden snapshot (or golden error)."""
+    golden = GOLDEN / f"{Path(name).stem}.json"
+    rendered = _render(name)
+    if UPDATE_GOLDEN:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(rendered, encoding="utf-8")
+    assert golden.exists(), f"no golden file: run with HEADROOM_UPDATE_GOLDEN=1 to create {golden}"
+    assert rendered == golden.read_text(encoding="utf-8")
+
+
+def test_every_golden_file_has_a_capture() -> None:
+    """No golden file outlives its capture (a renamed capture would leave a stale one)."""
+    stems = {Path(name).stem for name in ALL_CAPTURES}
+    assert {path.stem for path in GOLDEN.glob("*.json")} == stems
+
+
+# --- the real captures -----------------------------------------------------------------------
+
+
+def test_the_docs_capture_fails_on_its_elided_cache_config_line() -> None:
+    """vLLM's docs example (with "..." elisions) raises ParseError naming the cache_config line."""
+    text = _capture(DOCS_CAPTURE)
+    lines = text.split("\n")
+    broken = next(i for i, line in enumerate(lines, 1) if line.startswith("vllm:cache_config_info"))
+    with pytest.raises(ParseError, match=rf"^line {broken}: .*vllm:cache_config_info"):
+        parse_vllm_metrics(text)
+
+
+def test_the_help_type_only_capture_gives_one_engine_without_samples() -> None:
+    """Families declared with metrics disabled yield engine "0" with every value absent."""
+    snapshot = parse_vllm_metrics(_capture(HELP_TYPE_ONLY))
+    (engine,) = snapshot.engines.values()
+    assert engine.engine == "0"
+    values = {f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)}
+    assert values.pop("engine") == "0"
+    assert values.pop("requests_waiting_by_reason") == {}
+    assert set(values.values()) == {None}
+    assert "vllm:num_preemptions_total" in snapshot.families
+
+
+def test_the_032_capture_reports_the_documented_pool_and_preemptions() -> None:
+    """The 0.32 capture shows the 1,024-token pool of 8 blocks of 128 and its 15 preemptions."""
+    snapshot = parse_vllm_metrics(_capture(AFTER_LOAD))
+    engine = snapshot.engines["0"]
+    assert snapshot.engine_labelled
+    assert engine.model_name == "tiny"
+    assert engine.preemptions_total == 15
+    assert engine.requests_finished_total == 12  # 12 completions, summed over finished_reason
+    config = engine.cache_config
+    assert config is not None
+    assert (config.num_gpu_blocks, config.block_size, config.kv_cache_size_tokens) == (8, 128, 1024)
+    assert config.kv_cache_memory_bytes == 1_048_576
+    assert config.enable_prefix_caching is True
+    assert config.sliding_window is None
+    assert "engine" not in config.labels
+    assert engine.requests_waiting_by_reason == {"capacity": 0.0, "deferred": 0.0}
+    assert snapshot.admission_rejections_total == 0.0
+    assert snapshot.process_start_time_seconds == pytest.approx(1.79595212962e9)
+
+
+def test_v0_names_are_normalised() -> None:
+    """A V0 payload: gpu_cache_usage_perc is the usage ratio; swapped requests are kept."""
+    text = _capture("02_v0.6.0_V0_korean-doc.prom").replace(
+        'gpu_cache_usage_perc{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0',
+        'gpu_cache_usage_perc{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25',
+    )
+    snapshot = parse_vllm_metrics(text)
+    engine = snapshot.engines["0"]
+    assert not snapshot.engine_labelled
+    assert engine.kv_cache_usage_ratio == 0.25
+    assert engine.requests_swapped == 0.0
+    assert engine.cache_config is not None
+    assert engine.cache_config.num_gpu_blocks == 2375
+
+
+def test_time_per_output_token_stands_in_for_inter_token_latency() -> None:
+    """Before 0.11 the inter-token latency histogram is time_per_output_token_seconds."""
+    engine = parse_vllm_metrics(_capture("07_v0.9.2-0.10.x_V0engine-cpu_full.prom")).engines["0"]
+    assert engine.inter_token_latency is not None
+    assert engine.inter_token_latency.count == 4805
+
+
+def test_created_series_are_never_read_as_values() -> None:
+    """`_created` timestamps (1.7e9) never leak into counters."""
+    engine = parse_vllm_metrics(_capture("10_v0.11+_V1_rhoai-lab-doc.prom")).engines["0"]
+    assert engine.preemptions_total == 0.0
+    assert engine.prompt_tokens_total == 0.0
+
+
+def _peer_view(text: str) -> dict[str, dict[str, Any]]:
+    """Per engine, what prometheus_client's own parse says, aggregated the simple way."""
+    engines: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(float))
+    histograms: dict[tuple[str, str], dict[str, Any]] = {}
+    counters = {
+        "vllm:num_preemptions_total": "preemptions_total",
+        "vllm:request_success_total": "requests_finished_total",
+        "vllm:prompt_tokens_total": "prompt_tokens_total",
+        "vllm:generation_tokens_total": "generation_tokens_total",
+    }
+    gauges = {
+        "vllm:num_requests_running": "requests_running",
+        "vllm:num_requests_waiting": "requests_waiting",
+    }
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            engine = sample.labels.get("engine", "0")
+            name = counters.get(sample.name) or gauges.get(sample.name)
+            if name is not None:
+                engines[engine][name] += sample.value
+            elif family.type == "histogram" and family.name in (
+                "vllm:request_prompt_tokens",
+                "vllm:request_generation_tokens",
+                "vllm:time_to_first_token_seconds",
+            ):
+                parts = histograms.setdefault((engine, family.name), {"buckets": {}})
+                if sample.name.endswith("_bucket"):
+                    parts["buckets"][float(sample.labels["le"])] = float(sample.value)
+                else:
+                    parts[sample.name.rsplit("_", 1)[1]] = float(sample.value)
+    for (engine, name), parts in histograms.items():
+        bounds = tuple(sorted(parts["buckets"]))
+        cumulative = tuple(parts["buckets"][bound] for bound in bounds)
+        engines[engine][name] = Histogram(bounds, cumulative, parts["count"], parts["sum"])
+    return engines
+
+
+# 05 has no sample at all, 08 none of these families: nothing to compare there.
+@pytest.mark.parametrize("name", [n for n in PARSEABLE if not n.startswith(("05", "08"))])
+def test_counters_gauges_and_histograms_match_prometheus_client(name: str) -> None:
+    """Per engine, our sums and histograms equal those read from prometheus_client's parse."""
+    text = _capture(name)
+    snapshot = parse_vllm_metrics(text)
+    attributes = {
+        "vllm:request_prompt_tokens": "prompt_tokens",
+        "vllm:request_generation_tokens": "generation_tokens",
+        "vllm:time_to_first_token_seconds": "time_to_first_token",
+    }
+    expected = _peer_view(text)
+    assert expected
+    assert set(expected) <= set(snapshot.engines)
+    for engine, values in expected.items():
+        for key, value in values.items():
+            assert getattr(snapshot.engines[engine], attributes.get(key, key)) == value, key
+
+
+# --- version guess ---------------------------------------------------------------------------
+
+# What each capture's header says about its version, and the guess we make from its content.
+VERSIONS = {
+    "02_v0.6.0_V0_korean-doc.prom": (["0.6.0", "0.6.2"], "<=0.6.2"),
+    "04_v0.6.4-0.6.6_V0_test-fixture.prom": (["0.6.4", "0.6.6"], "0.6.4-0.7.x"),
+    HELP_TYPE_ONLY: (["0.5.4", "0.6.3"], "<=0.10.x"),
+    "07_v0.9.2-0.10.x_V0engine-cpu_full.prom": (["0.9.2", "0.10.9"], "0.9.2-0.10.x"),
+    "08_v0.10.0_V1_production-stack-issue617.prom": (["0.10.0"], "0.9.2-0.11.x"),
+    "10_v0.11+_V1_rhoai-lab-doc.prom": (["0.11.0", "0.33.0"], ">=0.9.2"),
+    "vllm-0.32.0-cpu-idle.prom": (["0.32.0"], ">=0.32"),
+    AFTER_LOAD: (["0.32.0"], ">=0.32"),
+}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def _contains(guess: str, version: str) -> bool:
+    """Whether a guessed range (">=0.30", "<=0.10.x", "0.9.2-0.10.x") contains ``version``."""
+    actual = _version(version)
+    match = re.fullmatch(r"(>=|<=)?([\d.]+?)(\.x)?(?:-([\d.]+?)(\.x)?)?", guess)
+    assert match is not None, guess
+    relation, first, first_series, second, second_series = match.groups()
+
+    def at_most(bound: str, series: str | None) -> bool:
+        return actual[:2] <= _version(bound) if series else actual <= _version(bound)
+
+    if relation == ">=":
+        return actual >= _version(first)
+    if relation == "<=":
+        return at_most(first, first_series)
+    if second is None:
+        return actual[:2] == _version(first)[:2] if first_series else actual == _version(first)
+    return _version(first) <= actual and at_most(second, second_series)
+
+
+@pytest.mark.parametrize("name", PARSEABLE)
+def test_the_version_guess_covers_what_the_capture_header_states(name: str) -> None:
+    """The guessed range contains every version the capture's provenance header allows."""
+    stated, expected = VERSIONS[name]
+    guess = guess_vllm_version(parse_vllm_metrics(_capture(name)))
+    assert guess == expected
+    assert all(_contains(guess, version) for version in stated)
+
+
+def test_no_clue_gives_an_unknown_version() -> None:
+    """A payload without version clues is "unknown", not a made-up range."""
+    snapshot = parse_vllm_metrics('vllm:num_requests_running{model_name="m"} 1\n')
+    assert guess_vllm_version(snapshot) == "unknown"
+
+
+def test_contradictory_clues_give_an_unknown_version() -> None:
+    """A V0-only family beside a 0.30+ family is no version at all: "unknown"."""
+    snapshot = VllmSnapshot(
+        engines={},
+        families=frozenset({"vllm:num_requests_swapped", "vllm:request_num_preemptions"}),
+    )
+    assert guess_vllm_version(snapshot) == "unknown"
+
+
+# --- synthetic payloads: data parallelism, renames, malformed histograms, caps ------------------
+
+
+def _engine_block(engine: str, *, blocks: int, tokens: int, model: str = "m") -> str:
+    labels = f'engine="{engine}",model_name="{model}"'
+    return (
+        f"vllm:num_requests_running{{{labels}}} {int(engine) + 1}\n"
+        f'vllm:request_success_total{{engine="{engine}",finished_reason="stop",'
+        f'model_name="{model}"}} 4\n'
+        f'vllm:request_success_total{{engine="{engine}",finished_reason="length",'
+        f'model_name="{model}"}} 1\n'
+        f'vllm:cache_config_info{{block_size="16",engine="{engine}",enable_prefix_caching="False",'
+        f'gpu_memory_utilization="0.9",kv_cache_size_tokens="{tokens}",'
+        f'num_gpu_blocks="{blocks}",sliding_window="None"}} 1.0\n'
+    )
+
+
+def test_data_parallel_engines_are_kept_apart_and_sorted_numerically() -> None:
+    """Eleven engines give eleven EngineMetrics, "10" after "9", each with its own values."""
+    text = "".join(
+        _engine_block(str(engine), blocks=11 * 100, tokens=1600) for engine in range(10, -1, -1)
+    )
+    snapshot = parse_vllm_metrics(text)
+    assert list(snapshot.engines) == [str(engine) for engine in range(11)]
+    for name, engine in snapshot.engines.items():
+        assert engine.requests_running == int(name) + 1
+        assert engine.requests_finished_total == 5
+
+
+def test_num_gpu_blocks_is_kept_as_vllm_reports_it_under_data_parallelism() -> None:
+    """num_gpu_blocks stays the summed figure vLLM repeats per engine; tokens stay per engine."""
+    text = _engine_block("0", blocks=200, tokens=1600) + _engine_block("1", blocks=200, tokens=1600)
+    for engine in parse_vllm_metrics(text).engines.values():
+        assert engine.cache_config is not None
+        assert engine.cache_config.num_gpu_blocks == 200
+        assert engine.cache_config.kv_cache_size_tokens == 1600
+
+
+def test_model_name_comes_from_another_family_when_cache_config_comes_first() -> None:
+    """cache_config_info has no model_name: the engine's name comes from its other series."""
+    block = _engine_block("0", blocks=10, tokens=160)
+    lines = block.strip().split("\n")
+    engine = parse_vllm_metrics("\n".join([lines[-1], *lines[:-1]]) + "\n").engines["0"]
+    assert engine.model_name == "m"
+
+
+def test_the_newer_name_wins_when_both_are_exposed() -> None:
+    """kv_cache_usage_perc beats gpu_cache_usage_perc; inter_token_latency beats TPOT."""
+    text = (
+        'vllm:gpu_cache_usage_perc{engine="0"} 0.5\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+        'vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf"} 9\n'
+        'vllm:time_per_output_token_seconds_sum{engine="0"} 1\n'
+        'vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf"} 3\n'
+        'vllm:inter_token_latency_seconds_sum{engine="0"} 1\n'
+    )
+    engine = parse_vllm_metrics(text).engines["0"]
+    assert engine.kv_cache_usage_ratio == 0.25
+    assert engine.inter_token_latency == Histogram((math.inf,), (3.0,), 3.0, 1.0)
+
+
+def test_series_split_by_an_extra_label_are_summed_bucket_by_bucket() -> None:
+    """Two series of one engine (an unexpected extra label) add up, bucket by bucket."""
+    text = "".join(
+        f'vllm:request_prompt_tokens_bucket{{engine="0",le="{le}",x="{x}"}} {n}\n'
+        f'vllm:request_prompt_tokens_sum{{engine="0",x="{x}"}} 10\n'
+        for x in ("a", "b")
+        for le, n in (("10", 1), ("+Inf", 2))
+    )
+    histogram = parse_vllm_metrics(text).engines["0"].prompt_tokens
+    assert histogram == Histogram((10.0, math.inf), (2.0, 4.0), 4.0, 40.0)
+
+
+def test_a_missing_inf_bucket_is_the_count() -> None:
+    """Without a +Inf bucket, `_count` supplies it (the docs' examples elide it)."""
+    text = (
+        'vllm:request_queue_time_seconds_bucket{le="0.1"} 2\n'
+        "vllm:request_queue_time_seconds_count 5\n"
+        "vllm:request_queue_time_seconds_sum 1.5\n"
+    )
+    histogram = parse_vllm_metrics(text).engines["0"].request_queue_time
+    assert histogram == Histogram((0.1, math.inf), (2.0, 5.0), 5.0, 1.5)
+
+
+@pytest.mark.parametrize(
+    ("lines", "problem"),
+    [
+        (['h_bucket{le="1"} 1', "h_sum 1"], "no +Inf bucket and no _count"),
+        (['h_bucket{le="+Inf"} 1', "h_count 1"], "no _sum"),
+        (['h_bucket{le="1"} 5', 'h_bucket{le="+Inf"} 4', "h_sum 1"], "le=inf counts fewer"),
+        (['h_bucket{le="1"} NaN', 'h_bucket{le="+Inf"} 4', "h_sum 1"], "or NaN"),
+    ],
+)
+def test_a_broken_histogram_raises_naming_its_first_line(lines: list[str], problem: str) -> None:
+    """A histogram that is not whole or not cumulative is a ParseError, not a silent guess."""
+    text = "# padding\n" + "\n".join(lines).replace("h_", "vllm:e2e_request_latency_seconds_")
+    with pytest.raises(ParseError, match=r"^line 2: .*e2e_request_latency_seconds") as caught:
+        parse_vllm_metrics(text)
+    assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('vllm:request_prompt_tokens_bucket{engine="0"} 1', "without an 'le' label"),
+        ('vllm:request_prompt_tokens_bucket{le="ten"} 1', "le='ten' is not a number"),
+        ('vllm:cache_config_info{num_gpu_blocks="many"} 1', "num_gpu_blocks='many'"),
+        ('vllm:cache_config_info{block_size="16.5"} 1', "is not an integer"),
+        ('vllm:cache_config_info{gpu_memory_utilization="inf"} 1', "is not a number"),
+        ('vllm:cache_config_info{enable_prefix_caching="yes"} 1', "not True, False or None"),
+    ],
+)
+def test_a_malformed_series_we_read_raises_naming_its_line(line: str, problem: str) -> None:
+    """Bad `le` bounds and cache_config_info values are ParseErrors that point at the line."""
+    with pytest.raises(ParseError, match=r"^line 2: ") as caught:
+        parse_vllm_metrics(f"vllm:num_requests_running 1\n{line}\n")
+    assert problem in str(caught.value)
+
+
+def test_cache_config_values_are_python_str_of_their_fields() -> None:
+    """Label value "None" is None, "True" and "False" are booleans, "2340.0" is 2340."""
+    config = (
+        parse_vllm_metrics(
+            'vllm:cache_config_info{cache_dtype="fp8_e5m2",enable_prefix_caching="None",'
+            'kv_cache_memory_bytes="2340.0",num_gpu_blocks="None",sliding_window="4096"} 1\n'
+        )
+        .engines["0"]
+        .cache_config
+    )
+    assert config is not None
+    assert config.cache_dtype == "fp8_e5m2"
+    assert config.enable_prefix_caching is None
+    assert config.kv_cache_memory_bytes == 2340
+    assert config.num_gpu_blocks is None
+    assert config.sliding_window == 4096
+
+
+def test_admission_rejections_are_summed_per_server() -> None:
+    """admission_rejections_total has no engine label: its reasons add up for the server."""
+    text = (
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 2\n'
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_tokens"} 3\n'
+        'vllm:admission_rejections_created{model_name="m",reason="max_num_queued_reqs"} 1.7e9\n'
+    )
+    assert parse_vllm_metrics(text).admission_rejections_total == 5
+
+
+def test_a_payload_without_vllm_families_gives_no_engine() -> None:
+    """Another exporter's /metrics gives an empty snapshot, for the caller to report."""
+    snapshot = parse_vllm_metrics("# TYPE up gauge\nup 1\nprocess_start_time_seconds 12\n")
+    assert snapshot.engines == {}
+    assert snapshot.families == frozenset()
+    assert snapshot.process_start_time_seconds == 12
+
+
+def test_families_are_named_as_type_lines_name_them_without_created() -> None:
+    """Counters keep `_total`, `_created` companions are left out, samples alone count too."""
+    snapshot = parse_vllm_metrics(_capture(AFTER_LOAD))
+    assert {"vllm:num_preemptions_total", "vllm:request_prompt_tokens"} <= snapshot.families
+    assert not any(name.endswith("_created") for name in snapshot.families)
+    bare = parse_vllm_metrics('vllm:num_preemptions_total{engine="0"} 1\n')
+    assert bare.families == frozenset({"vllm:num_preemptions_total"})
+
+
+# --- cardinality caps ------------------------------------------------------------------------
+
+SMALL = CardinalityLimits(
+    max_engines=3, max_waiting_reasons=2, max_histogram_buckets=4, max_cache_config_labels=2
+)
+
+
+def test_engines_past_the_cap_are_dropped_and_counted() -> None:
+    """With room for 3 engines, the 4th and 5th engines' samples are counted, not kept."""
+    text = "".join(f'vllm:num_requests_running{{engine="{e}"}} 1\n' for e in range(5))
+    snapshot = parse_vllm_metrics(text, limits=SMALL)
+    assert list(snapshot.engines) == ["0", "1", "2"]
+    assert snapshot.dropped_samples == 2
+
+
+def test_waiting_reasons_past_the_cap_are_dropped_and_counted() -> None:
+    """Only the first waiting reasons are kept; the others are counted."""
+    text = "".join(f'vllm:num_requests_waiting_by_reason{{reason="r{i}"}} 1\n' for i in range(4))
+    snapshot = parse_vllm_metrics(text, limits=SMALL)
+    assert snapshot.engines["0"].requests_waiting_by_reason == {"r0": 1.0, "r1": 1.0}
+    assert snapshot.dropped_samples == 2
+
+
+def test_a_histogram_with_too_many_buckets_is_dropped_whole() -> None:
+    """Past the bucket cap the histogram is absent (a partial one would lie) and counted."""
+    text = "".join(f'vllm:request_prompt_tokens_bucket{{le="{le}"}} 1\n' for le in range(6))
+    snapshot = parse_vllm_metrics(text + "vllm:request_prompt_tokens_sum 1\n", limits=SMALL)
+    assert snapshot.engines["0"].prompt_tokens is None
+    assert snapshot.dropped_samples == 7
+
+
+def test_cache_config_labels_past_the_cap_are_dropped_but_still_read() -> None:
+    """The info labels kept are capped; the capacity fields are read from all of them."""
+    text = 'vllm:cache_config_info{a="1",b="2",c="3",num_gpu_blocks="9"} 1\n'
+    snapshot = parse_vllm_metrics(text, limits=SMALL)
+    config = snapshot.engines["0"].cache_config
+    assert config is not None
+    assert config.labels == {"a": "1", "b": "2"}
+    assert config.num_gpu_blocks == 9
+    assert snapshot.dropped_samples == 2
+
+
+def test_thousands_of_engines_stay_bounded_by_default() -> None:
+    """A hostile payload with 5,000 engines keeps 256 of them and counts the rest."""
+    text = "".join(f'vllm:num_requests_running{{engine="{e}"}} 1\n' for e in range(5000))
+    snapshot = parse_vllm_metrics(text)
+    assert len(snapshot.engines) == 256
+    assert snapshot.dropped_samples == 5000 - 256
+
+
+# --- property: any generated data-parallel payload reads back as its model -------------------
+
+_BOUNDS = ("1", "5", "20", "100", "+Inf")
+
+
+@st.composite
+def _deployments(draw: st.DrawFn) -> tuple[str, dict[str, dict[str, Any]]]:
+    """A vLLM-like payload for a few engines, and per engine what it must read back as."""
+    engines = draw(st.lists(st.integers(0, 40).map(str), min_size=1, max_size=5, unique=True))
+    counts = st.integers(0, 10**6)
+    blocks: list[list[str]] = []
+    model: dict[str, dict[str, Any]] = {}
+    for engine in engines:
+        labels = f'engine="{engine}",model_name="m"'
+        running, preemptions = draw(counts), draw(counts)
+        reasons = draw(st.lists(counts, min_size=1, max_size=4))
+        steps = draw(st.lists(counts, min_size=len(_BOUNDS), max_size=len(_BOUNDS)))
+        cumulative = [float(sum(steps[: i + 1])) for i in range(len(steps))]
+        total = draw(counts)
+        lines = [f"vllm:num_requests_running{{{labels}}} {running}"]
+        lines.append(f"vllm:num_preemptions_total{{{labels}}} {preemptions}")
+        lines += [
+            f'vllm:request_success_total{{{labels},finished_reason="r{i}"}} {n}'
+            for i, n in enumerate(reasons)
+        ]
+        lines += [
+            f'vllm:request_prompt_tokens_bucket{{{labels},le="{le}"}} {n}'
+            for le, n in zip(_BOUNDS, cumulative, strict=True)
+        ]
+        lines.append(f"vllm:request_prompt_tokens_count{{{labels}}} {cumulative[-1]}")
+        lines.append(f"vllm:request_prompt_tokens_sum{{{labels}}} {total}")
+        blocks.append(lines)
+        model[engine] = {
+            "requests_running": running,
+            "preemptions_total": preemptions,
+            "requests_finished_total": sum(reasons),
+            "prompt_tokens": Histogram(
+                tuple(float(le) for le in _BOUNDS), tuple(cumulative), cumulative[-1], total
+            ),
+        }
+    # vLLM writes family by family; interleave the engines' lines family-wise, or not at all.
+    if draw(st.booleans()):
+        lines = [line for block in blocks for line in block]
+    else:
+        width = max(len(block) for block in blocks)
+        lines = [block[i] for i in range(width) for block in blocks if i < len(block)]
+    return "\n".join(lines) + "\n", model
+
+
+@settings(max_examples=60, deadline=None)
+@given(_deployments())
+def test_generated_deployments_read_back_as_their_model(
+    case: tuple[str, dict[str, dict[str, Any]]],
+) -> None:
+    """Per engine, gauges, counters summed over reasons and histograms come back exactly."""
+    text, model = case
+    snapshot = parse_vllm_metrics(text.encode())
+    assert set(snapshot.engines) == set(model)
+    for engine, expected in model.items():
+        for field, value in expected.items():
+            assert getattr(snapshot.engines[engine], field) == value, field
+    assert snapshot.dropped_samples == 0
+
+
+_CORRUPTIONS = st.sampled_from([*'{}",=\\ \n\t#x0.+-e_', "\x00", "é", "\ufeff", "\r"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_corrupted_real_capture_parses_or_raises_parse_error(data: st.DataObject) -> None:
+    """Any single corrupted or inserted character gives a snapshot or a ParseError, no crash."""
+    text = _capture(AFTER_LOAD)
+    position = data.draw(st.integers(0, len(text) - 1))
+    character = data.draw(_CORRUPTIONS)
+    keep = data.draw(st.booleans())  # insert the character, or overwrite one
+    corrupted = text[:position] + character + text[position + (0 if keep else 1) :]
+    with contextlib.suppress(ParseError):
+        parse_vllm_metrics(corrupted)
