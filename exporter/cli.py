@@ -37,9 +37,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _command_modules() -> list[_CommandModule]:
     # Imported here so that `vllm-headroom --version` does not pay for every subcommand.
-    from exporter import plan  # noqa: PLC0415 (lazy on purpose, see above)
+    from exporter import check, demo, plan, serve  # noqa: PLC0415 (lazy on purpose, see above)
 
-    return [plan]
+    return [plan, check, serve, demo]
 
 
 def build_parser() -> OneLineParser:

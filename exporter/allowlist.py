@@ -1,0 +1,192 @@
+"""Which targets ``/probe`` may reach: the fleet mode's allowlist, so it is no open proxy.
+
+Entries (pure parsing and matching; name resolution is the caller's I/O):
+
+- ``10.0.0.0/8``, ``fd00::/8``: any target whose address (literal, or every address its name
+  resolves to) lies in the network.
+- ``10.1.2.3``, ``::1``: that address.
+- ``vllm.prod.svc.cluster.local``, ``*.prod.svc.cluster.local``: that host name, or any name
+  under the suffix (``*.`` matches one or more labels).
+- any of the above with ``:PORT`` (IPv6 in brackets, ``[::1]:8000``): only that port.
+
+Some addresses are never probed, whatever the allowlist says: link-local ones (the cloud
+metadata service at ``169.254.169.254`` among them), multicast, unspecified and broadcast.
+Only ``http`` and ``https`` URLs are probed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class AllowlistError(ValueError):
+    """An allowlist entry that cannot be parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllowEntry:
+    """One parsed allowlist entry: a network or a host pattern, and an optional port."""
+
+    network: IPNetwork | None = None
+    host: str | None = None
+    port: int | None = None
+
+    def matches_name(self, host: str, port: int) -> bool:
+        """Whether a host name (not an address) and port match this entry's name pattern."""
+        if self.host is None or (self.port is not None and self.port != port):
+            return False
+        host = host.lower().rstrip(".")
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:]) and len(host) > len(self.host) - 1
+        return host == self.host
+
+    def matches_address(self, address: IPAddress, port: int) -> bool:
+        """Whether an address and port lie in this entry's network."""
+        if self.network is None or (self.port is not None and self.port != port):
+            return False
+        return address.version == self.network.version and address in self.network
+
+
+def _split_port(entry: str) -> tuple[str, int | None]:
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise AllowlistError(f"entry {entry!r}: expected [IPv6]:PORT")
+        return host, _port(entry, rest[1:]) if rest else None
+    if entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+        return host, _port(entry, port)
+    return entry, None
+
+
+def _port(entry: str, text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65_536:
+        raise AllowlistError(f"entry {entry!r}: port must be a number from 1 to 65535")
+    return int(text)
+
+
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.")
+
+
+def parse_entry(entry: str) -> AllowEntry:
+    """Parse one allowlist entry; :class:`AllowlistError` names what is wrong with it."""
+    text = entry.strip()
+    if not text:
+        raise AllowlistError("empty entry")
+    if "://" in text:
+        raise AllowlistError(f"entry {entry!r}: give a host, IP or CIDR without a scheme")
+    host, port = _split_port(text)
+    if "/" in host:
+        try:
+            return AllowEntry(network=ipaddress.ip_network(host, strict=False), port=port)
+        except ValueError:
+            raise AllowlistError(f"entry {entry!r}: not a valid CIDR network") from None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return AllowEntry(network=ipaddress.ip_network(address), port=port)
+    name = host.lower().rstrip(".")
+    bare = name.removeprefix("*.")
+    if not bare or not set(bare) <= _HOST_CHARS or "*" in bare or ".." in bare:
+        raise AllowlistError(
+            f"entry {entry!r}: not a host name, *.suffix pattern, IP address or CIDR network"
+        )
+    return AllowEntry(host=name, port=port)
+
+
+def parse_allowlist(entries: Iterable[str]) -> tuple[AllowEntry, ...]:
+    """Parse every entry; the first bad one raises :class:`AllowlistError`."""
+    return tuple(parse_entry(entry) for entry in entries)
+
+
+def never_probed(address: IPAddress) -> bool:
+    """Addresses refused whatever the allowlist says (metadata services, multicast...)."""
+    return (
+        address.is_link_local
+        or address.is_multicast
+        or address.is_unspecified
+        or (
+            isinstance(address, ipaddress.IPv4Address)
+            and address == ipaddress.IPv4Address("255.255.255.255")
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """A target URL taken apart: scheme, host (name or address), port, and the normalised URL."""
+
+    scheme: str
+    host: str
+    port: int
+    url: str
+
+    @property
+    def address(self) -> IPAddress | None:
+        """The host as an IP address, when it is a literal one."""
+        try:
+            return ipaddress.ip_address(self.host)
+        except ValueError:
+            return None
+
+
+def parse_target(target: str) -> ProbeTarget:
+    """Parse ``/probe``'s ``target`` (``http(s)://host:port`` or ``host:port``).
+
+    :class:`AllowlistError` for other schemes, user info, paths beyond ``/`` or a bad port.
+    """
+    text = target.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise AllowlistError(f"scheme {parts.scheme!r} is not allowed; use http or https")
+    if parts.username or parts.password:
+        raise AllowlistError("credentials in the target URL are not allowed")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise AllowlistError("the target must be a base URL (scheme://host:port), without a path")
+    host = parts.hostname
+    if not host:
+        raise AllowlistError("the target has no host")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise AllowlistError("the target's port is not a number from 1 to 65535") from None
+    shown = f"[{host}]" if ":" in host else host
+    return ProbeTarget(parts.scheme, host.lower(), port, f"{parts.scheme}://{shown}:{port}")
+
+
+def is_allowed(
+    target: ProbeTarget,
+    allowlist: Sequence[AllowEntry],
+    resolved: Sequence[IPAddress] = (),
+) -> tuple[bool, str]:
+    """Decide whether ``target`` may be probed: ``(allowed, reason)``.
+
+    ``resolved`` are the addresses the target's host name resolves to (the caller resolves;
+    empty for literal addresses). A name is allowed when a name entry matches it, or when every
+    address it resolves to is inside an allowed network. ``reason`` is a bounded label value:
+    ``allowed``, ``forbidden_address`` or ``not_in_allowlist``.
+    """
+    literal = target.address
+    addresses = [literal] if literal is not None else list(resolved)
+    if any(never_probed(a) for a in addresses):
+        return False, "forbidden_address"
+    if literal is None and any(e.matches_name(target.host, target.port) for e in allowlist):
+        return True, "allowed"
+    if addresses and all(
+        any(e.matches_address(a, target.port) for e in allowlist) for a in addresses
+    ):
+        return True, "allowed"
+    return False, "not_in_allowlist"

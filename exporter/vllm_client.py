@@ -1,0 +1,159 @@
+"""HTTP reads from one vLLM server: ``/metrics``, ``/v1/models`` and ``/version``.
+
+Every read is bounded: by an overall deadline (not just httpx's per-operation timeouts, which a
+server answering byte by byte would never trip) and by a maximum response size, checked while
+streaming so that a 200 MB answer costs at most ``max_bytes``. Every failure becomes a
+:class:`~exporter.errors.SourceError` with a bounded ``reason`` that is safe as a label value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from exporter.errors import SourceError
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsInfo:
+    """What ``/v1/models`` says about the first served model."""
+
+    model_id: str
+    root: str | None
+    max_model_len: int | None
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connection error was, underneath, a refused connection (nobody listening)."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain is short; bound it anyway
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError) or "refused" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _status_reason(status: int) -> str:
+    if status in (401, 403, 404):
+        return f"http_{status}"
+    return "http_5xx" if status >= 500 else "http_4xx"
+
+
+class VllmClient:
+    """Bounded async reads of one vLLM server's HTTP API."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        client: httpx.AsyncClient,
+        timeout_seconds: float,
+        max_bytes: int,
+        bearer_token: SecretStr | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client
+        self._timeout = timeout_seconds
+        self._max_bytes = max_bytes
+        self._headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+        if bearer_token is not None:
+            self._headers["Authorization"] = f"Bearer {bearer_token.get_secret_value()}"
+
+    async def _get(self, path: str, *, max_bytes: int) -> tuple[bytes, str]:
+        """GET ``path``; return the body and its content type, or raise SourceError."""
+        url = f"{self.base_url}{path}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self._client.stream(
+                    "GET", url, headers=self._headers, timeout=self._timeout
+                ) as response:
+                    if response.status_code != httpx.codes.OK:
+                        raise SourceError(
+                            _status_reason(response.status_code),
+                            f"GET {path} answered HTTP {response.status_code}",
+                        )
+                    declared = response.headers.get("content-length")
+                    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                        raise SourceError(
+                            "too_large", f"GET {path} declares {declared} bytes > {max_bytes}"
+                        )
+                    chunks: list[bytes] = []
+                    size = 0
+                    # Decoded bytes: the bound also holds for a gzip bomb.
+                    async for chunk in response.aiter_bytes():
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise SourceError(
+                                "too_large", f"GET {path} is larger than {max_bytes} bytes"
+                            )
+                        chunks.append(chunk)
+                    content_type = response.headers.get("content-type", "")
+        except TimeoutError:
+            raise SourceError(
+                "timeout", f"GET {path} took longer than {self._timeout:g}s"
+            ) from None
+        except httpx.TimeoutException:
+            raise SourceError("timeout", f"GET {path} timed out") from None
+        except httpx.ConnectError as exc:
+            reason = "connection_refused" if _refused(exc) else "connection_error"
+            raise SourceError(reason, f"GET {path}: connection failed ({reason})") from None
+        except httpx.HTTPError as exc:
+            raise SourceError("connection_error", f"GET {path}: {type(exc).__name__}") from None
+        return b"".join(chunks), content_type
+
+    async def fetch_metrics(self) -> bytes:
+        """The raw ``/metrics`` payload (Prometheus text format)."""
+        body, content_type = await self._get("/metrics", max_bytes=self._max_bytes)
+        kind = content_type.split(";", 1)[0].strip().lower()
+        if kind in ("text/html", "application/json") or body.lstrip()[:1] in (b"<", b"{", b"["):
+            raise SourceError(
+                "not_metrics", f"/metrics answered {kind or 'something'} instead of metrics"
+            )
+        return body
+
+    async def _json(self, path: str) -> Any:
+        body, _ = await self._get(path, max_bytes=1024 * 1024)
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise SourceError("invalid_response", f"{path} did not answer JSON") from None
+
+    async def fetch_models(self) -> ModelsInfo:
+        """The first model ``/v1/models`` lists: its id, root path or hub id, max_model_len."""
+        document = await self._json("/v1/models")
+        return parse_models(document)
+
+    async def fetch_version(self) -> str:
+        """vLLM's version from ``/version``."""
+        document = await self._json("/version")
+        version = document.get("version") if isinstance(document, dict) else None
+        if not isinstance(version, str) or not version:
+            raise SourceError("invalid_response", "/version has no 'version' string")
+        return version
+
+
+def parse_models(document: object) -> ModelsInfo:
+    """Read vLLM's ``/v1/models`` answer (pure); SourceError ``invalid_response`` if odd."""
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        raise SourceError("invalid_response", "/v1/models lists no model")
+    first = data[0]
+    model_id = first.get("id")
+    if not isinstance(model_id, str):
+        raise SourceError("invalid_response", "/v1/models: the model has no id")
+    root = first.get("root")
+    max_len = first.get("max_model_len")
+    return ModelsInfo(
+        model_id=model_id,
+        root=root if isinstance(root, str) and root else None,
+        max_model_len=max_len if isinstance(max_len, int) and max_len > 0 else None,
+    )

@@ -1,0 +1,115 @@
+"""Specification of fleet mode's allowlist: what /probe may reach, and what never."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from exporter.allowlist import (
+    AllowlistError,
+    is_allowed,
+    parse_allowlist,
+    parse_entry,
+    parse_target,
+)
+
+
+def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP address from text."""
+    return ipaddress.ip_address(text)
+
+
+def test_a_cidr_entry_allows_literal_addresses_inside_it() -> None:
+    """10.0.0.0/8 allows http://10.1.2.3:8000 and refuses 192.168.1.1."""
+    allow = parse_allowlist(["10.0.0.0/8"])
+    assert is_allowed(parse_target("http://10.1.2.3:8000"), allow) == (True, "allowed")
+    assert is_allowed(parse_target("http://192.168.1.1:8000"), allow) == (
+        False,
+        "not_in_allowlist",
+    )
+
+
+def test_a_name_entry_with_a_wildcard_allows_names_under_the_suffix_only() -> None:
+    """*.vllm.svc allows a.vllm.svc but not vllm.svc.evil.com or the bare suffix."""
+    allow = parse_allowlist(["*.vllm.svc"])
+    assert is_allowed(parse_target("a.vllm.svc:8000"), allow)[0]
+    assert not is_allowed(parse_target("vllm.svc.evil.com:8000"), allow)[0]
+    assert not is_allowed(parse_target("vllm.svc:8000"), allow)[0]
+
+
+def test_a_port_in_the_entry_restricts_the_port() -> None:
+    """10.0.0.0/8:8000 allows port 8000 only."""
+    allow = parse_allowlist(["10.0.0.0/8:8000"])
+    assert is_allowed(parse_target("http://10.0.0.5:8000"), allow)[0]
+    assert not is_allowed(parse_target("http://10.0.0.5:22"), allow)[0]
+
+
+def test_a_name_is_allowed_by_networks_only_if_every_address_it_resolves_to_is_inside() -> None:
+    """A name resolving into and out of the allowed network is refused (no rebinding trick)."""
+    allow = parse_allowlist(["10.0.0.0/8"])
+    target = parse_target("http://vllm.example:8000")
+    assert is_allowed(target, allow, [ip("10.0.0.7")])[0]
+    assert not is_allowed(target, allow, [ip("10.0.0.7"), ip("203.0.113.9")])[0]
+    assert not is_allowed(target, allow, [])[0]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://169.254.169.254:80",  # cloud metadata service
+        "http://[fe80::1]:8000",  # IPv6 link-local
+        "http://224.0.0.1:8000",  # multicast
+        "http://0.0.0.0:8000",  # unspecified
+    ],
+)
+def test_metadata_and_other_special_addresses_are_never_probed(target: str) -> None:
+    """Even an allow-everything list never reaches link-local, multicast or unspecified."""
+    allow = parse_allowlist(["0.0.0.0/0", "::/0"])
+    assert is_allowed(parse_target(target), allow) == (False, "forbidden_address")
+
+
+def test_a_name_resolving_to_the_metadata_address_is_refused() -> None:
+    """A friendly name pointing at 169.254.169.254 is refused like the address itself."""
+    allow = parse_allowlist(["*.example"])
+    target = parse_target("http://metadata.example:80")
+    assert is_allowed(target, allow, [ip("169.254.169.254")]) == (False, "forbidden_address")
+
+
+@pytest.mark.parametrize(
+    ("target", "problem"),
+    [
+        ("file:///etc/passwd", "scheme"),
+        ("gopher://10.0.0.1:70", "scheme"),
+        ("http://user:pw@10.0.0.1:8000", "credentials"),
+        ("http://10.0.0.1:8000/admin", "path"),
+        ("http://10.0.0.1:99999", "port"),
+        ("http://:8000", "host"),
+    ],
+)
+def test_targets_other_than_plain_http_base_urls_are_rejected(target: str, problem: str) -> None:
+    """Other schemes, credentials, paths and bad ports never become a probe."""
+    with pytest.raises(AllowlistError, match=problem):
+        parse_target(target)
+
+
+def test_a_target_without_a_scheme_is_http_and_gets_a_default_port() -> None:
+    """host:port means http://host:port; https without a port means 443."""
+    assert parse_target("10.0.0.1:8000").url == "http://10.0.0.1:8000"
+    assert parse_target("https://vllm.example").url == "https://vllm.example:443"
+
+
+@pytest.mark.parametrize(
+    "entry", ["http://10.0.0.1", "10.0.0.0/33", "bad host!", "10.0.0.1:0", "*.*.svc", ""]
+)
+def test_malformed_entries_are_rejected_with_the_entry_named(entry: str) -> None:
+    """A wrong allowlist entry is a configuration error naming the entry."""
+    with pytest.raises(AllowlistError):
+        parse_entry(entry)
+
+
+def test_ipv6_entries_with_ports_use_brackets() -> None:
+    """[fd00::1]:8000 allows that address on that port."""
+    allow = parse_allowlist(["[fd00::1]:8000"])
+    assert is_allowed(parse_target("http://[fd00::1]:8000"), allow)[0]
+    assert not is_allowed(parse_target("http://[fd00::1]:9000"), allow)[0]

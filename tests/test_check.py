@@ -1,0 +1,115 @@
+"""Specification of `vllm-headroom check` over captures and a live server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from exporter.cli import main
+
+if TYPE_CHECKING:
+    from tests.conftest import StaticVllm
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
+TINY = Path(__file__).parent / "fixtures" / "configs" / "tiny-llama"
+STABLE_KEYS = {
+    "kv_capacity_tokens",
+    "kv_tokens_used",
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_preemptions",
+    "vllm_version_guess",
+    "engines",
+    "prediction",
+}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    """Run check with --json and parse its output."""
+    assert main(["check", *argv, "--json"]) == 0
+    result: dict[str, object] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_json_of_the_real_capture_has_the_stable_keys_and_values(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The 0.32 after-load capture: 1,024 tokens, 15 preemptions, a >=0.32 guess."""
+    result = run_json(capsys, str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom"))
+    assert STABLE_KEYS <= result.keys()
+    assert result["kv_capacity_tokens"] == 1024
+    assert result["num_preemptions"] == 15
+    assert result["vllm_version_guess"] == ">=0.32"
+    engines = result["engines"]
+    assert isinstance(engines, list)
+    assert engines[0]["engine"] == "0"
+
+
+def test_a_model_flag_adds_the_prediction_and_its_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With --model the prediction is compared with vLLM's own capacity (exact here)."""
+    result = run_json(capsys, str(CAPTURES / "vllm-0.32.0-cpu-idle.prom"), "--model", str(TINY))
+    prediction = result["prediction"]
+    assert isinstance(prediction, dict)
+    assert prediction["state"] == "ok"
+    assert prediction["kv_capacity_tokens"] == 1024
+    engines = result["engines"]
+    assert isinstance(engines, list)
+    assert engines[0]["kv_capacity_error_ratio"] == 0.0
+
+
+@pytest.mark.parametrize("capture", sorted(p.name for p in CAPTURES.glob("*.prom")))
+def test_every_real_capture_is_either_analysed_or_refused_in_one_line(
+    capture: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each real capture gives a report, or (the docs' elided text) one error line, exit 2."""
+    code = main(["check", str(CAPTURES / capture)])
+    out, err = capsys.readouterr()
+    if code == 0:
+        assert "engine 0" in out
+    else:
+        assert code == 2
+        assert err.count("\n") == 1
+        assert "line " in err
+
+
+def test_a_malformed_file_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken sample of a family we read is reported with its line number, exit 2."""
+    bad = tmp_path / "bad.prom"
+    bad.write_text('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{x="1" 2\n')
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err
+    assert "Traceback" not in err
+
+
+def test_a_file_without_vllm_metrics_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A /metrics payload of something else is not silently reported as empty."""
+    other = tmp_path / "node.prom"
+    other.write_text("# TYPE node_load1 gauge\nnode_load1 0.5\n")
+    assert main(["check", str(other)]) == 2
+    assert "no vLLM metrics" in capsys.readouterr().err
+
+
+def test_a_live_server_is_read_with_its_models_and_version(
+    static_vllm: StaticVllm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Against a URL, check reads /metrics, /v1/models and /version."""
+    result = run_json(capsys, static_vllm.url)
+    assert result["model"] == "tiny"
+    assert result["vllm_version"] == "0.32.0"
+    assert result["max_model_len"] == 512
+
+
+def test_an_unreachable_url_is_one_line_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nobody listening: one line naming the reason, exit 2."""
+    assert main(["check", "http://127.0.0.1:9"]) == 2
+    assert "connection_refused" in capsys.readouterr().err

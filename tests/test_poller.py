@@ -1,0 +1,281 @@
+"""Specification of polling one vLLM target: views, failures as data, restarts, discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from exporter.errors import SourceError
+from exporter.poller import TargetPoller
+from exporter.views import PredictionView, TargetInfo
+from exporter.vllm_client import VllmClient
+from exporter.vllm_metrics import parse_vllm_metrics
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from exporter.snapshot import VllmSnapshot
+    from exporter.views import GpuMemoryView
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
+AFTER_LOAD = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
+IDLE = (CAPTURES / "vllm-0.32.0-cpu-idle.prom").read_bytes()
+MODELS = {
+    "object": "list",
+    "data": [{"id": "tiny", "object": "model", "root": "/models/tiny", "max_model_len": 512}],
+}
+
+
+class FakeVllm:
+    """A scriptable vLLM HTTP API behind httpx.MockTransport."""
+
+    def __init__(self) -> None:
+        self.metrics: bytes | Callable[[], httpx.Response] = AFTER_LOAD
+        self.calls: dict[str, int] = {}
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls[path] = self.calls.get(path, 0) + 1
+        if path == "/metrics":
+            if callable(self.metrics):
+                return self.metrics()
+            return httpx.Response(200, content=self.metrics, headers={"content-type": "text/plain"})
+        if path == "/v1/models":
+            return httpx.Response(200, json=MODELS)
+        if path == "/version":
+            return httpx.Response(200, json={"version": "0.32.0"})
+        return httpx.Response(404)
+
+
+class Clock:
+    """A manual monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def poll(fake: FakeVllm, clock: Clock, times: int = 1, **kwargs: object) -> TargetPoller:
+    """Make a poller over the fake API and poll it ``times``, 5 s apart."""
+
+    async def go() -> TargetPoller:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+            client = VllmClient(
+                "http://vllm:8000", client=http, timeout_seconds=2.0, max_bytes=1 << 20
+            )
+            poller = TargetPoller(
+                "http://vllm:8000",
+                client=client,
+                parse=parse_vllm_metrics,
+                clock=clock,
+                wall_clock=lambda: 1_800_000_000.0,
+                **kwargs,  # type: ignore[arg-type]
+            )
+            for _ in range(times):
+                await poller.poll_once()
+                clock.now += 5.0
+            return poller
+
+    return asyncio.run(go())
+
+
+def test_a_successful_poll_publishes_derived_figures_and_target_facts() -> None:
+    """The real 0.32 capture gives the 1,024-token pool and the model facts of /v1/models."""
+    poller = poll(FakeVllm(), Clock())
+    view = poller.view
+    assert poller.ready
+    assert view.derived is not None
+    (engine,) = view.derived.engines
+    assert engine.kv_capacity_tokens == 1024
+    assert engine.model_name == "tiny"
+    assert view.info == TargetInfo("tiny", "/models/tiny", 512, "0.32.0")
+    assert view.sources["vllm_metrics"].up
+    assert view.sources["vllm_metrics"].last_success_time == 1_800_000_000.0
+
+
+def test_discovery_runs_once_not_on_every_poll() -> None:
+    """/v1/models and /version are read at start, not every few seconds."""
+    fake = FakeVllm()
+    poll(fake, Clock(), times=3)
+    assert fake.calls["/metrics"] == 3
+    assert fake.calls["/v1/models"] == 1
+    assert fake.calls["/version"] == 1
+
+
+def refused() -> httpx.Response:
+    """A connection refused by the target."""
+    raise httpx.ConnectError("[Errno 111] Connection refused")
+
+
+@pytest.mark.parametrize(
+    ("metrics", "reason"),
+    [
+        (refused, "connection_refused"),
+        (lambda: httpx.Response(500, text="boom"), "http_5xx"),
+        (lambda: httpx.Response(200, text="<html>login</html>"), "not_metrics"),
+        (lambda: httpx.Response(200, json={"error": "x"}), "not_metrics"),
+        (lambda: httpx.Response(200, content=b"x" * (2 << 20)), "too_large"),
+        (
+            lambda: httpx.Response(200, text='vllm:num_requests_running{engine="0" 1\n'),
+            "parse_error",
+        ),
+    ],
+)
+def test_a_failing_target_becomes_data_not_an_exception(
+    metrics: Callable[[], httpx.Response], reason: str
+) -> None:
+    """Each failure marks vllm_metrics down with a bounded reason and publishes no stale figures."""
+    fake = FakeVllm()
+    fake.metrics = metrics
+    poller = poll(fake, Clock(), times=2)
+    health = poller.view.sources["vllm_metrics"]
+    assert not health.up
+    assert health.errors == {reason: 2}
+    assert poller.view.derived is None
+    assert not poller.ready
+
+
+def test_a_failure_is_logged_once_per_change_of_state() -> None:
+    """Three refused polls log one warning; the recovery logs one info line."""
+    fake = FakeVllm()
+    fake.metrics = refused
+    clock = Clock()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+            client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
+            poller = TargetPoller(
+                "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
+            )
+            for _ in range(3):
+                await poller.poll_once()
+            fake.metrics = AFTER_LOAD
+            await poller.poll_once()
+
+    with capture_logs() as logs:
+        asyncio.run(go())
+    events = [(e["event"], e.get("reason")) for e in logs if e["event"].startswith("source_")]
+    assert events == [("source_failed", "connection_refused"), ("source_recovered", None)]
+
+
+def test_a_restart_is_counted_and_triggers_rediscovery() -> None:
+    """A new process start time counts a restart and re-reads /v1/models and /version."""
+    fake = FakeVllm()
+    clock = Clock()
+    restarted = AFTER_LOAD.replace(
+        b"process_start_time_seconds 1.", b"process_start_time_seconds 2."
+    )
+    assert restarted != AFTER_LOAD
+
+    async def go() -> TargetPoller:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+            client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
+            poller = TargetPoller(
+                "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
+            )
+            await poller.poll_once()
+            clock.now += 5
+            fake.metrics = restarted
+            await poller.poll_once()
+            return poller
+
+    poller = asyncio.run(go())
+    assert poller.view.restarts_total == 1
+    assert fake.calls["/v1/models"] == 2
+
+
+def test_recovery_after_an_outage_rereads_the_target_facts() -> None:
+    """vLLM may come back as another model: discovery runs again after an outage."""
+    fake = FakeVllm()
+    clock = Clock()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+            client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
+            poller = TargetPoller(
+                "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
+            )
+            await poller.poll_once()
+            fake.metrics = refused
+            await poller.poll_once()
+            fake.metrics = AFTER_LOAD
+            await poller.poll_once()
+
+    asyncio.run(go())
+    assert fake.calls["/v1/models"] == 2
+
+
+def test_the_window_keeps_one_sample_older_than_the_longest_window() -> None:
+    """Samples older than the windows are dropped, keeping one baseline before them."""
+    poller = poll(FakeVllm(), Clock(), times=200)  # 1000 s of polls, windows of 600 s
+    # 121 samples within [now - 600 s, now] at a 5 s cadence, and the baseline before them.
+    assert poller.view.window_samples == 600 // 5 + 1 + 1
+
+
+class StubPredictor:
+    """A predictor that records its calls and predicts a fixed capacity."""
+
+    def __init__(self) -> None:
+        self.loaded: list[TargetInfo] = []
+
+    def load(self, info: TargetInfo) -> SourceError | None:
+        self.loaded.append(info)
+        return None
+
+    def predict(
+        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+    ) -> PredictionView:
+        return PredictionView(state="ok", capacity_tokens=1024.0, bytes_per_token=1024.0)
+
+
+def test_the_predictor_loads_after_discovery_and_feeds_the_derivation() -> None:
+    """The model is loaded with the discovered root; its capacity becomes the predicted gauge."""
+    predictor = StubPredictor()
+    poller = poll(FakeVllm(), Clock(), predictor=predictor)
+    assert [i.model_root for i in predictor.loaded] == ["/models/tiny"]
+    assert poller.view.derived is not None
+    assert poller.view.derived.engines[0].kv_capacity_error_ratio == 0.0
+    assert poller.view.sources["model_config"].up
+
+
+def test_the_bearer_token_is_sent_and_never_exposed() -> None:
+    """The configured token goes in the Authorization header of every request."""
+    from pydantic import SecretStr
+
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization", ""))
+        return FakeVllm().handle(request)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+            client = VllmClient(
+                "http://v:1",
+                client=http,
+                timeout_seconds=1,
+                max_bytes=1 << 20,
+                bearer_token=SecretStr("tok"),
+            )
+            await client.fetch_metrics()
+
+    asyncio.run(go())
+    assert seen == ["Bearer tok"]
+
+
+def test_models_document_shapes_are_checked() -> None:
+    """A /v1/models answer without a model is an invalid response, not a crash."""
+    from exporter.vllm_client import parse_models
+
+    with pytest.raises(SourceError) as caught:
+        parse_models(json.loads('{"data": []}'))
+    assert caught.value.reason == "invalid_response"
+    assert parse_models(MODELS).max_model_len == 512

@@ -1,0 +1,141 @@
+"""Specification of the sizing model applied to a live target's facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import UsageError
+from exporter.prediction import ModelPredictor
+from exporter.snapshot import CacheConfig, EngineMetrics, VllmSnapshot
+from exporter.views import GpuMemoryView, TargetInfo
+from exporter.vllm_metrics import parse_vllm_metrics
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
+GIB = 1024**3
+H100_CUDA_BYTES = int(79.19 * GIB)
+
+
+def h100(index: int = 0) -> GpuMemoryView:
+    """An H100 as NVML reports it, with CUDA's view of its total."""
+    return GpuMemoryView(
+        index=str(index),
+        uuid=f"GPU-{index}",
+        name="NVIDIA H100 80GB HBM3",
+        total_bytes=81_559 * 1024**2,
+        used_bytes=0,
+        free_bytes=81_559 * 1024**2,
+        cuda_total_bytes=H100_CUDA_BYTES,
+    )
+
+
+def snapshot(cache: CacheConfig) -> VllmSnapshot:
+    """A one-engine snapshot with this cache config."""
+    return VllmSnapshot(engines={"0": EngineMetrics(engine="0", cache_config=cache)})
+
+
+def test_the_tiny_cpu_model_predicts_exactly_the_pool_vllm_reported() -> None:
+    """The real 0.32 capture's 1 MiB pool of the tiny model is 1,024 tokens, predicted exactly."""
+    predictor = ModelPredictor()
+    info = TargetInfo("tiny", str(CONFIGS / "tiny-llama"), 512, "0.32.0")
+    assert predictor.load(info) is None
+    snap = parse_vllm_metrics((CAPTURES / "vllm-0.32.0-cpu-idle.prom").read_bytes())
+    prediction = predictor.predict(snap, info, ())
+    assert prediction.state == "ok"
+    assert prediction.bytes_per_token == 1024
+    assert prediction.capacity_tokens == 1024
+    assert prediction.info["block_size"] == "128"
+
+
+def test_llama_8b_on_an_h100_uses_vllms_own_utilization_and_block_size() -> None:
+    """Llama 3.1 8B at utilization 0.9 on an H100: 128 KiB per token, ~52 GiB budget."""
+    predictor = ModelPredictor()
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
+    assert predictor.load(info) is None
+    cache = CacheConfig(gpu_memory_utilization=0.9, block_size=16, cache_dtype="auto")
+    prediction = predictor.predict(snapshot(cache), info, (h100(),))
+    assert prediction.state == "ok"
+    assert prediction.bytes_per_token == 131_072
+    assert prediction.kv_budget_bytes is not None
+    assert 50 * GIB < prediction.kv_budget_bytes < 56 * GIB
+    assert prediction.capacity_tokens is not None
+    assert prediction.capacity_tokens == pytest.approx(prediction.kv_budget_bytes / 131_072, rel=0.01)
+
+
+def test_fp8_kv_cache_from_cache_config_doubles_the_predicted_tokens() -> None:
+    """cache_dtype fp8 halves bytes per token, so the same budget holds twice the tokens."""
+    predictor = ModelPredictor()
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
+    predictor.load(info)
+    auto = predictor.predict(snapshot(CacheConfig(0, 16, cache_dtype="auto")), info, (h100(),))
+    fp8 = predictor.predict(snapshot(CacheConfig(0, 16, cache_dtype="fp8")), info, (h100(),))
+    assert auto.capacity_tokens is not None
+    assert fp8.capacity_tokens is not None
+    assert fp8.bytes_per_token == 65_536
+    assert fp8.capacity_tokens == pytest.approx(2 * auto.capacity_tokens, rel=0.001)
+
+
+def test_tensor_parallelism_follows_the_number_of_gpus_vllm_sees() -> None:
+    """Two GPUs visible to vLLM mean TP 2: half the KV heads per GPU."""
+    predictor = ModelPredictor()
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
+    predictor.load(info)
+    cache = CacheConfig(gpu_memory_utilization=0.9, block_size=16)
+    prediction = predictor.predict(snapshot(cache), info, (h100(0), h100(1)))
+    assert prediction.bytes_per_token == 65_536
+    assert prediction.info["tensor_parallel"] == "2"
+
+
+def test_a_hub_id_missing_from_the_cache_falls_back_to_the_catalogue(tmp_path: Path) -> None:
+    """vLLM serving meta-llama/Llama-3.1-8B-Instruct from elsewhere still gets a prediction."""
+    predictor = ModelPredictor(hf_home=tmp_path)
+    info = TargetInfo("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", 8192)
+    assert predictor.load(info) is None
+    prediction = predictor.predict(snapshot(CacheConfig(block_size=16)), info, (h100(),))
+    assert prediction.bytes_per_token == 131_072
+
+
+def test_an_unknown_model_leaves_the_prediction_missing_with_a_reason(tmp_path: Path) -> None:
+    """An unfindable model: state model_not_found, the source failure says why."""
+    predictor = ModelPredictor(hf_home=tmp_path)
+    info = TargetInfo("secret/model-x", "secret/model-x", 4096)
+    failure = predictor.load(info)
+    assert failure is not None
+    assert failure.reason == "model_not_found"
+    prediction = predictor.predict(snapshot(CacheConfig()), info, (h100(),))
+    assert prediction.state == "model_not_found"
+    assert prediction.capacity_tokens is None
+
+
+def test_a_corrupt_config_is_reported_as_invalid(tmp_path: Path) -> None:
+    """A model directory with a broken config.json: state model_config_invalid."""
+    (tmp_path / "config.json").write_text("{not json")
+    predictor = ModelPredictor()
+    failure = predictor.load(TargetInfo("m", str(tmp_path), 4096))
+    assert failure is not None
+    assert failure.reason == "model_config_invalid"
+
+
+def test_without_gpu_memory_the_prediction_says_so() -> None:
+    """Fleet mode without NVML or gpu_memory_bytes cannot size a GPU budget."""
+    predictor = ModelPredictor()
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192)
+    predictor.load(info)
+    prediction = predictor.predict(snapshot(CacheConfig(block_size=16)), info, ())
+    assert prediction.state == "no_gpu_memory"
+    assert prediction.info["layers"] == "32"
+
+
+def test_overrides_replace_config_fields_and_bad_ones_are_refused() -> None:
+    """model_overrides changes the architecture; an unknown field is a one-line error."""
+    predictor = ModelPredictor(overrides={"num_kv_heads": 32})
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192)
+    predictor.load(info)
+    prediction = predictor.predict(snapshot(CacheConfig(0.9, 16)), info, (h100(),))
+    assert prediction.bytes_per_token == 4 * 131_072
+    with pytest.raises(UsageError, match="unknown field 'kv_heads'"):
+        ModelPredictor(overrides={"kv_heads": 8})
+    with pytest.raises(UsageError, match="positive integer"):
+        ModelPredictor(overrides={"num_layers": "32"})

@@ -1,0 +1,161 @@
+"""Specification of the running exporter over real HTTP: endpoints, readiness, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.serve import serve, server_url
+from exporter.settings import load_settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from exporter.httpserver import ExporterServer
+    from tests.conftest import StaticVllm
+
+
+class Running:
+    """An exporter running in a background thread until stopped."""
+
+    def __init__(self, overrides: dict[str, object]) -> None:
+        self.settings = load_settings({"listen_address": "127.0.0.1", "port": 0, **overrides})
+        self._started = threading.Event()
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.exit_code: int | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._started.wait(10), "the exporter did not start"
+
+    def _run(self) -> None:
+        async def main() -> int:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def started(server: ExporterServer) -> None:
+                self.url = server_url(server)
+                self._started.set()
+
+            return await serve(self.settings, started=started, stop=self._stop)
+
+        self.exit_code = asyncio.run(main())
+
+    def stop(self) -> float:
+        """Stop the exporter; return how long it took."""
+        begin = time.monotonic()
+        assert self._loop is not None
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        return time.monotonic() - begin
+
+
+@pytest.fixture
+def sidecar(static_vllm: StaticVllm) -> Iterator[Running]:
+    """The exporter in sidecar mode watching the static vLLM, polling every 0.2 s."""
+    running = Running(
+        {"target": static_vllm.url, "poll_interval_seconds": 0.2, "poll_timeout_seconds": 0.2}
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def wait_ready(url: str) -> None:
+    """Wait until /-/ready answers 200."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/-/ready").status_code == 200:
+            return
+        time.sleep(0.05)
+    pytest.fail("the exporter never became ready")
+
+
+def families(text: str) -> dict[str, str]:
+    """Exposed family name -> type."""
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_carry_derived_gauges_of_the_target(sidecar: Running) -> None:
+    """/metrics serves capacity, usage and health of the watched vLLM."""
+    wait_ready(sidecar.url)
+    response = httpx.get(f"{sidecar.url}/metrics")
+    assert response.status_code == 200
+    text = response.text
+    assert 'headroom_kv_capacity_tokens{engine="0",model_name="tiny"} 1024.0' in text
+    assert "headroom_target_up 1.0" in text
+    assert 'headroom_collector_success{collector="target"} 1.0' in text
+    found = families(text)
+    assert found["headroom_source_errors"] == "counter"
+    assert found["headroom_build_info"] == "gauge"  # info metrics are gauges in text 0.0.4
+    assert "process_resident_memory_bytes" in found
+
+
+def test_readiness_waits_for_the_first_successful_poll(static_vllm: StaticVllm) -> None:
+    """/-/ready is 503 while the target never answered, /-/healthy is 200 all along."""
+    running = Running(
+        {"target": "http://127.0.0.1:9", "poll_interval_seconds": 0.2, "poll_timeout_seconds": 0.2}
+    )
+    try:
+        time.sleep(0.5)
+        ready = httpx.get(f"{running.url}/-/ready")
+        assert ready.status_code == 503
+        assert "has not succeeded" in ready.text
+        assert httpx.get(f"{running.url}/-/healthy").status_code == 200
+        metrics = httpx.get(f"{running.url}/metrics").text
+        assert "headroom_target_up 0.0" in metrics
+        assert 'reason="connection_refused"' in metrics
+    finally:
+        running.stop()
+
+
+def test_the_landing_page_links_the_endpoints(sidecar: Running) -> None:
+    """/ is an HTML page linking /metrics and the health endpoints."""
+    page = httpx.get(f"{sidecar.url}/").text
+    for link in ("/metrics", "/-/healthy", "/-/ready"):
+        assert f'href="{link}"' in page
+
+
+def test_unknown_paths_and_methods_are_refused_cleanly(sidecar: Running) -> None:
+    """A wrong path is 404 and a POST is 405, never a traceback."""
+    assert httpx.get(f"{sidecar.url}/nope").status_code == 404
+    assert httpx.post(f"{sidecar.url}/metrics").status_code == 405
+    assert httpx.get(f"{sidecar.url}/probe?target=x").status_code == 404
+
+
+def test_stop_is_clean_and_quick(static_vllm: StaticVllm) -> None:
+    """Stopping the exporter (what SIGTERM does) ends it within a second with exit code 0."""
+    running = Running({"target": static_vllm.url, "poll_interval_seconds": 5})
+    wait_ready(running.url)
+    took = running.stop()
+    assert took < 1.0
+    assert running.exit_code == 0
+
+
+def test_fleet_mode_probes_allowed_targets_and_refuses_others(static_vllm: StaticVllm) -> None:
+    """/probe serves an allowed target's gauges and answers 403 for one outside the list."""
+    running = Running({"mode": "fleet", "probe_allowlist": "127.0.0.0/8"})
+    try:
+        allowed = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
+        assert allowed.status_code == 200
+        assert 'headroom_kv_capacity_tokens{engine="0",model_name="tiny"} 1024.0' in allowed.text
+        denied = httpx.get(f"{running.url}/probe", params={"target": "http://10.1.1.1:8000"})
+        assert denied.status_code == 403
+        metadata = httpx.get(f"{running.url}/probe", params={"target": "169.254.169.254"})
+        assert metadata.status_code == 403
+        own = httpx.get(f"{running.url}/metrics").text
+        assert 'headroom_probe_requests_total{outcome="ok"} 1.0' in own
+        assert 'headroom_probe_requests_total{outcome="denied_not_in_allowlist"} 1.0' in own
+        assert 'headroom_probe_requests_total{outcome="denied_forbidden_address"} 1.0' in own
+        assert "headroom_kv_capacity_tokens" not in own
+    finally:
+        running.stop()

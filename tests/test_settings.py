@@ -1,0 +1,102 @@
+"""Specification of the serve settings: precedence, validation and one-line errors."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from exporter.errors import UsageError
+from exporter.settings import DEFAULT_PORT, Mode, load_settings
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No HEADROOM_* variable or .env file leaks in from the developer's shell."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("HEADROOM_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults_watch_the_local_vllm_on_our_own_port() -> None:
+    """Out of the box the sidecar polls http://127.0.0.1:8000 and listens on its port."""
+    settings = load_settings()
+    assert settings.target == "http://127.0.0.1:8000"
+    assert settings.port == DEFAULT_PORT
+    assert settings.mode is Mode.SIDECAR
+
+
+def test_flags_override_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag wins over HEADROOM_* variables, which win over defaults."""
+    monkeypatch.setenv("HEADROOM_PORT", "9999")
+    monkeypatch.setenv("HEADROOM_TARGET", "http://vllm:8000")
+    settings = load_settings({"port": 1234, "target": None})
+    assert settings.port == 1234
+    assert settings.target == "http://vllm:8000"
+
+
+def test_comma_separated_lists_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HEADROOM_GPUS=GPU-a,GPU-b gives two GPUs."""
+    monkeypatch.setenv("HEADROOM_GPUS", "GPU-a, GPU-b")
+    assert load_settings().gpus == ["GPU-a", "GPU-b"]
+
+
+def test_the_bearer_token_comes_from_the_secrets_directory(tmp_path: Path) -> None:
+    """A file named like the variable in the secrets directory sets the token, kept secret."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "HEADROOM_BEARER_TOKEN").write_text("s3cret\n")
+    settings = load_settings(secrets_dir=secrets)
+    assert settings.bearer_token is not None
+    assert settings.bearer_token.get_secret_value().strip() == "s3cret"
+    assert "s3cret" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"port": -1}, "invalid setting port (HEADROOM_PORT)"),
+        ({"target": "ftp://x"}, "invalid setting target (HEADROOM_TARGET): must be an http://"),
+        ({"poll_interval_seconds": -1}, "HEADROOM_POLL_INTERVAL_SECONDS"),
+        ({"mode": "cluster"}, "invalid setting mode (HEADROOM_MODE)"),
+        ({"probe_allowlist": "http://x"}, "without a scheme"),
+        ({"tls_cert_file": "/x.pem"}, "tls_cert_file and tls_key_file must be set together"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_setting(
+    overrides: dict[str, object], expected: str
+) -> None:
+    """Each bad value is reported on one line with the setting and its variable."""
+    with pytest.raises(UsageError) as caught:
+        load_settings(overrides)
+    message = str(caught.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_a_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HEADROOM_PORT=abc names HEADROOM_PORT and the value given."""
+    monkeypatch.setenv("HEADROOM_PORT", "abc")
+    with pytest.raises(UsageError, match=r"HEADROOM_PORT.*'abc'"):
+        load_settings()
+
+
+def test_poll_timeout_may_not_exceed_the_interval() -> None:
+    """A timeout longer than the interval would let polls pile up."""
+    with pytest.raises(UsageError, match="must not exceed"):
+        load_settings({"poll_interval_seconds": 2, "poll_timeout_seconds": 5})
+
+
+def test_secret_values_are_never_echoed_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An invalid token setting does not print the token."""
+    monkeypatch.setenv("HEADROOM_BEARER_TOKEN", "x" * 3)
+    monkeypatch.setenv("HEADROOM_PORT", "70000")
+    with pytest.raises(UsageError) as caught:
+        load_settings()
+    assert "xxx" not in str(caught.value)
