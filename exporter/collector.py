@@ -42,6 +42,7 @@ SOURCE_REASONS: dict[str, tuple[str, ...]] = {
     "vllm_models": HTTP_REASONS,
     "vllm_version": HTTP_REASONS,
     "nvml": NVML_REASONS,
+    "model_config": ("model_not_found", "model_config_invalid", "model_unsupported"),
 }
 
 
@@ -165,6 +166,7 @@ def target_families(view: TargetView) -> list[Metric]:
             out.add("headroom_source_errors_total", count, (source, reason))
     out.add("headroom_target_restarts_total", view.restarts_total)
     out.add("headroom_window_samples", view.window_samples)
+    out.add("headroom_dropped_samples", view.dropped_samples)
     return out.families()
 
 

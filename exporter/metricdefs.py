@@ -365,6 +365,13 @@ _DEFS: tuple[MetricDef, ...] = (
         source="the poller",
     ),
     MetricDef(
+        "headroom_dropped_samples",
+        Kind.GAUGE,
+        "Samples of the last vLLM payload dropped by the parser's cardinality caps (label "
+        "explosion guard); 0 for any sane vLLM.",
+        source="the parser",
+    ),
+    MetricDef(
         "headroom_window_samples",
         Kind.GAUGE,
         "Samples of the target held for the windows.",
@@ -433,3 +440,41 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 def metric(name: str) -> MetricDef:
     """The definition of an exposed metric; ``KeyError`` for a name we do not expose."""
     return METRICS[name]
+
+
+def render_markdown() -> str:
+    """The table of ``docs/metrics.md`` (a test keeps the checked-in file equal to this)."""
+    lines = [
+        "# Metrics",
+        "",
+        "Every metric vllm-headroom exposes. Generated from `exporter/metricdefs.py` by",
+        "`make docs`; a test fails when this file and the code disagree, and another proves that",
+        "the exporter's real exposition contains exactly these names and labels.",
+        "",
+        "All names share the prefix `headroom_` and use base units. Per-target metrics are on",
+        "`/metrics` in sidecar mode and on `/probe?target=...` in fleet mode; exporter metrics are",
+        "always on `/metrics`. Values that cannot be known are absent, never NaN. Info metrics",
+        "have the value 1 and carry their facts in labels. The process collector's standard",
+        "`process_*` metrics (the exporter's own CPU, memory and file descriptors) are also",
+        "exposed on `/metrics`.",
+        "",
+        "How the derived figures are defined (windows, estimators and their bias) is in",
+        "[derivations.md](derivations.md).",
+        "",
+    ]
+    for scope, title in ((Scope.TARGET, "Per target"), (Scope.EXPORTER, "The exporter")):
+        lines += [
+            f"## {title}",
+            "",
+            "| metric | type | labels | meaning | source |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for d in _DEFS:
+            if d.scope is not scope:
+                continue
+            labels = ", ".join(f"`{label}`" for label in d.labels) or "-"
+            lines.append(
+                f"| `{d.name}` | {d.kind.value} | {labels} | {d.help} | {d.source or '-'} |"
+            )
+        lines.append("")
+    return "\n".join(lines)

@@ -233,6 +233,7 @@ class TargetPoller:
         if self._needs_discovery:
             await self._discover()
 
+        previous_dropped = self._view.dropped_samples
         self._window.append(Sample(now, snapshot))
         self._trim(now)
         gpus = await self._read_gpus(snapshot)
@@ -256,7 +257,12 @@ class TargetPoller:
             info=self._info,
             restarts_total=self._restarts,
             window_samples=len(self._window),
+            dropped_samples=snapshot.dropped_samples,
         )
+        if snapshot.dropped_samples and not previous_dropped:
+            log.warning(
+                "target_series_dropped", target=self.target, dropped=snapshot.dropped_samples
+            )
         return self._view
 
     async def _down(self, started: float, error: SourceError) -> TargetView:

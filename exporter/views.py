@@ -123,3 +123,5 @@ class TargetView:
     info: TargetInfo = field(default_factory=TargetInfo)
     restarts_total: int = 0
     window_samples: int = 0
+    #: Samples of the latest payload the parser's cardinality caps dropped.
+    dropped_samples: int = 0

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.serve import serve, server_url
+from exporter.serve import Components, serve, server_url
 from exporter.settings import load_settings
 
 if TYPE_CHECKING:
@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 class Running:
     """An exporter running in a background thread until stopped."""
 
-    def __init__(self, overrides: dict[str, object]) -> None:
+    def __init__(
+        self, overrides: dict[str, object], *, components: Components | None = None
+    ) -> None:
+        self.components = components
         self.settings = load_settings({"listen_address": "127.0.0.1", "port": 0, **overrides})
         self._started = threading.Event()
         self.url = ""
@@ -44,7 +47,9 @@ class Running:
                 self.url = server_url(server)
                 self._started.set()
 
-            return await serve(self.settings, started=started, stop=self._stop)
+            return await serve(
+                self.settings, components=self.components, started=started, stop=self._stop
+            )
 
         self.exit_code = asyncio.run(main())
 

@@ -1,0 +1,160 @@
+"""Specification of our metric names: naming rules, docs, and the real exposition.
+
+The exporter is run for real (sidecar mode against a vLLM-like server serving the real 0.32
+capture, with a recorded GPU and the tiny model's config; and fleet mode with probes), and
+its exposition must contain exactly the families of ``exporter.metricdefs`` with their labels.
+The expositions are kept in ``tests/golden/exposition/`` (regenerate with
+``HEADROOM_UPDATE_GOLDEN=1``): alert, dashboard and chart tests prove their metric names
+against these files, which this test proves equal to what the exporter really serves.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.gpu import RecordedGpuReader
+from exporter.gpu_visibility import GpuVisibility, VisibilityState
+from exporter.gpusource import NvmlGpuSource
+from exporter.metricdefs import METRICS, Kind, Scope, render_markdown
+from exporter.serve import Components
+from tests.test_serve import Running, wait_ready
+
+if TYPE_CHECKING:
+    from tests.conftest import StaticVllm
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden" / "exposition"
+NVML = Path(__file__).parent / "fixtures" / "nvml"
+TINY = Path(__file__).parent / "fixtures" / "configs" / "tiny-llama"
+NAME = re.compile(r"^headroom_[a-z0-9_]+$")
+UNITS = ("_bytes", "_seconds", "_ratio", "_tokens", "_sequences", "_total", "_info")
+#: Names without a base unit, each for a reason: counts of things and states.
+UNITLESS = {
+    "headroom_kv_blocks",
+    "headroom_context_window_requests",
+    "headroom_preemptions_per_finished_request",
+    "headroom_requests_running",
+    "headroom_requests_waiting",
+    "headroom_requests_waiting_by_reason",
+    "headroom_prediction_state",
+    "headroom_target_up",
+    "headroom_source_up",
+    "headroom_collector_success",
+    "headroom_probe_targets",
+    "headroom_window_samples",
+    "headroom_dropped_samples",
+}
+
+
+def test_names_follow_the_prometheus_rules() -> None:
+    """One prefix, no colons, base-unit suffixes, _total only on counters, _info on info."""
+    for name, d in METRICS.items():
+        assert NAME.match(name), name
+        assert name.endswith("_total") == (d.kind is Kind.COUNTER), name
+        assert name.endswith("_info") == (d.kind is Kind.INFO), name
+        rate = name.endswith(("_per_second", "_per_token"))  # a unit per a unit
+        assert name.endswith(UNITS) or name in UNITLESS or rate, name
+        assert d.help.endswith("."), name
+        assert "percent" not in name
+
+
+def test_docs_metrics_md_is_generated_from_the_definitions() -> None:
+    """docs/metrics.md equals what `make docs` generates (run it after changing a metric)."""
+    assert (ROOT / "docs" / "metrics.md").read_text() == render_markdown()
+
+
+def _families(text: str) -> dict[str, set[str]]:
+    """Exposed family -> label names (the text parser calls info families by their full name)."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name + "_total" if family.type == "counter" else family.name
+        labels = out.setdefault(name, set())
+        for sample in family.samples:
+            labels.update(sample.labels)
+    return out
+
+
+def _check_against_definitions(text: str, scopes: set[Scope], mode: str) -> None:
+    exposed = {n: labels for n, labels in _families(text).items() if n.startswith("headroom_")}
+    expected = {n for n, d in METRICS.items() if d.scope in scopes}
+    if mode == "sidecar":
+        expected -= {n for n in expected if n.startswith("headroom_probe_")}
+    else:
+        expected -= {"headroom_poll_interval_seconds"}
+    assert set(exposed) == expected
+    for name, labels in exposed.items():
+        assert labels == set(METRICS[name].labels), name
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("HEADROOM_UPDATE_GOLDEN") == "1" or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert _families(path.read_text()) == _families(text), (
+        f"{path} is stale: regenerate with HEADROOM_UPDATE_GOLDEN=1"
+    )
+
+
+def _recorded_gpus(_settings: object) -> NvmlGpuSource:
+    """The recorded H100 with vLLM's EngineCore (PID 45) holding 72 GiB."""
+    visibility = GpuVisibility(VisibilityState.ALL_GPUS, (), frozenset({45}))
+    reader = RecordedGpuReader.from_file(NVML / "h100-vllm-72gib.json", loop=True)
+    return NvmlGpuSource(reader, allow_all=True, discover=lambda **_: visibility)
+
+
+def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: StaticVllm) -> None:
+    """Sidecar mode with every source up exposes every target and exporter metric, no other."""
+    running = Running(
+        {
+            "target": static_vllm.url,
+            "poll_interval_seconds": 0.2,
+            "poll_timeout_seconds": 0.2,
+            "model": str(TINY),
+            "gpu_discovery": "all",
+        },
+        components=Components(gpu_source=_recorded_gpus),
+    )
+    try:
+        wait_ready(running.url)
+        time.sleep(0.6)  # a few polls: rates need two samples
+        text = httpx.get(f"{running.url}/metrics").text
+    finally:
+        running.stop()
+    _check_against_definitions(text, {Scope.TARGET, Scope.EXPORTER}, "sidecar")
+    _golden("sidecar.prom", text)
+
+
+def test_fleet_mode_exposes_probe_metrics_and_target_metrics_on_probe(
+    static_vllm: StaticVllm,
+) -> None:
+    """In fleet mode /metrics has the exporter's own metrics and /probe the target's."""
+    running = Running({"mode": "fleet", "probe_allowlist": "127.0.0.0/8", "model": str(TINY)})
+    try:
+        for _ in range(2):
+            probe = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
+        own = httpx.get(f"{running.url}/metrics").text
+    finally:
+        running.stop()
+    assert probe.status_code == 200
+    _check_against_definitions(own, {Scope.EXPORTER}, "fleet")
+    target = {n for n in _families(probe.text) if n.startswith("headroom_")}
+    expected = {n for n, d in METRICS.items() if d.scope is Scope.TARGET}
+    # No NVML in fleet mode: only the GPU metrics are absent from a probe.
+    assert expected - target == {n for n in expected if n.startswith("headroom_gpu_")}
+    _golden("fleet-metrics.prom", own)
+    _golden("fleet-probe.prom", probe.text)
+
+
+@pytest.mark.parametrize("name", sorted(METRICS))
+def test_every_metric_is_documented_with_a_source(name: str) -> None:
+    """HELP says what the number is, and the docs say where it comes from."""
+    assert METRICS[name].source, name
