@@ -12,7 +12,9 @@ import errno
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, get_args
 
 import httpx
 import structlog
@@ -30,7 +32,15 @@ from exporter.httpserver import ExporterServer, HeadroomApp, ProbeAnswer, landin
 from exporter.logsetup import configure_logging
 from exporter.poller import PollSettings, TargetPoller
 from exporter.prediction import ModelPredictor
-from exporter.settings import DEFAULT_PORT, GpuDiscovery, Mode, Settings, load_settings
+from exporter.settings import (
+    DEFAULT_SECRETS_DIR,
+    FLAGS,
+    GpuDiscovery,
+    Mode,
+    Settings,
+    env_name,
+    load_settings,
+)
 from exporter.vllm_client import VllmClient
 from exporter.vllm_metrics import parse_vllm_metrics
 
@@ -60,49 +70,35 @@ def add_parser(subparsers: argparse._SubParsersAction[OneLineParser]) -> None:
             "(HEADROOM_<SETTING>); see docs/configuration.md for all settings."
         ),
     )
-    parser.add_argument("--target", help="vLLM base URL (default http://127.0.0.1:8000)")
-    parser.add_argument("--mode", choices=[m.value for m in Mode], help="sidecar or fleet")
-    parser.add_argument("--listen-address", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, help=f"port to listen on (default {DEFAULT_PORT})")
+    for name, flag in FLAGS.items():
+        field = Settings.model_fields[name]
+        choices = _choices(name)
+        parser.add_argument(
+            flag,
+            dest=name,
+            metavar=None if choices else name.upper().removesuffix("_SECONDS"),
+            choices=choices,
+            help=f"{field.description} [{env_name(name)}]",
+        )
     parser.add_argument(
-        "--poll-interval", type=float, dest="poll_interval_seconds", help="seconds between polls"
-    )
-    parser.add_argument("--model", help="model directory, config.json or HF id (default: vLLM's)")
-    parser.add_argument("--hf-home", type=str, help="Hugging Face cache root")
-    parser.add_argument("--gpus", help="GPU UUIDs or indices to watch, comma-separated")
-    parser.add_argument("--probe-allowlist", help="fleet mode: allowed targets, comma-separated")
-    parser.add_argument("--tls-cert-file", help="serve HTTPS with this PEM certificate")
-    parser.add_argument("--tls-key-file", help="PEM private key for --tls-cert-file")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", choices=["auto", "json", "console"])
-    parser.add_argument(
-        "--secrets-dir", type=str, help="directory of secret files (default /run/secrets/...)"
+        "--secrets-dir",
+        metavar="DIR",
+        help=f"directory of secret files, one per setting (default {DEFAULT_SECRETS_DIR})",
     )
     parser.set_defaults(run=run)
 
 
-_FLAG_SETTINGS = (
-    "target",
-    "mode",
-    "listen_address",
-    "port",
-    "poll_interval_seconds",
-    "model",
-    "hf_home",
-    "gpus",
-    "probe_allowlist",
-    "tls_cert_file",
-    "tls_key_file",
-    "log_level",
-    "log_format",
-)
+def _choices(name: str) -> list[str] | None:
+    annotation = Settings.model_fields[name].annotation
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return [member.value for member in annotation]
+    args = get_args(annotation)
+    return list(args) if args and all(isinstance(a, str) for a in args) else None
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from flags over the environment (UsageError on a bad value)."""
-    from pathlib import Path  # noqa: PLC0415 - only needed here
-
-    overrides = {name: getattr(args, name, None) for name in _FLAG_SETTINGS}
+    overrides = {name: getattr(args, name, None) for name in FLAGS}
     secrets = Path(args.secrets_dir) if getattr(args, "secrets_dir", None) else None
     return load_settings(overrides, secrets_dir=secrets)
 

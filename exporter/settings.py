@@ -222,6 +222,25 @@ class Settings(BaseSettings):
         return self
 
 
+#: The settings that also have a command-line flag (the common ones), and the flag.
+FLAGS: dict[str, str] = {
+    "target": "--target",
+    "mode": "--mode",
+    "listen_address": "--listen-address",
+    "port": "--port",
+    "poll_interval_seconds": "--poll-interval",
+    "model": "--model",
+    "hf_home": "--hf-home",
+    "gpus": "--gpus",
+    "gpu_discovery": "--gpu-discovery",
+    "probe_allowlist": "--probe-allowlist",
+    "tls_cert_file": "--tls-cert-file",
+    "tls_key_file": "--tls-key-file",
+    "log_level": "--log-level",
+    "log_format": "--log-format",
+}
+
+
 def env_name(field_name: str) -> str:
     """The environment variable of a setting, e.g. ``HEADROOM_POLL_INTERVAL_SECONDS``."""
     return f"{ENV_PREFIX}{field_name.upper()}"
@@ -269,3 +288,34 @@ def describe_validation_error(exc: ValidationError) -> str:
     if isinstance(given, SecretStr) or "token" in name:
         shown = ""  # never echo secrets
     return f"invalid {where}: {message}{shown}"
+
+
+def render_configuration_markdown() -> str:
+    """The settings table of ``docs/configuration.md`` (a test keeps the file equal to this)."""
+    lines = [
+        "# Configuration",
+        "",
+        "`vllm-headroom serve` reads one set of settings. Precedence, highest first:",
+        "command-line flags, environment variables (prefix `HEADROOM_`), a `.env` file in the",
+        "working directory,"
+        f" files in the secrets directory (`--secrets-dir`, default `{DEFAULT_SECRETS_DIR}`: one",
+        "file per setting, named like its variable, e.g. `HEADROOM_BEARER_TOKEN`), then defaults.",
+        "Lists are comma-separated in variables; `HEADROOM_MODEL_OVERRIDES` is JSON. A bad value",
+        "stops the exporter with one line naming the setting, its variable and the problem, and",
+        "exit code 2. Generated from `exporter/settings.py` by `make docs`.",
+        "",
+        "| setting | variable | flag | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, field in Settings.model_fields.items():
+        if field.default_factory is not None:
+            default: object = field.default_factory()  # type: ignore[call-arg]
+        else:
+            default = field.default
+        if isinstance(default, StrEnum):
+            default = default.value
+        shown = "-" if default in (None, [], {}) else f"`{default}`"
+        flag = f"`{FLAGS[name]}`" if name in FLAGS else "-"
+        lines.append(f"| `{name}` | `{env_name(name)}` | {flag} | {shown} | {field.description} |")
+    lines.append("")
+    return "\n".join(lines)

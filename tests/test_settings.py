@@ -100,3 +100,31 @@ def test_secret_values_are_never_echoed_in_errors(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(UsageError) as caught:
         load_settings()
     assert "xxx" not in str(caught.value)
+
+
+def test_docs_configuration_md_is_generated_from_the_settings() -> None:
+    """docs/configuration.md lists every setting as `make docs` generates it."""
+    from pathlib import Path
+
+    from exporter.settings import render_configuration_markdown
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert docs.read_text() == render_configuration_markdown()
+
+
+def test_every_flag_names_a_setting_and_serve_help_lists_it() -> None:
+    """Each serve flag maps to a real setting and appears in --help with its variable."""
+    import contextlib
+    import io
+
+    from exporter.cli import main
+    from exporter.settings import FLAGS, Settings, env_name
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(out.getvalue().split())
+    for name, flag in FLAGS.items():
+        assert name in Settings.model_fields
+        assert flag in text
+        assert f"[{env_name(name)}]" in text
