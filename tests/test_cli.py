@@ -1,0 +1,68 @@
+"""Specification of the command line frame: subcommands, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from exporter import __version__
+from exporter.cli import main
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the name and version and exits 0."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"vllm-headroom {__version__}"
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a subcommand the usage goes to stderr and the exit code is 2."""
+    assert main([]) == 2
+    assert "plan" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "serve", "demo"])
+def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each documented subcommand is registered and answers --help."""
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    assert command in capsys.readouterr().out
+
+
+def test_a_bad_flag_is_one_line_pointing_at_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse errors are one line with the fix, exit code 2, no usage dump."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--port", "1", "--nope"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--help" in err
+
+
+def test_a_bad_setting_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """serve --port abc fails before starting anything: one line naming the setting."""
+    assert main(["serve", "--port", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "HEADROOM_PORT" in err
+
+
+def test_a_closed_pipe_is_not_a_traceback() -> None:
+    """`vllm-headroom plan --json | head -1` ends quietly when head stops reading."""
+    script = (
+        "import sys; from exporter.cli import main; "
+        "sys.exit(main(['plan', '--model', 'llama-3.1-8b', '--gpu', 'h100', '--json']))"
+    )
+    producer = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert producer.stdout is not None
+    producer.stdout.readline()
+    producer.stdout.close()
+    _, err = producer.communicate(timeout=30)
+    assert b"Traceback" not in err
