@@ -1,0 +1,198 @@
+"""CPU time and peak memory of the exporter polling 1 and 200 vLLM targets, against a peer.
+
+Runs, on this machine and in one run:
+
+- a static vLLM-like HTTP server (Python's ``http.server`` over a directory holding the real
+  vLLM 0.32 capture as ``metrics``, plus ``v1/models`` and ``version``), listening on all of
+  127.0.0.0/8 so that 200 targets can be 200 loopback addresses;
+- **sidecar, 1 target**: ``vllm-headroom serve`` polling it every 5 s;
+- **fleet, 200 targets**: ``vllm-headroom serve --mode fleet``, probed for each of the 200
+  targets every 5 s by a driver thread (what Prometheus would do);
+- **peer**: an idle Python process that imports the same libraries (prometheus_client, httpx,
+  pydantic-settings, structlog) and does nothing: the floor any Python exporter pays.
+
+For each exporter it reports CPU seconds over the run as a percentage of one core, and peak RSS
+(``VmHWM``), and the ratio of RSS to the peer's. Goals (issue 3): under 1% of one core at a 5 s
+poll for one target, peak RSS under 80 MB for one target.
+
+    .venv/bin/python benchmarks/sidecar.py            # 60 s per scenario
+    .venv/bin/python benchmarks/sidecar.py --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURE = ROOT.parent / "shared" / "data" / "vllm-metrics" / "vllm-0.32.0-cpu-after-load.prom"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PEER = "import prometheus_client, httpx, pydantic_settings, structlog, time\ntime.sleep(3600)\n"
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """VmHWM (peak resident set) of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def wait_http(url: str, timeout: float = 20.0) -> None:
+    """Wait until ``url`` answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+        except httpx.HTTPError:
+            time.sleep(0.1)
+        else:
+            return
+    raise SystemExit(f"{url} did not answer within {timeout:.0f}s")
+
+
+def static_vllm(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the static vLLM-like server on all loopback addresses."""
+    (directory / "v1").mkdir()
+    shutil.copy(CAPTURE, directory / "metrics")
+    models = {"data": [{"id": "tiny", "root": "/nonexistent/tiny", "max_model_len": 512}]}
+    (directory / "v1" / "models").write_text(json.dumps(models))
+    (directory / "version").write_text(json.dumps({"version": "0.32.0"}))
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "0.0.0.0", "-d", str(directory)],  # noqa: S104
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/version")
+    return server, port
+
+
+def exporter(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``vllm-headroom serve`` with ``args``; return it and its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            str(ROOT / ".venv" / "bin" / "vllm-headroom"),
+            "serve",
+            "--port",
+            str(port),
+            "--listen-address",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+            "--gpu-discovery",
+            "none",
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/-/healthy")
+    return process, url
+
+
+def measure(process: subprocess.Popen[bytes], seconds: float) -> tuple[float, int]:
+    """CPU share of one core over ``seconds`` (after warm-up) and peak RSS."""
+    time.sleep(2.0)  # start-up and first polls are not the steady state
+    start_cpu, start = cpu_seconds(process.pid), time.monotonic()
+    time.sleep(seconds)
+    used = cpu_seconds(process.pid) - start_cpu
+    return used / (time.monotonic() - start), peak_rss_bytes(process.pid)
+
+
+def probe_driver(url: str, targets: list[str], stop: threading.Event, interval: float) -> None:
+    """Probe every target every ``interval`` seconds, as Prometheus would."""
+    with httpx.Client(timeout=10) as client:
+        while not stop.is_set():
+            began = time.monotonic()
+            for target in targets:
+                client.get(f"{url}/probe", params={"target": target})
+            stop.wait(max(0.0, interval - (time.monotonic() - began)))
+
+
+def report(name: str, share: float, rss: int, peer_rss: int) -> None:
+    """One result line."""
+    print(
+        f"{name:<24} CPU {share * 100:6.2f}% of one core   peak RSS {rss / 2**20:6.1f} MiB"
+        f"   ({rss / peer_rss:.2f}x the peer's)"
+    )
+
+
+def main() -> None:
+    """Run the three scenarios and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured time per scenario")
+    parser.add_argument("--targets", type=int, default=200, help="targets in the fleet scenario")
+    args = parser.parse_args()
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.seconds:.0f} s each")
+    with tempfile.TemporaryDirectory() as tmp:
+        server, port = static_vllm(Path(tmp))
+        try:
+            peer = subprocess.Popen([sys.executable, "-c", PEER])
+            try:
+                peer_share, peer_rss = measure(peer, min(args.seconds, 5.0))
+            finally:
+                peer.kill()
+                peer.wait()
+            report("peer (idle imports)", peer_share, peer_rss, peer_rss)
+
+            sidecar, _ = exporter(["--target", f"http://127.0.0.1:{port}", "--poll-interval", "5"])
+            try:
+                share, rss = measure(sidecar, args.seconds)
+            finally:
+                sidecar.terminate()
+                sidecar.wait()
+            report("sidecar, 1 target", share, rss, peer_rss)
+            print(
+                f"  goals: < 1% of one core ({'met' if share < 0.01 else 'NOT met'}), "
+                f"< 80 MB peak RSS ({'met' if rss < 80e6 else 'NOT met'})"
+            )
+
+            targets = [
+                f"http://127.0.{1 + i // 250}.{1 + i % 250}:{port}" for i in range(args.targets)
+            ]
+            fleet, url = exporter(["--mode", "fleet", "--probe-allowlist", "127.0.0.0/8"])
+            stop = threading.Event()
+            driver = threading.Thread(target=probe_driver, args=(url, targets, stop, 5.0))
+            driver.start()
+            try:
+                share, rss = measure(fleet, args.seconds)
+            finally:
+                stop.set()
+                driver.join()
+                fleet.terminate()
+                fleet.wait()
+            report(f"fleet, {args.targets} targets", share, rss, peer_rss)
+        finally:
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()
