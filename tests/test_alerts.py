@@ -1,0 +1,602 @@
+"""The alert and recording rules (``alerts/``), their promtool unit tests and their runbooks.
+
+What this pins, beyond ``promtool test rules tests/alerts/*.yml`` (run here too):
+
+- the rule file is valid for promtool, and every alert has a unit test that fires it and one that
+  stays quiet, with the situations the issue names (restart, V0 names, idle, data parallelism);
+- every metric name a rule or an annotation template reads exists in real exposition: our
+  goldens, the real vLLM captures, or a recording rule of the file itself;
+- the Helm chart's contract: tunables only as ``headroom:threshold:*`` rules, every one guarded
+  by VllmHeadroomThresholdMissing, and overrides applied structurally (by rule name) work;
+- every alert has a runbook page with the agreed sections, linking back, and the index documents
+  every threshold with the default the file really has.
+
+promtool comes from Debian's ``prometheus`` package (``bash scripts/e2e/install-prometheus.sh``):
+without it these tests fail when ``CI`` is set and skip otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from tests.promql import PromQLSyntaxError, metric_names, number_literals
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = REPO / "alerts" / "vllm-headroom.rules.yml"
+RULE_FILES = sorted((REPO / "alerts").glob("*.yml"))
+UNIT_TESTS = sorted((REPO / "tests" / "alerts").glob("*.yml"))
+RUNBOOKS = REPO / "docs" / "runbooks"
+DASHBOARD_FILES = sorted((REPO / "dashboards").glob("vllm-headroom-*.json"))
+GOLDENS = sorted((REPO / "tests" / "golden" / "exposition").glob("*.prom"))
+#: ``../shared`` beside the repository: the real vLLM captures (read-only fixtures).
+CAPTURES = sorted((REPO.parent / "shared" / "data" / "vllm-metrics").glob("*.prom"))
+
+THRESHOLD_GROUP = "vllm-headroom-thresholds"
+THRESHOLD_PREFIX = "headroom:threshold:"
+META_ALERT = "VllmHeadroomThresholdMissing"
+RUNBOOK_URL = "https://github.com/vllm-headroom/vllm-headroom/blob/main/docs/runbooks/{}.md"
+DASHBOARD_UIDS = ("vllm-headroom-instance", "vllm-headroom-fleet")
+SEVERITIES = {"critical", "warning", "info"}
+
+#: Series that Prometheus itself writes for every target (never in any exposition).
+PROMETHEUS_SYNTHETIC = {"up"}
+
+#: Alerts about traffic against capacity: an idle instance must keep each of them quiet, and
+#: their runbooks walk through the capacity fixes in order.
+CAPACITY_ALERTS = {
+    "VllmHeadroomPreemptionSpike",
+    "VllmHeadroomKvCacheSaturated",
+    "VllmHeadroomKvCacheExhaustionPredicted",
+    "VllmHeadroomLow",
+    "VllmHeadroomFleetLow",
+    "VllmHeadroomContextGrowth",
+}
+
+#: The capacity fixes, in the order every capacity runbook gives them.
+CAPACITY_FIXES = (
+    ("FP8 KV cache", r"FP8 KV cache"),
+    ("utilization", r"--gpu-memory-utilization"),
+    ("max-model-len", r"--max-model-len"),
+    ("max-num-seqs", r"--max-num-seqs"),
+    ("scale out", r"[Ss]cale out"),
+    ("tensor parallelism", r"[Tt]ensor parallel"),
+)
+
+#: The sections every runbook page has, in this order.
+RUNBOOK_SECTIONS = ("Meaning", "Confirm", "Fix", "When to ignore", "Threshold")
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Path:
+    """promtool; fails in CI and skips elsewhere when it is not installed."""
+    found = shutil.which("promtool")
+    if found is None:
+        message = "promtool is missing; install it with: bash scripts/e2e/install-prometheus.sh"
+        if _in_ci():
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        pytest.skip(message)
+    return Path(found)
+
+
+def _run(argv: list[str | Path], *, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, check=False, timeout=300
+    )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return document
+
+
+def _rules(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            yield group["name"], rule
+
+
+def _alerts(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {rule["alert"]: rule for _, rule in _rules(document) if "alert" in rule}
+
+
+def _thresholds(document: dict[str, Any]) -> dict[str, str]:
+    """Threshold name (without the prefix) -> its expression, from the thresholds group."""
+    [group] = [g for g in document["groups"] if g["name"] == THRESHOLD_GROUP]
+    return {r["record"].removeprefix(THRESHOLD_PREFIX): r["expr"] for r in group["rules"]}
+
+
+DOCUMENT = _load(RULES)
+ALERTS = _alerts(DOCUMENT)
+RECORDED = {rule["record"] for _, rule in _rules(DOCUMENT) if "record" in rule}
+
+#: Go template strings handed to ``query`` or to ``printf`` (whose result goes to ``query``).
+_TEMPLATE_QUERY = re.compile(r'\b(?:query|printf)\s+"((?:[^"\\]|\\.)*)"')
+
+
+def _template_queries(text: str) -> list[str]:
+    """The PromQL that an annotation template runs, with printf's %q verbs filled in."""
+    return [
+        bytes(raw, "utf-8").decode("unicode_escape").replace("%q", '"x"')
+        for raw in _TEMPLATE_QUERY.findall(text)
+        if raw not in {"%.0f", "%.2f"}
+    ]
+
+
+def _exposed_names(paths: list[Path]) -> set[str]:
+    """Sample names in Prometheus text expositions (comments and # TYPE lines are not samples)."""
+    names: set[str] = set()
+    for path in paths:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            match = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)[{ ]", line)
+            if match:
+                names.add(match.group(1))
+    return names
+
+
+def _unit_test_groups() -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = []
+    for path in UNIT_TESTS:
+        for group in _load(path)["tests"]:
+            groups.append({**group, "file": path.name})
+    return groups
+
+
+def _expr_names(rule: dict[str, Any]) -> set[str]:
+    """Metric names an alert reads, following the recording rules it reads to their inputs."""
+    by_record = {r["record"]: r for _, r in _rules(DOCUMENT) if "record" in r}
+    seen: set[str] = set()
+    todo = list(metric_names(rule["expr"]))
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in by_record:
+            todo.extend(metric_names(by_record[name]["expr"]))
+    return seen
+
+
+def _runbook(alert: str) -> str:
+    return (RUNBOOKS / f"{alert}.md").read_text(encoding="utf-8")
+
+
+def _section(page: str, title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}[^\n]*\n(.*?)(?=^## |\Z)", page, re.M | re.S)
+    assert match, f"no '## {title}' section"
+    return match.group(1)
+
+
+# ----------------------------------------------------------------------------- promtool
+
+
+def test_rule_files_pass_promtool_check(promtool: Path) -> None:
+    """promtool check rules accepts every rule file, with every rule counted."""
+    for path in RULE_FILES:
+        done = _run([promtool, "check", "rules", path])
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"SUCCESS: {sum(1 for _ in _rules(_load(path)))} rules found" in done.stdout
+
+
+def test_promtool_unit_tests_pass(promtool: Path) -> None:
+    """Every promtool unit test in tests/alerts/ passes against the rule file."""
+    assert UNIT_TESTS, "no promtool unit tests in tests/alerts/"
+    done = _run([promtool, "test", "rules", *UNIT_TESTS])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_stays_quiet() -> None:
+    """Each alert has at least one promtool case expecting it and one expecting silence."""
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for group in _unit_test_groups():
+        for case in group.get("alert_rule_test", []):
+            (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
+    assert set(ALERTS) - quiet == set()
+    # The meta-alert's firing case needs a rule file without thresholds: it is generated below
+    # (test_a_missing_threshold_fires_the_meta_alert_naming_it).
+    assert set(ALERTS) - fires == {META_ALERT}
+
+
+def test_unit_tests_cover_restart_v0_names_idle_and_data_parallel_engines() -> None:
+    """Named promtool cases cover a vLLM restart, V0 names, an idle instance and DP engines."""
+    cases: dict[str, set[str]] = {name: set() for name in ALERTS}
+    for group in _unit_test_groups():
+        for case in group.get("alert_rule_test", []):
+            cases[case["alertname"]].add(group["name"])
+    per_engine = {
+        line.split("{")[0]
+        for path in GOLDENS
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if 'engine="' in line and not line.startswith("#")
+    }
+
+    def covered(alert: str, word: str) -> bool:
+        return any(word in name for name in cases[alert])
+
+    for alert, rule in ALERTS.items():
+        names = _expr_names(rule)
+        reads_vllm = any(name.startswith("vllm:") for name in names)
+        if reads_vllm:
+            assert covered(alert, "V0"), f"{alert}: no case with V0 names"
+        if reads_vllm and alert in CAPACITY_ALERTS:
+            assert covered(alert, "restart"), f"{alert}: no vLLM restart case"
+        if alert in CAPACITY_ALERTS:
+            assert covered(alert, "idle"), f"{alert}: no idle-instance case"
+        engine_level = alert in CAPACITY_ALERTS or alert == "VllmHeadroomCapacityDrift"
+        if engine_level and (reads_vllm or names & per_engine):
+            assert covered(alert, "data-parallel"), f"{alert}: no data-parallel case"
+
+
+# ------------------------------------------------------------------- names in exposition
+
+
+def test_every_metric_name_the_rules_read_exists_in_real_exposition() -> None:
+    """Each name a rule or annotation reads is in our goldens, the vLLM captures, or recorded."""
+    assert GOLDENS, "no golden expositions"
+    assert CAPTURES, "no vLLM captures in ../shared/data/vllm-metrics"
+    ours, vllms = _exposed_names(GOLDENS), _exposed_names(CAPTURES)
+    unknown: dict[str, set[str]] = {}
+    for _, rule in _rules(DOCUMENT):
+        where = rule.get("alert") or rule["record"]
+        queries = [rule["expr"]]
+        for text in rule.get("annotations", {}).values():
+            queries += _template_queries(text)
+        for query in queries:
+            for name in metric_names(query):
+                known = (
+                    name in RECORDED
+                    or name in PROMETHEUS_SYNTHETIC
+                    or (name.startswith("headroom_") and name in ours)
+                    or (name.startswith("vllm:") and name in vllms)
+                )
+                if not known:
+                    unknown.setdefault(where, set()).add(name)
+    assert unknown == {}
+
+
+def test_the_name_check_reads_annotation_queries_and_rejects_unknown_names() -> None:
+    """The extractor sees printf/query strings in templates, and a typo'd name is not exposed."""
+    text = (
+        '{{ with printf "headroom_kv_usable_tokens{job=%q}" $labels.job | query }}'
+        '{{ . | first | value | printf "%.0f" }}{{ end }} and '
+        '{{ with query "headroom:threshold:stale_seconds" }}{{ . | first | value }}{{ end }}'
+    )
+    queries = _template_queries(text)
+    assert [metric_names(q) for q in queries] == [
+        {"headroom_kv_usable_tokens"},
+        {"headroom:threshold:stale_seconds"},
+    ]
+    vllms = _exposed_names(CAPTURES)
+    assert "vllm:num_preemptions_total" in vllms
+    assert "vllm:num_preemptions" not in vllms  # the counter's name without _total never exists
+
+
+# ------------------------------------------------------------------------ shape and style
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alert_has_prefix_severity_and_annotations_with_links(name: str) -> None:
+    """One prefix, a known severity, the four annotations, its own runbook and a dashboard."""
+    rule = ALERTS[name]
+    assert re.fullmatch(r"VllmHeadroom[A-Z][A-Za-z0-9]+", name)
+    assert rule["labels"]["severity"] in SEVERITIES
+    annotations = rule["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}
+    assert annotations["runbook_url"] == RUNBOOK_URL.format(name)
+    assert annotations["dashboard_url"].startswith(tuple(f"/d/{uid}" for uid in DASHBOARD_UIDS))
+    assert "$labels." in annotations["description"] or name in {"VllmHeadroomExporterAbsent"}, (
+        "the description should name what it is about"
+    )
+    assert re.fullmatch(r"\d+[mh]", rule["for"]), "every alert waits a little"
+
+
+def test_recording_rule_names_follow_level_metric_operations() -> None:
+    """Recorded series are ``headroom:<level_metric>:<operations>``: three colon-separated parts."""
+    for name in RECORDED:
+        parts = name.split(":")
+        assert parts[0] == "headroom", name
+        assert len(parts) == 3, name
+        assert all(re.fullmatch(r"[a-z][a-z0-9_]*", part) for part in parts), name
+
+
+def test_alert_expressions_hold_no_literal_tunables() -> None:
+    """Outside the thresholds group the only numbers written are 0 and 1 (facts, not tunables)."""
+    for group, rule in _rules(DOCUMENT):
+        if group == THRESHOLD_GROUP:
+            continue
+        literals = set(number_literals(rule["expr"]))
+        assert literals <= {"0", "1"}, rule.get("alert") or rule["record"]
+
+
+def test_the_literal_check_sees_a_hidden_tunable() -> None:
+    """A threshold written into an expression is caught; windows and offsets are not."""
+    assert number_literals("rate(x[5m] offset 1d) > 0.05") == ["0.05"]
+    assert number_literals("predict_linear(x[30m], 3600) >= y") == ["3600"]
+
+
+# --------------------------------------------------------------------------- thresholds
+
+
+def test_every_threshold_is_one_labelless_vector_with_a_number() -> None:
+    """The chart's contract: each threshold is ``vector(<number>)``, nothing else."""
+    thresholds = _thresholds(DOCUMENT)
+    assert thresholds
+    for name, expr in thresholds.items():
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", name)
+        value = re.fullmatch(r"vector\(([-+]?[0-9.]+(?:e[-+]?\d+)?)\)", expr.strip())
+        assert value, f"{name}: {expr!r}"
+        float(value.group(1))
+
+
+def test_every_threshold_is_read_by_an_alert_and_guarded_by_the_meta_alert() -> None:
+    """Each threshold is read by a rule, each reference resolves, and the meta-alert guards all."""
+    defined = set(_thresholds(DOCUMENT))
+    referenced: set[str] = set()
+    for group, rule in _rules(DOCUMENT):
+        if group == THRESHOLD_GROUP or rule.get("alert") == META_ALERT:
+            continue
+        referenced |= {
+            n.removeprefix(THRESHOLD_PREFIX)
+            for n in metric_names(rule["expr"])
+            if n.startswith(THRESHOLD_PREFIX)
+        }
+    assert referenced == defined
+    guarded = {n.removeprefix(THRESHOLD_PREFIX) for n in metric_names(ALERTS[META_ALERT]["expr"])}
+    assert guarded == defined
+    labels = set(re.findall(r'"threshold", "([a-z0-9_]+)"', ALERTS[META_ALERT]["expr"]))
+    assert labels == defined, "each absent() must be labelled with its own threshold"
+
+
+def _override(
+    document: dict[str, Any],
+    *,
+    thresholds: dict[str, float] | None = None,
+    drop_thresholds: bool = False,
+    alerts: dict[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A copy of the rule file with overrides applied by rule name, as the Helm chart does."""
+    out = copy.deepcopy(document)
+    for group in out["groups"]:
+        if group["name"] == THRESHOLD_GROUP and drop_thresholds:
+            group["rules"] = []
+        for rule in group["rules"]:
+            name = rule.get("record", "").removeprefix(THRESHOLD_PREFIX)
+            if thresholds and name in thresholds:
+                rule["expr"] = f"vector({thresholds[name]})"
+            for key, value in (alerts or {}).get(rule.get("alert", ""), {}).items():
+                if key == "severity":
+                    rule["labels"]["severity"] = value
+                else:
+                    rule[key] = value
+    return out
+
+
+def _promtool_test(
+    promtool: Path, tmp_path: Path, rules: dict[str, Any], tests: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    suite = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return _run([promtool, "test", "rules", "test.yml"], cwd=tmp_path)
+
+
+#: A spike of 0.1 preemptions/s at 0.1 per finished request (fires with the defaults).
+SPIKE_SERIES = [
+    {
+        "series": 'vllm:num_preemptions_total{job="vllm",instance="a:8000",model_name="m"}',
+        "values": "0+6x30",
+    },
+    {
+        "series": 'vllm:request_success_total{job="vllm",instance="a:8000",model_name="m"}',
+        "values": "0+60x30",
+    },
+]
+
+
+def _spike_case(eval_time: str, severity: str | None) -> dict[str, Any]:
+    labels = {"job": "vllm", "instance": "a:8000", "model_name": "m"}
+    expected = [] if severity is None else [{"exp_labels": {**labels, "severity": severity}}]
+    return {
+        "eval_time": eval_time,
+        "alertname": "VllmHeadroomPreemptionSpike",
+        "exp_alerts": expected,
+    }
+
+
+def _without_annotations(document: dict[str, Any]) -> dict[str, Any]:
+    # promtool compares annotations too; these tests are about labels, thresholds and timing.
+    out = copy.deepcopy(document)
+    for _, rule in _rules(out):
+        rule.pop("annotations", None)
+    return out
+
+
+def test_a_missing_threshold_fires_the_meta_alert_naming_it(promtool: Path, tmp_path: Path) -> None:
+    """Without its thresholds the meta-alert fires per threshold while the spike goes unseen."""
+    rules = _without_annotations(_override(DOCUMENT, drop_thresholds=True))
+    missing = sorted(_thresholds(DOCUMENT))
+    expected = [{"exp_labels": {"severity": "warning", "threshold": name}} for name in missing]
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": SPIKE_SERIES,
+            "alert_rule_test": [
+                {"eval_time": "9m", "alertname": META_ALERT, "exp_alerts": []},
+                {"eval_time": "15m", "alertname": META_ALERT, "exp_alerts": expected},
+                _spike_case("15m", None),
+            ],
+        }
+    ]
+    done = _promtool_test(promtool, tmp_path, rules, tests)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_threshold_recorded_twice_fires_the_meta_alert(promtool: Path, tmp_path: Path) -> None:
+    """A second rule recording one threshold (scalar() is NaN then too) fires the meta-alert."""
+    rules = _without_annotations(DOCUMENT)
+    [group] = [g for g in rules["groups"] if g["name"] == THRESHOLD_GROUP]
+    group["rules"].append(
+        {
+            "record": f"{THRESHOLD_PREFIX}stale_seconds",
+            "expr": "vector(60)",
+            "labels": {"source": "my-override"},
+        }
+    )
+    expected = [{"exp_labels": {"severity": "warning", "threshold": "stale_seconds"}}]
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": SPIKE_SERIES,
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": META_ALERT, "exp_alerts": expected}
+            ],
+        }
+    ]
+    done = _promtool_test(promtool, tmp_path, rules, tests)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_overrides_applied_by_rule_name_change_threshold_for_and_severity(
+    promtool: Path, tmp_path: Path
+) -> None:
+    """A replaced vector() silences the spike; a shorter for and a severity make it a warning."""
+    defaults = _without_annotations(DOCUMENT)
+    raised = _without_annotations(_override(DOCUMENT, thresholds={"preemptions_per_second": 1}))
+    hurried = _without_annotations(
+        _override(
+            DOCUMENT,
+            alerts={"VllmHeadroomPreemptionSpike": {"for": "1m", "severity": "warning"}},
+        )
+    )
+    # The 5m rate of a counter that starts at 0m passes 0.05/s at 3m (the window fills): pending
+    # from 3m, firing from 8m with the default for of 5m, from 4m with 1m.
+    cases = [
+        (defaults, [_spike_case("5m", None), _spike_case("15m", "critical")]),
+        (raised, [_spike_case("15m", None)]),
+        (hurried, [_spike_case("5m", "warning")]),
+    ]
+    for index, (rules, expected) in enumerate(cases):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        tests = [{"interval": "1m", "input_series": SPIKE_SERIES, "alert_rule_test": expected}]
+        done = _promtool_test(promtool, workdir, rules, tests)
+        assert done.returncode == 0, f"case {index}: {done.stdout}{done.stderr}"
+
+
+# ----------------------------------------------------------------------------- runbooks
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_every_alert_has_a_runbook_page_that_links_back(name: str) -> None:
+    """docs/runbooks/<alert>.md links to the rules and the index and has the agreed sections."""
+    page = _runbook(name)
+    assert page.startswith(f"# {name}\n")
+    assert "](../../alerts/vllm-headroom.rules.yml)" in page
+    assert "](README.md)" in page
+    positions = [page.find(f"\n## {title}") for title in RUNBOOK_SECTIONS]
+    assert all(p >= 0 for p in positions), dict(zip(RUNBOOK_SECTIONS, positions, strict=True))
+    assert positions == sorted(positions)
+    severity = ALERTS[name]["labels"]["severity"]
+    assert f"`{severity}`" in _section(page, "Threshold")
+    assert f"`{ALERTS[name]['for']}`" in _section(page, "Threshold")
+    assert "vllm-headroom check" in _section(page, "Confirm") or name in {
+        "VllmHeadroomExporterAbsent",
+        "VllmHeadroomTargetDown",
+        "VllmHeadroomThresholdMissing",
+        "VllmHeadroomVllmNotScraped",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_runbooks_state_the_real_default_of_each_threshold_their_alert_reads(name: str) -> None:
+    """Each threshold an alert reads appears in its runbook as `name` = `default` from the file."""
+    section = _section(_runbook(name), "Threshold")
+    defaults = {
+        n: re.sub(r"^vector\((.*)\)$", r"\1", expr.strip())
+        for n, expr in _thresholds(DOCUMENT).items()
+    }
+    read = {
+        n.removeprefix(THRESHOLD_PREFIX)
+        for n in _expr_names(ALERTS[name])
+        if n.startswith(THRESHOLD_PREFIX)
+    }
+    if name == META_ALERT:
+        read = set()  # it watches them all; the index lists them
+    for threshold in read:
+        assert f"`{THRESHOLD_PREFIX}{threshold}` = `{defaults[threshold]}`" in section, threshold
+
+
+@pytest.mark.parametrize("name", sorted(CAPACITY_ALERTS))
+def test_capacity_runbooks_give_the_fixes_in_order(name: str) -> None:
+    """FP8 KV cache, utilization, max-model-len, max-num-seqs, scale out, tensor parallelism."""
+    fixes = _section(_runbook(name), "Fix")
+    positions = []
+    for label, pattern in CAPACITY_FIXES:
+        match = re.search(pattern, fixes)
+        assert match, f"{name}: the fixes do not mention {label}"
+        positions.append(match.start())
+    assert positions == sorted(positions), f"{name}: fixes out of order"
+
+
+def _panel_titles(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        titles = {node["title"]} if "title" in node and "type" in node else set()
+        return titles.union(*(_panel_titles(child) for child in node.get("panels", [])))
+    return set()
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_runbook_headers_name_dashboard_panels_that_exist(name: str) -> None:
+    """The panels and rows a runbook's header points to are titles in the checked-in dashboards."""
+    header = _runbook(name).split("\n## ", 1)[0]
+    pointed = re.findall(r'"([^"]+)"', header.split("Dashboard:", 1)[1])
+    titles = set().union(*(_panel_titles(json.loads(path.read_text())) for path in DASHBOARD_FILES))
+    assert set(pointed) <= titles
+
+
+def test_runbook_pages_match_the_alerts_one_to_one() -> None:
+    """No page for an alert that does not exist, none missing."""
+    pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"README"}
+    assert pages == set(ALERTS)
+
+
+def test_the_index_links_every_page_and_documents_every_threshold_default() -> None:
+    """The index links each page and lists each threshold with the rule file's real default."""
+    index = (RUNBOOKS / "README.md").read_text(encoding="utf-8")
+    for name in ALERTS:
+        assert f"]({name}.md)" in index, name
+    rows = dict(re.findall(r"^\| `headroom:threshold:([a-z0-9_]+)` \| `([^`]+)` \|", index, re.M))
+    defaults = {
+        name: re.sub(r"^vector\((.*)\)$", r"\1", expr.strip())
+        for name, expr in _thresholds(DOCUMENT).items()
+    }
+    assert rows == defaults
+
+
+# ----------------------------------------------------------------------------- the lexer
+
+
+def test_metric_names_rejects_what_it_cannot_read() -> None:
+    """A regex on __name__ cannot be proven against exposition: it is refused, not skipped."""
+    with pytest.raises(PromQLSyntaxError):
+        metric_names('{__name__=~"headroom_.+"}')
