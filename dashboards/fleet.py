@@ -1,0 +1,575 @@
+"""The fleet overview: every instance by model, how close each is, and what is firing.
+
+Read top to bottom at 2 a.m.: the fleet at a glance (targets down, firing alerts, headroom per
+model), then one table row per engine of every instance with capacity, usage, headroom,
+preemptions, queue, prediction error and foreign GPU memory, then the instances nearest their
+ceiling, then the firing alerts with their runbooks. Every number comes from the sidecars'
+``headroom_*`` series; click an instance to open its drill-down.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models import dashboard as dm
+
+from dashboards import limits
+from dashboards.queries import (
+    ENGINE_KEY,
+    FLEET_ENGINE,
+    JOB,
+    NAMESPACE,
+    TARGET,
+    metric,
+    per_engine,
+    selector,
+)
+from dashboards.templating import datasource_variable, label_variable
+from dashboards.widgets import (
+    FLEET_UID,
+    INSTANCE_UID,
+    TAGS,
+    Cell,
+    Column,
+    Query,
+    Row,
+    assemble,
+    bargauge_panel,
+    dashboard_link,
+    restart_annotation,
+    runbook_index_link,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
+
+if TYPE_CHECKING:
+    from grafana_foundation_sdk.cog import builder as cogbuilder
+
+    from dashboards.rules import RuleFacts
+
+TITLE = "vLLM headroom / Fleet"
+
+#: The labels of one alert instance worth showing (absent ones simply do not appear).
+#: A model's fleet: every instance serving it in one namespace (as the fleet alerts group).
+MODEL_KEY = "namespace, model_name"
+MODEL_LEGEND = "{{model_name}} {{namespace}}"
+ALERT_KEY = "alertname, severity, namespace, instance, model_name, engine, gpu, source"
+ALERTS = selector('alertname=~"VllmHeadroom.*"', NAMESPACE)
+FIRING = selector('alertname=~"VllmHeadroom.*"', NAMESPACE, 'alertstate="firing"')
+
+#: Link from a table row or bar to the instance dashboard of that instance and model.
+_DRILL_DOWN = (
+    f"/d/{INSTANCE_UID}?${{datasource:queryparam}}&${{job:queryparam}}"
+    "&var-namespace=${__data.fields.namespace}&var-instance=${__data.fields.instance}"
+    "&var-model=${__data.fields.model_name}&${__url_time_range}"
+)
+_DRILL_DOWN_FIELD = (
+    f"/d/{INSTANCE_UID}?${{datasource:queryparam}}&${{job:queryparam}}"
+    "&var-namespace=${__field.labels.namespace}&var-instance=${__field.labels.instance}"
+    "&var-model=${__field.labels.model_name}&${__url_time_range}"
+)
+
+
+def _drill_down(url: str) -> db.DashboardLink:
+    return db.DashboardLink("Open the instance dashboard").url(url)
+
+
+def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
+    return [
+        datasource_variable(),
+        label_variable(
+            "job",
+            label="Job",
+            query="label_values(headroom_target_up, job)",
+            description="Prometheus job(s) scraping the vllm-headroom sidecars or probes.",
+        ),
+        label_variable(
+            "namespace",
+            label="Namespace",
+            query=f"label_values(headroom_target_up{{{JOB}}}, namespace)",
+            description="Kubernetes namespace (empty outside Kubernetes: keep All).",
+        ),
+        label_variable(
+            "model",
+            label="Model",
+            query=f"label_values(headroom_kv_capacity_tokens{{{JOB}, {NAMESPACE}}}, model_name)",
+            description="Served model name(s), as vLLM reports them in model_name.",
+        ),
+        label_variable(
+            "instance",
+            label="Instance",
+            query=(
+                "label_values(headroom_kv_capacity_tokens"
+                f'{{{JOB}, {NAMESPACE}, model_name=~"$model"}}, instance)'
+            ),
+            description="Sidecar (or probed vLLM) instance(s) serving the selected models.",
+        ),
+    ]
+
+
+def _overview(facts: RuleFacts) -> Row:
+    # Jobs that served vllm-headroom metrics within a day (as the target-down alert counts them).
+    exporter_jobs = (
+        "group by (job) (max_over_time(headroom_build_info[1d]) "
+        "or max_over_time(headroom_target_up[1d]))"
+    )
+    return Row(
+        "Fleet at a glance",
+        [
+            Cell(
+                stat_panel(
+                    "Exporters down",
+                    description=(
+                        "Targets of vllm-headroom scrape jobs that Prometheus cannot reach."
+                    ),
+                    unit="short",
+                    queries=[
+                        Query(
+                            f"count((up{{{JOB}}} == 0) and on (job) {exporter_jobs}) or vector(0)"
+                        )
+                    ],
+                    facts=facts,
+                    limits=[limits.NONZERO],
+                    alerts=[limits.TARGET_DOWN, limits.EXPORTER_ABSENT],
+                ),
+                3,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "vLLM unreachable",
+                    description="Instances whose sidecar's last poll of vLLM's /metrics failed.",
+                    unit="short",
+                    queries=[
+                        Query(f"count({metric('headroom_target_up', TARGET)} == 0) or vector(0)")
+                    ],
+                    facts=facts,
+                    limits=[limits.NONZERO],
+                    alerts=[limits.VLLM_UNREACHABLE],
+                ),
+                3,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Firing alerts",
+                    description="vllm-headroom alerts firing now (details in the table below).",
+                    unit="short",
+                    queries=[Query(f"count(ALERTS{FIRING}) or vector(0)")],
+                    facts=facts,
+                    limits=[limits.NONZERO],
+                ),
+                3,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Engines sized",
+                    description="vLLM engines (data-parallel ranks) the selected sidecars size.",
+                    unit="short",
+                    queries=[
+                        Query(
+                            f"count({metric('headroom_kv_capacity_tokens', FLEET_ENGINE)}) "
+                            "or vector(0)"
+                        )
+                    ],
+                    facts=facts,
+                ),
+                3,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Fleet headroom at p95 context, per model",
+                    description=(
+                        "More sequences of p95 context length all instances of a model can take "
+                        "now, summed over its instances and engines."
+                    ),
+                    unit="count:seqs",
+                    queries=[
+                        Query(
+                            f"sum by ({MODEL_KEY}) "
+                            f"({metric('headroom_p95_available_sequences', FLEET_ENGINE)})",
+                            legend=MODEL_LEGEND,
+                        )
+                    ],
+                    facts=facts,
+                    limits=[limits.FLEET_SEQUENCES],
+                    graph=True,
+                ),
+                12,
+                4,
+            ),
+        ],
+    )
+
+
+def _instances(facts: RuleFacts) -> Row:
+    by = f"max by ({ENGINE_KEY})"
+    columns = [
+        Column(
+            "Capacity",
+            f"{by} ({metric('headroom_kv_capacity_tokens', FLEET_ENGINE)})",
+            "count:tokens",
+        ),
+        Column(
+            "In use",
+            f"{by} ({metric('headroom_kv_used_tokens', FLEET_ENGINE)})",
+            "count:tokens",
+        ),
+        Column(
+            "KV usage",
+            f"{by} ({metric('headroom_kv_usage_ratio', FLEET_ENGINE)})",
+            "percentunit",
+            [limits.KV_SATURATION],
+            coloured=True,
+        ),
+        Column(
+            "p95 context",
+            f"{by} ({metric('headroom_context_length_p95_tokens', FLEET_ENGINE)})",
+            "count:tokens",
+        ),
+        Column(
+            "Headroom @p95",
+            f"{by} ({metric('headroom_p95_available_sequences', FLEET_ENGINE)})",
+            "count:seqs",
+            [limits.HEADROOM_SEQUENCES],
+            coloured=True,
+        ),
+        Column(
+            "Headroom ratio",
+            f"{by} ({metric('headroom_p95_available_ratio', FLEET_ENGINE)})",
+            "percentunit",
+            [limits.HEADROOM_RATIO],
+            coloured=True,
+        ),
+        Column(
+            "Preemptions",
+            f"{by} ({metric('headroom_preemptions_per_second', FLEET_ENGINE)})",
+            "count:/s",
+            [limits.PREEMPTION_RATE],
+            coloured=True,
+        ),
+        Column(
+            "Waiting",
+            f"{by} ({metric('headroom_requests_waiting', FLEET_ENGINE)})",
+            "count:req",
+        ),
+        Column(
+            "Prediction error",
+            f"{by} ({metric('headroom_kv_capacity_prediction_error_ratio', FLEET_ENGINE)})",
+            "percentunit",
+            [limits.CAPACITY_DRIFT],
+            coloured=True,
+        ),
+        Column(
+            "Foreign GPU memory",
+            per_engine(
+                f"sum by (job, instance) ({metric('headroom_gpu_memory_foreign_bytes', TARGET)})",
+                metric("headroom_kv_capacity_tokens", FLEET_ENGINE),
+            ),
+            "bytes",
+            [limits.FOREIGN_MEMORY],
+            coloured=True,
+        ),
+    ]
+    return Row(
+        "Instances",
+        [
+            Cell(
+                table_panel(
+                    "Instances by model",
+                    description=(
+                        "One row per vLLM engine: KV capacity, usage and headroom for sequences "
+                        "of p95 context, preemptions, queue, sizing error and foreign GPU memory "
+                        "(click an instance to drill down)."
+                    ),
+                    unit="short",
+                    facts=facts,
+                    columns=columns,
+                    labels=[
+                        ("model_name", "Model"),
+                        ("namespace", "Namespace"),
+                        ("pod", "Pod"),
+                        ("instance", "Instance"),
+                        ("engine", "Engine"),
+                    ],
+                    sort_by="Headroom ratio",
+                    label_links=[("instance", _drill_down(_DRILL_DOWN))],
+                ),
+                24,
+                10,
+            ),
+            Cell(
+                table_panel(
+                    "Fleet totals per model",
+                    description=(
+                        "Per model and namespace, summed over its instances: capacity, tokens in "
+                        "use, headroom at p95 context (as the fleet alert counts it), "
+                        "preemptions and queue."
+                    ),
+                    unit="short",
+                    facts=facts,
+                    columns=_totals(),
+                    labels=[("model_name", "Model"), ("namespace", "Namespace")],
+                    sort_by="Headroom ratio",
+                ),
+                24,
+                6,
+            ),
+        ],
+    )
+
+
+def _totals() -> list[Column]:
+    def total(name: str) -> str:
+        return f"sum by ({MODEL_KEY}) ({metric(name, FLEET_ENGINE)})"
+
+    return [
+        Column(
+            "Instances",
+            f"count by ({MODEL_KEY}) (group by ({MODEL_KEY}, instance) "
+            f"({metric('headroom_kv_capacity_tokens', FLEET_ENGINE)}))",
+            "short",
+        ),
+        Column("Capacity", total("headroom_kv_capacity_tokens"), "count:tokens"),
+        Column("In use", total("headroom_kv_used_tokens"), "count:tokens"),
+        Column(
+            "KV usage",
+            f"{total('headroom_kv_used_tokens')} / {total('headroom_kv_usable_tokens')}",
+            "percentunit",
+        ),
+        Column(
+            "Headroom @p95",
+            total("headroom_p95_available_sequences"),
+            "count:seqs",
+            [limits.FLEET_SEQUENCES],
+            coloured=True,
+        ),
+        Column(
+            "Headroom ratio",
+            f"{total('headroom_p95_available_sequences')} "
+            f"/ {total('headroom_p95_ceiling_sequences')}",
+            "percentunit",
+            [limits.FLEET_RATIO],
+            coloured=True,
+        ),
+        Column("Preemptions", total("headroom_preemptions_per_second"), "count:/s"),
+        Column("Waiting", total("headroom_requests_waiting"), "count:req"),
+    ]
+
+
+def _nearest(facts: RuleFacts) -> Row:
+    key = "max by (namespace, instance, model_name, engine)"
+    legend = "{{instance}} {{model_name}} engine {{engine}}"
+    return Row(
+        "Nearest their ceiling",
+        [
+            Cell(
+                bargauge_panel(
+                    "Least headroom (ratio of the p95 ceiling)",
+                    description=(
+                        "The ten engines with the smallest share of their p95-context ceiling "
+                        "still free: first to preempt when traffic grows."
+                    ),
+                    unit="percentunit",
+                    queries=[
+                        Query(
+                            f"bottomk(10, {key} "
+                            f"({metric('headroom_p95_available_ratio', FLEET_ENGINE)}))",
+                            legend=legend,
+                            instant=True,
+                        )
+                    ],
+                    facts=facts,
+                    limits=[limits.HEADROOM_RATIO],
+                    minimum=0,
+                    maximum=1,
+                    data_links=[_drill_down(_DRILL_DOWN_FIELD)],
+                ),
+                12,
+                8,
+            ),
+            Cell(
+                bargauge_panel(
+                    "Highest KV-cache usage",
+                    description=(
+                        "The ten engines whose running requests hold the largest share of the "
+                        "usable KV cache now."
+                    ),
+                    unit="percentunit",
+                    queries=[
+                        Query(
+                            f"topk(10, {key} ({metric('headroom_kv_usage_ratio', FLEET_ENGINE)}))",
+                            legend=legend,
+                            instant=True,
+                        )
+                    ],
+                    facts=facts,
+                    limits=[limits.KV_SATURATION],
+                    minimum=0,
+                    maximum=1,
+                    data_links=[_drill_down(_DRILL_DOWN_FIELD)],
+                ),
+                12,
+                8,
+            ),
+        ],
+    )
+
+
+def _trends(facts: RuleFacts) -> Row:
+    def total(name: str) -> str:
+        return f"sum by ({MODEL_KEY}) ({metric(name, FLEET_ENGINE)})"
+
+    # The context-growth alert's own expression: the per-model p95 (engines with enough
+    # requests in their window) averaged over an hour, against the same hour a day earlier.
+    p95 = metric(
+        "headroom:model_context_length_p95_tokens:max", selector(NAMESPACE, 'model_name=~"$model"')
+    )
+    growth = f"avg_over_time({p95}[1h]) / avg_over_time({p95}[1h] offset 1d)"
+    return Row(
+        "What changed",
+        [
+            Cell(
+                timeseries_panel(
+                    "Fleet headroom at p95 context",
+                    description=(
+                        "More sequences of p95 context length each model's instances can take, "
+                        "summed, over time."
+                    ),
+                    unit="count:seqs",
+                    queries=[Query(total("headroom_p95_available_sequences"), legend=MODEL_LEGEND)],
+                    facts=facts,
+                    limits=[limits.FLEET_SEQUENCES],
+                    minimum=0,
+                ),
+                6,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Fleet headroom ratio",
+                    description=(
+                        "Each model's summed headroom as a share of its summed p95 ceiling "
+                        "(0: every instance full)."
+                    ),
+                    unit="percentunit",
+                    queries=[
+                        Query(
+                            f"{total('headroom_p95_available_sequences')} "
+                            f"/ {total('headroom_p95_ceiling_sequences')}",
+                            legend=MODEL_LEGEND,
+                        )
+                    ],
+                    facts=facts,
+                    limits=[limits.FLEET_RATIO],
+                    minimum=0,
+                    maximum=1,
+                ),
+                6,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Preemptions per model",
+                    description="Preemptions per second summed over each model's engines.",
+                    unit="count:/s",
+                    queries=[Query(total("headroom_preemptions_per_second"), legend=MODEL_LEGEND)],
+                    facts=facts,
+                    minimum=0,
+                ),
+                6,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "p95 context vs a day earlier",
+                    description=(
+                        "Each model's p95 context length over the last hour divided by the same "
+                        "hour yesterday (needs the recording rules and a day of history)."
+                    ),
+                    unit="suffix:×",
+                    queries=[Query(growth, legend=MODEL_LEGEND)],
+                    facts=facts,
+                    limits=[limits.CONTEXT_GROWTH],
+                    minimum=0,
+                ),
+                6,
+                8,
+            ),
+        ],
+    )
+
+
+def _alerts(facts: RuleFacts) -> Row:
+    active_since = (
+        f"max by ({ALERT_KEY}) (ALERTS_FOR_STATE{ALERTS} * 1000 "
+        f"and ignoring (alertstate) ALERTS{FIRING})"
+    )
+    runbook = (
+        db.DashboardLink("Runbook")
+        .url(f"{facts.runbook_base}${{__value.raw}}.md")
+        .target_blank(True)
+    )
+    return Row(
+        "Firing alerts",
+        [
+            Cell(
+                table_panel(
+                    "Firing alerts",
+                    description=(
+                        "vllm-headroom alerts firing now, with when they became active (click "
+                        "an alert name for its runbook)."
+                    ),
+                    unit="short",
+                    facts=facts,
+                    columns=[Column("Active since", active_since, "dateTimeFromNow")],
+                    labels=[
+                        ("alertname", "Alert"),
+                        ("severity", "Severity"),
+                        ("namespace", "Namespace"),
+                        ("instance", "Instance"),
+                        ("model_name", "Model"),
+                        ("engine", "Engine"),
+                        ("gpu", "GPU"),
+                        ("source", "Source"),
+                    ],
+                    sort_by="Severity",
+                    label_links=[("alertname", runbook)],
+                ),
+                24,
+                8,
+            )
+        ],
+    )
+
+
+def build(facts: RuleFacts) -> dm.Dashboard:
+    """The fleet overview dashboard, its thresholds and runbook links taken from ``facts``."""
+    builder = (
+        db.Dashboard(TITLE)
+        .uid(FLEET_UID)
+        .description(
+            "Every vLLM instance's KV-cache capacity and headroom for real traffic, by model, "
+            "from the vllm-headroom sidecars."
+        )
+        .tags(TAGS)
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .time("now-6h", "now")
+        .refresh("1m")
+        .timezone("browser")
+        .variables(_variables())
+        .annotation(restart_annotation(TARGET))
+        .link(
+            dashboard_link(
+                "Instance drill-down", INSTANCE_UID, "One instance's sizing chain and history"
+            )
+        )
+        .link(runbook_index_link(facts))
+    )
+    rows = [_overview(facts), _instances(facts), _nearest(facts), _trends(facts), _alerts(facts)]
+    return assemble(builder, rows)

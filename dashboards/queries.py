@@ -1,0 +1,75 @@
+"""PromQL building blocks shared by the dashboards: selectors and version-tolerant fragments.
+
+Our sidecar's series carry Prometheus's ``job`` and ``instance`` (and in Kubernetes
+``namespace``, ``pod``); per-engine gauges add ``model_name`` and ``engine``; GPU gauges ``gpu``
+and ``uuid``. vLLM's own series carry ``model_name`` (and ``engine`` from vLLM 0.8.3) plus the
+labels of *their* scrape job, matched to the sidecar by host (see
+:data:`dashboards.templating.VLLM_INSTANCE`).
+"""
+
+from __future__ import annotations
+
+from dashboards.templating import VLLM_INSTANCE
+
+#: Labels that identify one engine of one instance in tables (``pod`` only in Kubernetes).
+ENGINE_KEY = "namespace, pod, instance, model_name, engine"
+
+
+def selector(*matchers: str) -> str:
+    """``{a, b, ...}`` from label matchers."""
+    return "{" + ", ".join(matchers) + "}"
+
+
+JOB = 'job=~"$job"'
+NAMESPACE = 'namespace=~"$namespace"'
+INSTANCE = 'instance=~"$instance"'
+MODEL = 'model_name=~"$model"'
+ENGINE = 'engine=~"$engine"'
+
+#: Per-target series of the selected sidecars (no model or engine labels).
+TARGET = selector(JOB, NAMESPACE, INSTANCE)
+#: Per-engine series of the selected sidecars and models (fleet: every engine).
+FLEET_ENGINE = selector(JOB, NAMESPACE, INSTANCE, MODEL)
+#: Per-engine series of the selected instance's selected engines.
+ENGINE_SERIES = selector(JOB, NAMESPACE, INSTANCE, MODEL, ENGINE)
+#: vLLM's own series of the selected instance (matched by host), model and engines.
+VLLM = selector(NAMESPACE, VLLM_INSTANCE, MODEL, ENGINE)
+
+
+def metric(name: str, sel: str) -> str:
+    """``name{...}``."""
+    return f"{name}{sel}"
+
+
+def rate(name: str, sel: str, window: str = "$__rate_interval") -> str:
+    """``rate(name{...}[window])``: per-second, reset-safe."""
+    return f"rate({name}{sel}[{window}])"
+
+
+def prefer(newer: str, older: str) -> str:
+    """``newer`` where it has any series, else ``older``: one of two names vLLM renamed.
+
+    Unlike a bare ``or``, a label set present under both names cannot mix: when ``newer``
+    returns anything, ``older`` is dropped entirely.
+    """
+    return f"({newer}) or (({older}) unless on () ({newer}))"
+
+
+def histogram_quantile(q: float, buckets_by_le: str) -> str:
+    """``histogram_quantile(q, ...)`` over buckets already summed ``by (le)``."""
+    return f"histogram_quantile({q:g}, {buckets_by_le})"
+
+
+def bucket_rate(name: str, sel: str) -> str:
+    """Per-second bucket increase of histogram ``name`` summed over engines, by ``le``."""
+    return f"sum by (le) ({rate(name + '_bucket', sel)})"
+
+
+def per_engine(instance_level: str, engines: str) -> str:
+    """Attach an instance-level value (e.g. GPU memory) to every engine row of the instance.
+
+    ``engines`` selects the per-engine series that define the rows; the result carries their
+    labels (normalised to :data:`ENGINE_KEY`) and ``instance_level``'s value.
+    """
+    rows = f"group by (job, {ENGINE_KEY}) ({engines})"
+    return f"max by ({ENGINE_KEY}) (({instance_level}) * on (job, instance) group_right () {rows})"
