@@ -1,0 +1,1585 @@
+"""Specification of the Helm chart (helm/vllm-headroom) and of the Dockerfile.
+
+The chart is rendered by the real, pinned Helm 3 binary (``scripts/e2e/install-helm.sh``, which
+``make deps`` runs): when it is missing these tests fail in CI (``CI=true``) and skip elsewhere,
+naming the install command. Every rendered object is validated: Kubernetes kinds with
+kubernetes-validate (strict: unknown fields fail) against the oldest Kubernetes the chart
+supports and the newest the package ships. No PyPI or npm package ships prometheus-operator's
+CRD OpenAPI schemas in a form these tests can use without side effects, so its kinds
+(PodMonitor, ServiceMonitor, PrometheusRule, ScrapeConfig) are checked structurally: against
+the subset of their CRD fields the chart writes (``CRD_STRUCTURE``), unknown fields, wrong
+types and bad enums failing. The rules the chart renders are compared with
+``alerts/vllm-headroom.rules.yml`` after applying the same values in Python, and pass
+``promtool check rules``; the dashboards' ConfigMaps carry ``dashboards/*.json`` byte for byte.
+
+No Docker engine runs here, so the Dockerfile is parsed and its properties asserted, and its
+build step (``pip wheel --no-deps``) is run for real.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import all_versions, latest_version
+
+import exporter
+from exporter.allowlist import AllowlistError, parse_allowlist
+from exporter.settings import DEFAULT_PORT, Settings, load_settings
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "helm" / "vllm-headroom"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+RULES_FILE = REPO / "alerts" / "vllm-headroom.rules.yml"
+DASHBOARDS = REPO / "dashboards"
+DOCKERFILE = REPO / "Dockerfile"
+
+HELM_VERSION = "3.17.2"
+HELM_INSTALL = "bash scripts/e2e/install-helm.sh  (or: make deps)"
+PROMTOOL_INSTALL = "bash scripts/e2e/install-prometheus.sh  (or: make deps)"
+RELEASE = "rel"
+NAMESPACE = "inference"
+
+THRESHOLD_GROUP = "vllm-headroom-thresholds"
+THRESHOLD_PREFIX = "headroom:threshold:"
+
+#: Exporter settings the chart wires from its own values; every other one is accepted in
+#: exporter.settings (values.schema.json), and the two lists together are all of Settings.
+CHART_OWNED_SETTINGS = frozenset(
+    {
+        "listen_address",
+        "port",
+        "tls_cert_file",
+        "tls_key_file",
+        "mode",
+        "target",
+        "bearer_token",
+        "model",
+        "hf_home",
+        "gpu_discovery",
+        "gpus",
+        "proc_root",
+        "probe_allowlist",
+        "log_level",
+        "log_format",
+    }
+)
+
+Manifest = dict[str, Any]
+
+
+# ------------------------------------------------------------------------------ the tools
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _require(tool: Path | None, what: str, install: str) -> Path:
+    if tool is not None and os.access(tool, os.X_OK):
+        return tool
+    message = f"{what} is not installed; install it with: {install}"
+    if _in_ci():
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def _helm_path() -> Path:
+    cache = os.environ.get("VLLM_HEADROOM_CACHE")
+    root = Path(cache) if cache else Path.home() / ".cache" / "vllm-headroom"
+    return root / f"helm-{HELM_VERSION}" / "helm"
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned Helm 3 binary (the e2e installer's cache)."""
+    return _require(_helm_path(), f"Helm {HELM_VERSION} (at {_helm_path()})", HELM_INSTALL)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """promtool from Debian's prometheus package."""
+    found = shutil.which("promtool")
+    return _require(Path(found) if found else None, "promtool", PROMTOOL_INSTALL)
+
+
+class RenderError(Exception):
+    """helm template failed; the message is Helm's stderr without its symlink notices."""
+
+
+def _helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, check=False, cwd=REPO, timeout=120
+    )
+
+
+def _quiet(stderr: str) -> str:
+    # Helm notes each symlink it follows ("walk.go: found symbolic link..."): expected here.
+    return "\n".join(line for line in stderr.splitlines() if "found symbolic link" not in line)
+
+
+@functools.cache
+def _template_text(helm: Path, chart: Path, values: tuple[str, ...], sets: tuple[str, ...]) -> str:
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE]
+    for path in values:
+        args += ["--values", path]
+    for item in sets:
+        flag, _, value = item.partition(" ")
+        args += [flag, value]
+    done = _helm_run(helm, *args)
+    if done.returncode != 0:
+        raise RenderError(_quiet(done.stderr).strip())
+    return done.stdout
+
+
+def render(
+    helm: Path,
+    *values: Path,
+    sets: Sequence[str] = (),
+    chart: Path = CHART,
+) -> list[Manifest]:
+    """Render the chart; ``sets`` are ``"--set a=b"``-style flag and value pairs."""
+    text = _template_text(helm, chart, tuple(str(v) for v in values), tuple(sets))
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_error(helm: Path, *values: Path, sets: Sequence[str] = ()) -> str:
+    """Render values that must fail; return Helm's error text."""
+    with pytest.raises(RenderError) as caught:
+        render(helm, *values, sets=sets)
+    return str(caught.value)
+
+
+def ci(name: str) -> Path:
+    """One of the chart's ci/*-values.yaml files."""
+    path = CHART / "ci" / f"{name}-values.yaml"
+    assert path.is_file(), path
+    return path
+
+
+def load_yaml(path: Path) -> Any:
+    """A YAML file's content."""
+    return yaml.safe_load(path.read_text())
+
+
+# --------------------------------------------------------------------- manifest accessors
+
+
+def only(manifests: Sequence[Manifest], kind: str, name: str | None = None) -> Manifest:
+    """The one manifest of ``kind`` (and ``name``)."""
+    found = [
+        m
+        for m in manifests
+        if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} named {name}: {[m['kind'] for m in manifests]}"
+    return found[0]
+
+
+def of_kind(manifests: Sequence[Manifest], kind: str) -> list[Manifest]:
+    """Every manifest of ``kind``."""
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def container(pod_spec: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A container of a pod spec by name."""
+    found: list[dict[str, Any]] = [c for c in pod_spec["containers"] if c["name"] == name]
+    assert len(found) == 1, [c["name"] for c in pod_spec["containers"]]
+    return found[0]
+
+
+def env_of(spec: Mapping[str, Any]) -> dict[str, str]:
+    """A container's plain environment variables (valueFrom ones are left out)."""
+    return {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
+
+
+def pod_specs(manifests: Sequence[Manifest]) -> list[tuple[str, dict[str, Any]]]:
+    """Every pod spec the chart renders: workloads' templates and bare pods."""
+    specs: list[tuple[str, dict[str, Any]]] = []
+    for m in manifests:
+        if m["kind"] in {"Deployment", "StatefulSet", "DaemonSet"}:
+            specs.append((f"{m['kind']}/{m['metadata']['name']}", m["spec"]["template"]["spec"]))
+        elif m["kind"] == "Pod":
+            specs.append((f"Pod/{m['metadata']['name']}", m["spec"]))
+    return specs
+
+
+def sidecar_patch(manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The strategic-merge patch of the sidecar shape's ConfigMap."""
+    configmap = only(manifests, "ConfigMap", f"{RELEASE}-vllm-headroom-sidecar-patch")
+    patch: dict[str, Any] = yaml.safe_load(configmap["data"]["patch.yaml"])
+    return patch
+
+
+def sidecar_pod(manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The pod spec that holds the sidecar: the vLLM Deployment's, or the patch's."""
+    deployments = of_kind(manifests, "Deployment")
+    if deployments:
+        spec: dict[str, Any] = deployments[0]["spec"]["template"]["spec"]
+        return spec
+    patched: dict[str, Any] = sidecar_patch(manifests)["spec"]["template"]["spec"]
+    return patched
+
+
+def strategic_merge(base: Any, patch: Any) -> Any:
+    """Kubernetes' strategic merge as the patch needs it: named list items merge by name."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = strategic_merge(base[key], value) if key in base else value
+        return merged
+    if (
+        isinstance(base, list)
+        and isinstance(patch, list)
+        and all(isinstance(i, dict) and "name" in i for i in [*base, *patch])
+    ):
+        by_name = {item["name"]: item for item in base}
+        for item in patch:
+            by_name[item["name"]] = strategic_merge(by_name.get(item["name"], {}), item)
+        return list(by_name.values())
+    return patch
+
+
+# ------------------------------------------------------------------------ validation
+
+
+def _supported_kube_versions() -> list[str]:
+    chart = load_yaml(CHART / "Chart.yaml")
+    floor = re.match(r">=\s*(\d+\.\d+)", chart["kubeVersion"])
+    assert floor, chart["kubeVersion"]
+    oldest = floor.group(1)
+    assert oldest in {".".join(v.split(".")[:2]) for v in all_versions()}, oldest
+    return [oldest, latest_version()]
+
+
+def _object(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": dict(properties),
+        "required": list(required),
+    }
+
+
+_STR: dict[str, Any] = {"type": "string"}
+_STR_MAP: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
+# The CRDs' duration pattern (monitoring.coreos.com Duration).
+_DURATION: dict[str, Any] = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+    r"(([0-9]+)ms)?)$",
+}
+#: Relabeling actions as the CRDs accept them (either case).
+_ACTIONS = [
+    *("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep"),
+    *("lowercase", "uppercase", "keepequal", "dropequal"),
+    *("Replace", "Keep", "Drop", "HashMod", "LabelMap", "LabelDrop", "LabelKeep"),
+    *("Lowercase", "Uppercase", "KeepEqual", "DropEqual"),
+]
+_RELABELINGS: dict[str, Any] = {
+    "type": "array",
+    "items": _object(
+        {
+            "sourceLabels": {"type": "array", "items": _STR},
+            "separator": _STR,
+            "targetLabel": _STR,
+            "regex": _STR,
+            "modulus": {"type": "integer"},
+            "replacement": _STR,
+            "action": {"enum": _ACTIONS},
+        }
+    ),
+}
+_SELECTOR = _object({"matchLabels": _STR_MAP, "matchExpressions": {"type": "array"}})
+_NAMESPACE_SELECTOR = _object(
+    {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": _STR}}
+)
+_ENDPOINT_FIELDS: dict[str, Any] = {
+    "port": _STR,
+    "path": {"type": "string", "pattern": "^/"},
+    "scheme": {"enum": ["http", "https"]},
+    "interval": _DURATION,
+    "scrapeTimeout": _DURATION,
+    "honorLabels": {"type": "boolean"},
+    "params": {"type": "object"},
+    "relabelings": _RELABELINGS,
+    "metricRelabelings": _RELABELINGS,
+}
+_METADATA = _object(
+    {"name": _STR, "namespace": _STR, "labels": _STR_MAP, "annotations": _STR_MAP}, ["name"]
+)
+
+
+def _custom_resource(spec: dict[str, Any]) -> dict[str, Any]:
+    return _object(
+        {"apiVersion": _STR, "kind": _STR, "metadata": _METADATA, "spec": spec},
+        ["apiVersion", "kind", "metadata", "spec"],
+    )
+
+
+#: The fields of prometheus-operator's CRDs (v0.80 and later) that the chart writes, with the
+#: CRDs' types and enums; checked once against the CRD-generated models of
+#: cloudcoil.models.prometheus_operator 0.80.1 (not a dependency: it installs a pytest plugin).
+CRD_STRUCTURE: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): _custom_resource(
+        _object(
+            {
+                "selector": _SELECTOR,
+                "namespaceSelector": _NAMESPACE_SELECTOR,
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _object(
+                        {**_ENDPOINT_FIELDS, "portNumber": {"type": "integer"}}, ["port", "path"]
+                    ),
+                },
+            },
+            ["selector", "podMetricsEndpoints"],
+        )
+    ),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): _custom_resource(
+        _object(
+            {
+                "selector": _SELECTOR,
+                "namespaceSelector": _NAMESPACE_SELECTOR,
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _object(
+                        {**_ENDPOINT_FIELDS, "targetPort": {"type": ["string", "integer"]}},
+                        ["port", "path"],
+                    ),
+                },
+            },
+            ["selector", "endpoints"],
+        )
+    ),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _custom_resource(
+        _object(
+            {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _object(
+                        {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": _DURATION,
+                            "query_offset": _DURATION,
+                            "limit": {"type": "integer"},
+                            "partial_response_strategy": _STR,
+                            "rules": {
+                                "type": "array",
+                                "items": _object(
+                                    {
+                                        "record": _STR,
+                                        "alert": _STR,
+                                        "expr": {"type": ["string", "integer"]},
+                                        "for": _DURATION,
+                                        "keep_firing_for": _DURATION,
+                                        "labels": _STR_MAP,
+                                        "annotations": _STR_MAP,
+                                    },
+                                    ["expr"],
+                                ),
+                            },
+                        },
+                        ["name"],
+                    ),
+                }
+            },
+            ["groups"],
+        )
+    ),
+    ("monitoring.coreos.com/v1alpha1", "ScrapeConfig"): _custom_resource(
+        _object(
+            {
+                "scrapeInterval": _DURATION,
+                "scrapeTimeout": _DURATION,
+                "metricsPath": {"type": "string", "pattern": "^/"},
+                "params": {"type": "object"},
+                "scheme": {"enum": ["HTTP", "HTTPS"]},
+                "relabelings": _RELABELINGS,
+                "metricRelabelings": _RELABELINGS,
+                "kubernetesSDConfigs": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "role": {
+                                "enum": [
+                                    "Pod",
+                                    "Endpoints",
+                                    "Ingress",
+                                    "Service",
+                                    "Node",
+                                    "EndpointSlice",
+                                ]
+                            },
+                            "namespaces": _object(
+                                {
+                                    "names": {"type": "array", "items": _STR},
+                                    "ownNamespace": {"type": "boolean"},
+                                }
+                            ),
+                            "selectors": {
+                                "type": "array",
+                                "items": _object(
+                                    {"role": _STR, "label": _STR, "field": _STR}, ["role"]
+                                ),
+                            },
+                        },
+                        ["role"],
+                    ),
+                },
+            }
+        )
+    ),
+}
+
+
+def validate_manifest(manifest: Manifest) -> None:
+    """Validate one object: Kubernetes kinds strictly against two versions, CRDs structurally."""
+    key = (manifest["apiVersion"], manifest["kind"])
+    if key[0].startswith("monitoring.coreos.com/"):
+        assert key in CRD_STRUCTURE, f"no structure for {key}"
+        jsonschema.validate(manifest, CRD_STRUCTURE[key])
+        return
+    for version in _supported_kube_versions():
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+# ------------------------------------------------------------------------------ rules
+
+
+def apply_rule_values(
+    rules: Mapping[str, Any], alerts: Mapping[str, Any], thresholds: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The rule groups with the chart's values applied, as the chart's _rules.tpl does."""
+    groups = []
+    for group in rules["groups"]:
+        kept = []
+        for source in group["rules"]:
+            rule = copy.deepcopy(source)
+            if "alert" in rule:
+                knobs = alerts.get(rule["alert"], {})
+                if not knobs.get("enabled", True):
+                    continue
+                if "for" in knobs:
+                    rule["for"] = knobs["for"]
+                if "severity" in knobs:
+                    rule["labels"] = {**rule.get("labels", {}), "severity": knobs["severity"]}
+            elif group["name"] == THRESHOLD_GROUP and rule["record"].startswith(THRESHOLD_PREFIX):
+                name = rule["record"].removeprefix(THRESHOLD_PREFIX)
+                if name in thresholds:
+                    rule["expr"] = f"vector({thresholds[name]})"
+            kept.append(rule)
+        groups.append({**group, "rules": kept})
+    return groups
+
+
+def comparable(groups: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Rule groups with each threshold's vector(N) as a number, as Go and Python differ."""
+    result = copy.deepcopy(list(groups))
+    for group in result:
+        for rule in group["rules"]:
+            found = re.fullmatch(r"vector\(([^)]*)\)", str(rule.get("expr", "")).strip())
+            if group["name"] == THRESHOLD_GROUP and found:
+                rule["expr"] = ("vector", float(found.group(1)))
+    return result
+
+
+def rule_names(kind: str) -> list[str]:
+    """Alert names (kind "alert") or threshold names (kind "threshold") of the rule file."""
+    names = []
+    for group in load_yaml(RULES_FILE)["groups"]:
+        for rule in group["rules"]:
+            if kind == "alert" and "alert" in rule:
+                names.append(rule["alert"])
+            record = rule.get("record", "")
+            if kind == "threshold" and record.startswith(THRESHOLD_PREFIX):
+                names.append(record.removeprefix(THRESHOLD_PREFIX))
+    return names
+
+
+# ================================================================================== chart
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    """The chart deploys the image tag of the package it ships with (appVersion)."""
+    assert load_yaml(CHART / "Chart.yaml")["appVersion"] == exporter.__version__
+
+
+def test_ci_values_cover_every_shape() -> None:
+    """Each shape of the chart has at least one ci/*-values.yaml that lint and template run."""
+    shapes = {load_yaml(path)["shape"] for path in CI_VALUES}
+    assert shapes == {"vllm", "sidecar", "fleet"}
+
+
+def test_alerts_and_dashboards_are_embedded_not_copied() -> None:
+    """files/alerts and files/dashboards link to alerts/ and dashboards/: no second copy."""
+    for name, target in (("alerts", REPO / "alerts"), ("dashboards", DASHBOARDS)):
+        link = CHART / "files" / name
+        assert link.is_symlink(), link
+        assert link.resolve() == target.resolve()
+    assert RULES_FILE.is_file()
+    assert sorted(DASHBOARDS.glob("*.json"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_lint_strict_passes(helm: Path, values: Path) -> None:
+    """helm lint --strict passes each ci values file with no silent fail() (lint hides them)."""
+    done = _helm_run(helm, "lint", "--strict", str(CHART), "--values", str(values))
+    output = done.stdout + _quiet(done.stderr)
+    assert done.returncode == 0, output
+    assert "Fail:" not in output, output
+    assert "[WARNING]" not in output, output
+    assert "[ERROR]" not in output, output
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_every_rendered_object_validates(helm: Path, values: Path) -> None:
+    """Every object rendered from a ci values file validates against its schema."""
+    manifests = render(helm, values)
+    assert manifests
+    for manifest in manifests:
+        validate_manifest(manifest)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("kind", "path", "bad"),
+    [
+        ("Deployment", ("spec", "template", "spec", "containers", 0), {"imagePullPolcy": "Always"}),
+        ("Service", ("spec", "ports", 0), {"port": "eighty"}),
+        ("PodMonitor", ("spec", "podMetricsEndpoints", 0), {"scrapeTimout": "10s"}),
+        ("PodMonitor", ("spec", "podMetricsEndpoints", 0), {"scheme": "ftp"}),
+        ("PrometheusRule", ("spec", "groups", 0), {"rules": [{"record": "x"}]}),
+    ],
+)
+def test_validation_rejects_what_the_api_server_would(
+    helm: Path, kind: str, path: tuple[str | int, ...], bad: dict[str, Any]
+) -> None:
+    """A misspelt field, a wrong type or a bad enum in a rendered object fails validation."""
+    manifest = copy.deepcopy(only(render(helm, ci("vllm")), kind))
+    validate_manifest(manifest)
+    target: Any = manifest
+    for step in path:
+        target = target[step]
+    target.update(bad)
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(manifest)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("--set fleet.discovery.kind=PodMonitor",),
+        ("--set fleet.discovery.kind=none", "--set vllmMetrics.enabled=false"),
+        ("--set podMonitor.enabled=true", "--set networkPolicy.metricsFrom=null"),
+    ],
+    ids=["podmonitor-discovery", "no-discovery", "podmonitor-open-metrics"],
+)
+def test_fleet_variants_validate(helm: Path, sets: tuple[str, ...]) -> None:
+    """The fleet shape's other discovery kinds and monitors render valid objects."""
+    for manifest in render(helm, ci("fleet"), sets=sets):
+        validate_manifest(manifest)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("--set gpu.discovery=none", "--set vllm.modelVolume.type=emptyDir"),
+        ("--set vllm.apiKey.secretName=", "--set vllm.hfToken.secretName="),
+    ],
+    ids=["defaults", "no-gpu-emptydir", "no-secrets"],
+)
+def test_vllm_variants_validate(helm: Path, sets: tuple[str, ...]) -> None:
+    """The vllm shape renders valid objects from its bare minimum and without GPU or secrets."""
+    minimal = ("--set vllm.model=Qwen/Qwen3-0.6B",)
+    for manifest in render(helm, sets=(*minimal, *sets)):
+        validate_manifest(manifest)
+
+
+@pytest.mark.e2e
+def test_package_follows_the_symlinks(helm: Path, tmp_path: Path) -> None:
+    """helm package stores the linked files themselves and renders like the chart directory."""
+    done = _helm_run(helm, "package", str(CHART), "--destination", str(tmp_path))
+    assert done.returncode == 0, _quiet(done.stderr)
+    (archive,) = tmp_path.glob("vllm-headroom-*.tgz")
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        rules = members["vllm-headroom/files/alerts/vllm-headroom.rules.yml"]
+        assert rules.isfile()
+        extracted = tar.extractfile(rules)
+        assert extracted is not None
+        assert extracted.read() == RULES_FILE.read_bytes()
+        for dashboard in DASHBOARDS.glob("*.json"):
+            member = tar.extractfile(members[f"vllm-headroom/files/dashboards/{dashboard.name}"])
+            assert member is not None
+            assert member.read() == dashboard.read_bytes()
+        assert not [name for name in members if name.endswith(".py")]
+    assert render(helm, ci("vllm"), chart=archive) == render(helm, ci("vllm"))
+
+
+# ------------------------------------------------------------------------ secure by default
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_every_container_is_locked_down(helm: Path, values: Path) -> None:
+    """Every container runs non-root, read-only, unprivileged, seccomp'd, with limits."""
+    manifests = render(helm, values)
+    specs = pod_specs(manifests)
+    if load_yaml(values)["shape"] == "sidecar":
+        specs.append(("patch", sidecar_patch(manifests)["spec"]["template"]["spec"]))
+    assert specs
+    for where, spec in specs:
+        pod_security = spec.get("securityContext", {})
+        if where != "patch":
+            assert spec["automountServiceAccountToken"] is False, where
+            assert pod_security["runAsNonRoot"] is True, where
+            assert pod_security["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert not spec.get("hostNetwork"), where
+        assert not spec.get("hostPID"), where
+        assert not [v for v in spec.get("volumes", []) if "hostPath" in v], where
+        for item in spec["containers"]:
+            security = item["securityContext"]
+            label = f"{where}: {item['name']}"
+            assert security.get("runAsNonRoot", pod_security.get("runAsNonRoot")) is True, label
+            uid = security.get("runAsUser", pod_security.get("runAsUser"))
+            assert isinstance(uid, int), label
+            assert uid > 0, label
+            assert security["readOnlyRootFilesystem"] is True, label
+            assert security["allowPrivilegeEscalation"] is False, label
+            assert security.get("privileged", False) is False, label
+            assert security["capabilities"] == {"drop": ["ALL"]}, label
+            seccomp = security.get("seccompProfile", pod_security.get("seccompProfile"))
+            assert seccomp == {"type": "RuntimeDefault"}, label
+            resources = item["resources"]
+            assert resources["requests"]["memory"], label
+            assert resources["limits"]["memory"], label
+            assert resources["requests"]["cpu"], label
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_exporter_probes_and_resources(helm: Path, values: Path) -> None:
+    """The exporter is probed on /-/healthy (never /-/ready) and asks for no GPU."""
+    manifests = render(helm, values)
+    shape = load_yaml(values)["shape"]
+    spec = sidecar_pod(manifests) if shape != "fleet" else pod_specs(manifests)[0][1]
+    sidecar = container(spec, "vllm-headroom")
+    assert sidecar["ports"] == [
+        {"name": "headroom", "containerPort": DEFAULT_PORT, "protocol": "TCP"}
+    ]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert sidecar[probe]["httpGet"] == {"path": "/-/healthy", "port": "headroom"}, probe
+    resources = sidecar["resources"]
+    assert not [r for r in [*resources["requests"], *resources["limits"]] if "gpu" in r]
+    assert resources["limits"]["cpu"]
+    assert resources["limits"]["memory"]
+
+
+@pytest.mark.e2e
+def test_vllm_container_probes_health_and_requests_gpus(helm: Path) -> None:
+    """vLLM is probed on /health (startup, liveness, readiness) and alone requests the GPUs."""
+    deployment = only(render(helm, ci("vllm")), "Deployment")
+    vllm = container(deployment["spec"]["template"]["spec"], "vllm")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert vllm["args"][:5] == [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--host",
+        "0.0.0.0",  # noqa: S104 - vLLM listens on the pod network; asserting that it does
+        "--port",
+        "8000",
+    ]
+    assert vllm["command"] == ["vllm", "serve"]
+    assert {"name": "models", "mountPath": "/models"} in vllm["volumeMounts"]
+
+
+# ------------------------------------------------------------------------------- wiring
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("port", "expected"), [((), 8000), (("--set vllm.port=9000",), 9000)])
+def test_sidecar_targets_vllm_in_its_pod(helm: Path, port: tuple[str, ...], expected: int) -> None:
+    """The sidecar polls vLLM on loopback at vLLM's own port, whatever that port is."""
+    spec = sidecar_pod(render(helm, ci("vllm"), sets=port))
+    vllm = container(spec, "vllm")
+    assert vllm["ports"][0]["containerPort"] == expected
+    assert vllm["args"][vllm["args"].index("--port") + 1] == str(expected)
+    env = env_of(container(spec, "vllm-headroom"))
+    assert env["HEADROOM_TARGET"] == f"http://127.0.0.1:{expected}"
+    assert env["HEADROOM_MODE"] == "sidecar"
+
+
+@pytest.mark.e2e
+def test_sidecar_reads_the_model_volume_read_only(helm: Path) -> None:
+    """The sidecar mounts vLLM's model volume read-only and looks in the same HF cache."""
+    spec = sidecar_pod(render(helm, ci("vllm")))
+    sidecar = container(spec, "vllm-headroom")
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in sidecar["volumeMounts"]
+    vllm_env = env_of(container(spec, "vllm"))
+    env = env_of(sidecar)
+    assert env["HEADROOM_HF_HOME"] == vllm_env["HF_HOME"] == "/models/huggingface"
+    assert env["HEADROOM_MODEL"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.e2e
+def test_api_key_reaches_the_sidecar_as_a_secret_file(helm: Path) -> None:
+    """vLLM's API key is VLLM_API_KEY for vLLM and a bearer-token file for the sidecar."""
+    spec = sidecar_pod(render(helm, ci("vllm")))
+    vllm = container(spec, "vllm")
+    api_key = [e for e in vllm["env"] if e["name"] == "VLLM_API_KEY"]
+    assert api_key[0]["valueFrom"]["secretKeyRef"] == {"name": "vllm-api-key", "key": "key"}
+    sidecar = container(spec, "vllm-headroom")
+    assert "HEADROOM_BEARER_TOKEN" not in {e["name"] for e in sidecar["env"]}
+    mount = [m for m in sidecar["volumeMounts"] if m["name"] == "vllm-headroom-secrets"]
+    assert mount == [
+        {
+            "name": "vllm-headroom-secrets",
+            "mountPath": "/run/secrets/vllm-headroom",
+            "readOnly": True,
+        }
+    ]
+    volume = next(v for v in spec["volumes"] if v["name"] == "vllm-headroom-secrets")
+    assert volume["secret"]["items"] == [{"key": "key", "path": "HEADROOM_BEARER_TOKEN"}]
+
+
+@pytest.mark.e2e
+def test_gpu_discovery_process_shares_the_process_namespace(helm: Path) -> None:
+    """gpu.discovery=process: shared process namespace, one UID, NVML only, vLLM's list."""
+    deployment = only(render(helm, ci("vllm")), "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["shareProcessNamespace"] is True
+    sidecar = container(spec, "vllm-headroom")
+    env = env_of(sidecar)
+    assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
+    assert env["HEADROOM_PROC_ROOT"] == "/proc"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "HEADROOM_GPUS" not in env
+    pod_uid = spec["securityContext"]["runAsUser"]
+    vllm = container(spec, "vllm")
+    assert (
+        vllm["securityContext"].get("runAsUser", pod_uid) == sidecar["securityContext"]["runAsUser"]
+    )
+
+
+@pytest.mark.e2e
+def test_gpu_discovery_uuids_gives_and_watches_exactly_those(helm: Path) -> None:
+    """gpu.discovery=uuids: the sidecar is given and watches exactly the listed GPUs."""
+    uuids = load_yaml(ci("vllm-uuids"))["gpu"]["uuids"]
+    env = env_of(container(sidecar_pod(render(helm, ci("vllm-uuids"))), "vllm-headroom"))
+    assert env["HEADROOM_GPU_DISCOVERY"] == "settings"
+    assert env["HEADROOM_GPUS"] == env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+
+
+@pytest.mark.e2e
+def test_gpu_discovery_none_injects_nothing(helm: Path) -> None:
+    """gpu.discovery=none: the runtime injects nothing and the exporter reads no GPU."""
+    spec = sidecar_pod(render(helm, ci("vllm"), sets=("--set gpu.discovery=none",)))
+    env = env_of(container(spec, "vllm-headroom"))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["HEADROOM_GPU_DISCOVERY"] == "none"
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in env
+    assert "shareProcessNamespace" not in spec
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_never_every_gpu_by_accident(helm: Path, values: Path) -> None:
+    """No exporter reads every GPU it sees: node-wide NVML comes only with vLLM's own list."""
+    manifests = render(helm, values)
+    specs = [spec for _, spec in pod_specs(manifests)]
+    if load_yaml(values)["shape"] == "sidecar":
+        specs.append(sidecar_patch(manifests)["spec"]["template"]["spec"])
+    for spec in specs:
+        for item in spec["containers"]:
+            if item["name"] != "vllm-headroom":
+                continue
+            env = env_of(item)
+            assert env["HEADROOM_GPU_DISCOVERY"] in {"auto", "settings", "none"}
+            if env.get("NVIDIA_VISIBLE_DEVICES") == "all":
+                assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
+                assert "HEADROOM_GPUS" not in env
+                assert spec["shareProcessNamespace"] is True
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_the_exporter_accepts_the_environment_the_chart_gives_it(
+    helm: Path, values: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The exporter's own settings accept every HEADROOM_* variable the chart renders."""
+    manifests = render(helm, values)
+    shape = load_yaml(values)["shape"]
+    spec = pod_specs(manifests)[0][1] if shape == "fleet" else sidecar_pod(manifests)
+    env = env_of(container(spec, "vllm-headroom"))
+    monkeypatch.chdir(tmp_path)  # no stray .env file
+    for name in list(os.environ):
+        if name.startswith("HEADROOM_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("HEADROOM_"):
+            monkeypatch.setenv(name, value)
+    settings = load_settings(secrets_dir=tmp_path)
+    for name, value in load_yaml(values).get("exporter", {}).get("settings", {}).items():
+        assert getattr(settings, name) == value, name
+    assert settings.mode.value == ("fleet" if shape == "fleet" else "sidecar")
+    assert settings.port == DEFAULT_PORT
+    if shape == "fleet":
+        assert settings.probe_allowlist == load_yaml(values)["fleet"]["allowlist"]
+    else:
+        assert settings.target == "http://127.0.0.1:8000"
+
+
+@pytest.mark.e2e
+def test_pod_monitor_scrapes_the_sidecar_and_vllm(helm: Path) -> None:
+    """The PodMonitor scrapes the sidecar's /metrics and vLLM's own /metrics."""
+    manifests = render(helm, ci("vllm"))
+    monitor = only(manifests, "PodMonitor")
+    deployment = only(manifests, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    endpoints = [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]]
+    assert endpoints == [("headroom", "/metrics"), ("http", "/metrics")]
+    ports = {
+        p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+    }
+    assert {"headroom", "http"} <= ports
+
+
+@pytest.mark.e2e
+def test_service_monitor_scrapes_through_the_service(helm: Path) -> None:
+    """The ServiceMonitor selects the chart's Service, whose ports reach both containers."""
+    manifests = render(helm, ci("vllm-uuids"))
+    monitor = only(manifests, "ServiceMonitor")
+    service = only(manifests, "Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    endpoints = [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]]
+    assert endpoints == [("headroom", "/metrics"), ("http", "/metrics")]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["headroom"]["port"] == DEFAULT_PORT
+    assert ports["headroom"]["targetPort"] == "headroom"
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+@pytest.mark.e2e
+def test_sidecar_shape_selects_the_foreign_pods(helm: Path) -> None:
+    """In the sidecar shape the monitors and the policy select the other chart's pods."""
+    manifests = render(helm, ci("sidecar"))
+    selector = load_yaml(ci("sidecar"))["sidecar"]["podSelector"]
+    monitor = only(manifests, "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"] == selector
+    ports = [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]]
+    assert ports == ["headroom", load_yaml(ci("sidecar"))["vllmMetrics"]["portName"]]
+    assert only(manifests, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"] == selector
+    assert not of_kind(manifests, "Deployment")
+    assert not of_kind(manifests, "Pod")
+
+
+@pytest.mark.e2e
+def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path) -> None:
+    """The sidecar patch turns a plain vLLM Deployment into a valid one with the sidecar."""
+    manifests = render(helm, ci("sidecar"))
+    plain = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm", "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"matchLabels": {"model": "llama3"}},
+            "template": {
+                "metadata": {"labels": {"model": "llama3", "helm-release-name": "vllm"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.32.0",
+                            "args": ["--model", "meta-llama/Llama-3.1-8B-Instruct"],
+                            "ports": [{"name": "container-port", "containerPort": 8000}],
+                            "volumeMounts": [{"name": "vllm-storage", "mountPath": "/data"}],
+                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "vllm-storage", "persistentVolumeClaim": {"claimName": "models"}}
+                    ],
+                },
+            },
+        },
+    }
+    patched = strategic_merge(plain, sidecar_patch(manifests))
+    validate_manifest(patched)
+    spec = patched["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["vllm", "vllm-headroom"]
+    assert spec["shareProcessNamespace"] is True
+    assert {v["name"] for v in spec["volumes"]} == {
+        "vllm-storage",
+        "vllm-headroom-tmp",
+        "vllm-headroom-secrets",
+    }
+    sidecar = container(spec, "vllm-headroom")
+    assert {"name": "vllm-storage", "mountPath": "/data", "readOnly": True} in sidecar[
+        "volumeMounts"
+    ]
+    assert env_of(sidecar)["HEADROOM_HF_HOME"] == "/data"
+    reference = container(sidecar_pod(render(helm, ci("vllm"))), "vllm-headroom")
+    for key in ("image", "securityContext", "livenessProbe", "readinessProbe", "ports", "args"):
+        assert sidecar[key] == reference[key], key
+
+
+@pytest.mark.e2e
+def test_fleet_scrape_config_sends_each_vllm_pod_through_probe(helm: Path) -> None:
+    """The fleet ScrapeConfig sends every vLLM pod through /probe on the exporter's Service."""
+    manifests = render(helm, ci("fleet"))
+    values = load_yaml(ci("fleet"))
+    service = only(manifests, "Service")
+    assert service["spec"]["sessionAffinity"] == "ClientIP"  # one replica's windows per scraper
+    port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["headroom"]
+    probe = only(manifests, "ScrapeConfig", f"{RELEASE}-vllm-headroom-probe")["spec"]
+    assert probe["metricsPath"] == "/probe"
+    (sd,) = probe["kubernetesSDConfigs"]
+    assert sd["namespaces"]["names"] == values["fleet"]["discovery"]["namespaces"]
+    assert sd["selectors"] == [{"role": "Pod", "label": "app.kubernetes.io/name=vllm"}]
+    relabel = probe["relabelings"]
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_container_port_number"],
+        "regex": "8000",
+        "action": "keep",
+    } in relabel
+    assert {
+        "sourceLabels": ["__address__"],
+        "targetLabel": "__param_target",
+        "replacement": "http://$1",
+    } in relabel
+    assert relabel[-1] == {
+        "targetLabel": "__address__",
+        "replacement": f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}",
+    }
+    direct = only(manifests, "ScrapeConfig", f"{RELEASE}-vllm-headroom-vllm")["spec"]
+    assert direct["metricsPath"] == "/metrics"
+    assert not [r for r in direct["relabelings"] if r.get("targetLabel") == "__address__"]
+    exporter_env = env_of(container(pod_specs(manifests)[0][1], "vllm-headroom"))
+    assert exporter_env["HEADROOM_MODE"] == "fleet"
+    assert exporter_env["HEADROOM_PROBE_ALLOWLIST"] == ",".join(values["fleet"]["allowlist"])
+    assert exporter_env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+@pytest.mark.e2e
+def test_fleet_pod_monitor_variant_rewrites_the_address(helm: Path) -> None:
+    """The fleet PodMonitor variant scrapes /probe through the Service and /metrics direct."""
+    manifests = render(helm, ci("fleet"), sets=("--set fleet.discovery.kind=PodMonitor",))
+    monitor = only(manifests, "PodMonitor", f"{RELEASE}-vllm-headroom-probe")["spec"]
+    probe, direct = monitor["podMetricsEndpoints"]
+    assert (probe["port"], probe["path"]) == ("http", "/probe")
+    assert probe["relabelings"][-1]["targetLabel"] == "__address__"
+    assert (direct["port"], direct["path"]) == ("http", "/metrics")
+    assert monitor["namespaceSelector"] == {"matchNames": ["inference", "inference-canary"]}
+    assert not of_kind(manifests, "ScrapeConfig")
+
+
+@pytest.mark.e2e
+def test_network_policy_limits_metrics_but_keeps_vllm_open(helm: Path) -> None:
+    """The NetworkPolicy limits who reaches the exporter and keeps vLLM's port open."""
+    manifests = render(helm, ci("vllm"))
+    policy = only(manifests, "NetworkPolicy")["spec"]
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    metrics, vllm = policy["ingress"]
+    assert metrics["ports"] == [{"port": DEFAULT_PORT, "protocol": "TCP"}]
+    assert metrics["from"][0] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
+    test_pod = only(manifests, "Pod")
+    assert (
+        metrics["from"][1]["podSelector"]["matchLabels"].items()
+        <= test_pod["metadata"]["labels"].items()
+    )
+    assert vllm == {"ports": [{"port": 8000, "protocol": "TCP"}]}
+
+
+@pytest.mark.e2e
+def test_network_policy_lets_prometheus_reach_vllm_when_vllm_is_restricted(helm: Path) -> None:
+    """Restricting vLLM's port to some clients still lets Prometheus scrape vLLM's /metrics."""
+    gateway = {"podSelector": {"matchLabels": {"app": "gateway"}}}
+    sets = (f"--set-json networkPolicy.vllmFrom=[{json.dumps(gateway)}]",)
+    _, vllm = only(render(helm, ci("vllm"), sets=sets), "NetworkPolicy")["spec"]["ingress"]
+    monitoring = load_yaml(CHART / "values.yaml")["networkPolicy"]["metricsFrom"]
+    assert vllm["from"] == [gateway, *monitoring]
+
+
+@pytest.mark.e2e
+def test_helm_test_pod_checks_the_exporter_through_its_service(helm: Path) -> None:
+    """The helm test pod runs the exporter's image against the Service's exporter port."""
+    manifests = render(helm, ci("vllm"))
+    pod = only(manifests, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    check = container(pod["spec"], "check")
+    sidecar = container(sidecar_pod(manifests), "vllm-headroom")
+    assert check["image"] == sidecar["image"]
+    service = only(manifests, "Service")["metadata"]["name"]
+    assert check["args"][-1] == f"http://{service}.{NAMESPACE}.svc:{DEFAULT_PORT}"
+    assert "/-/healthy" in check["args"][0]
+    assert "headroom_build_info" in check["args"][0]
+    assert not of_kind(render(helm, ci("sidecar")), "Pod")
+
+
+# ---------------------------------------------------------------------- rules, dashboards
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_prometheus_rule_is_the_alerts_file_with_values_applied(helm: Path, values: Path) -> None:
+    """The PrometheusRule is the alerts file with the same values applied in Python."""
+    rule_values = load_yaml(values).get("prometheusRule", {})
+    rendered = only(render(helm, values), "PrometheusRule")["spec"]["groups"]
+    expected = apply_rule_values(
+        load_yaml(RULES_FILE), rule_values.get("alerts", {}), rule_values.get("thresholds", {})
+    )
+    assert comparable(rendered) == comparable(expected)
+
+
+@pytest.mark.e2e
+def test_every_alert_and_threshold_knob_is_applied(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """Every alert and threshold knob renders as in Python, and the result passes promtool."""
+    alerts_names = rule_names("alert")
+    thresholds_names = rule_names("threshold")
+    assert len(alerts_names) >= 2
+    assert thresholds_names
+    alerts = {
+        alerts_names[0]: {"enabled": False},
+        alerts_names[1]: {"for": "42m", "severity": "info"},
+    }
+    thresholds: dict[str, float] = {
+        name: 1000.0 * (index + 1) + 0.25 for index, name in enumerate(thresholds_names)
+    }
+    thresholds[thresholds_names[0]] = 3_000_000_000  # bytes-sized numbers keep every digit
+    sets = (
+        "--set prometheusRule.enabled=true",
+        f"--set-json prometheusRule.alerts={json.dumps(alerts)}",
+        f"--set-json prometheusRule.thresholds={json.dumps(thresholds)}",
+    )
+    rendered = only(render(helm, ci("vllm"), sets=sets), "PrometheusRule")
+    validate_manifest(rendered)
+    groups = rendered["spec"]["groups"]
+    assert comparable(groups) == comparable(
+        apply_rule_values(load_yaml(RULES_FILE), alerts, thresholds)
+    )
+    names = [r.get("alert") for g in groups for r in g["rules"]]
+    assert alerts_names[0] not in names
+    exprs = [r["expr"] for g in groups for r in g["rules"] if "record" in r]
+    assert "vector(3000000000)" in exprs
+    rules_file = tmp_path / "rendered.rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": groups}))
+    done = subprocess.run(
+        [str(promtool), "check", "rules", str(rules_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_prometheus_rule_passes_promtool(
+    helm: Path, promtool: Path, values: Path, tmp_path: Path
+) -> None:
+    """The rendered rule groups pass promtool check rules."""
+    groups = only(render(helm, values), "PrometheusRule")["spec"]["groups"]
+    rules_file = tmp_path / "rendered.rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": groups}))
+    done = subprocess.run(
+        [str(promtool), "check", "rules", str(rules_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+@pytest.mark.e2e
+def test_dashboards_are_the_files_byte_for_byte(helm: Path) -> None:
+    """One ConfigMap per dashboards/*.json carries it byte for byte, labelled for Grafana."""
+    maps = [m for m in render(helm, ci("vllm")) if m["kind"] == "ConfigMap"]
+    files = sorted(DASHBOARDS.glob("*.json"))
+    assert len(maps) == len(files)
+    carried = {name: text for m in maps for name, text in m["data"].items()}
+    assert carried == {path.name: path.read_text() for path in files}
+    uids = {json.loads(text)["uid"] for text in carried.values()}
+    assert {"vllm-headroom-fleet", "vllm-headroom-instance"} <= uids
+    for configmap in maps:
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert configmap["metadata"]["annotations"] == {"grafana_folder": "vLLM"}
+
+
+@pytest.mark.e2e
+def test_dashboard_label_folder_and_namespace_are_configurable(helm: Path) -> None:
+    """The dashboards' label, its value, the folder annotation and the namespace follow values."""
+    sets = (
+        "--set dashboards.label=grafana_dashboard_vllm",
+        "--set dashboards.labelValue=yes",
+        "--set dashboards.folderAnnotation=k8s-sidecar-target-directory",
+        "--set dashboards.folder=/tmp/dashboards/vllm",
+        "--set dashboards.namespace=monitoring",
+    )
+    for configmap in [m for m in render(helm, ci("vllm"), sets=sets) if m["kind"] == "ConfigMap"]:
+        meta = configmap["metadata"]
+        assert meta["labels"]["grafana_dashboard_vllm"] == "yes"
+        assert "grafana_dashboard" not in meta["labels"]
+        assert meta["annotations"] == {"k8s-sidecar-target-directory": "/tmp/dashboards/vllm"}
+        assert meta["namespace"] == "monitoring"
+
+
+# ----------------------------------------------------------------------------- bad values
+
+
+BAD_VALUES = [
+    pytest.param((), "vllm.model is required with shape=vllm", id="missing-model"),
+    pytest.param(
+        ("--set shape=daemonset",), 'shape must be one of the following: "vllm"', id="unknown-shape"
+    ),
+    pytest.param(
+        ("--set unknownKey=1",), "Additional property unknownKey is not allowed", id="unknown-key"
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set exporter.port=http"),
+        "exporter.port: Invalid type. Expected: integer, given: string",
+        id="wrong-type-port",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set-string podMonitor.enabled=yes"),
+        "podMonitor.enabled: Invalid type. Expected: boolean, given: string",
+        id="wrong-type-bool",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set-json vllm.resources=[]"),
+        "vllm.resources: Invalid type. Expected: object, given: array",
+        id="wrong-type-object",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllm.modlVolume.type=pvc"),
+        "Additional property modlVolume is not allowed",
+        id="misspelt-nested-key",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllm.modelVolume.type=nfs"),
+        "vllm.modelVolume.type must be one of the following",
+        id="unknown-volume-type",
+    ),
+    pytest.param(
+        ("--set vllm.model=/opt/models/llama",),
+        "is a path outside vllm.modelVolume.mountPath",
+        id="model-path-outside-volume",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllm.modelVolume.type=existingClaim"),
+        "needs vllm.modelVolume.existingClaim",
+        id="existing-claim-unnamed",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set shape=fleet"),
+        "fleet.allowlist is required with shape=fleet",
+        id="fleet-without-allowlist",
+    ),
+    pytest.param(
+        ("--set shape=fleet", "--set fleet.allowlist={http://10.0.0.0/8}"),
+        'fleet.allowlist entry "http://10.0.0.0/8": give a host, IP or CIDR without a scheme',
+        id="allowlist-url",
+    ),
+    pytest.param(
+        ("--set shape=fleet", "--set fleet.allowlist={10.0.0.0/33}"),
+        'fleet.allowlist entry "10.0.0.0/33": not a valid CIDR network',
+        id="allowlist-bad-cidr",
+    ),
+    pytest.param(
+        ("--set shape=fleet", "--set fleet.allowlist={vllm_pods!}"),
+        "not a host name, *.suffix pattern, IP address or CIDR network",
+        id="allowlist-bad-host",
+    ),
+    pytest.param(
+        ("--set shape=fleet", "--set fleet.allowlist={10.0.0.1:99999}"),
+        "port must be a number from 1 to 65535",
+        id="allowlist-bad-port",
+    ),
+    pytest.param(
+        ("--set shape=fleet", "--set fleet.allowlist={10.0.0.0/8}"),
+        "fleet.discovery.podSelector is required",
+        id="fleet-without-selector",
+    ),
+    pytest.param(
+        ("--set shape=sidecar",), "sidecar.podSelector is required", id="sidecar-without-selector"
+    ),
+    pytest.param(
+        (
+            "--set shape=sidecar",
+            "--set sidecar.podSelector.app=vllm",
+            "--set serviceMonitor.enabled=true",
+        ),
+        "use podMonitor.enabled=true",
+        id="sidecar-with-servicemonitor",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set gpu.discovery=uuids"),
+        "gpu.discovery=uuids needs gpu.uuids",
+        id="uuids-missing",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set gpu.discovery=uuids", "--set gpu.uuids={nvidia0}"),
+        "gpu.uuids.0: Does not match pattern",
+        id="uuids-malformed",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllm.securityContext.runAsUser=1000"),
+        "gpu.discovery=process needs vLLM and the sidecar under one UID",
+        id="uid-mismatch",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set exporter.settings.mode=fleet"),
+        "Additional property mode is not allowed",
+        id="setting-owned-by-the-chart",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set exporter.settings.poll_interval_seconds=2"),
+        "poll_timeout_seconds (3) must not exceed poll_interval_seconds (2)",
+        id="poll-timeout-over-interval",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set prometheusRule.enabled=true",
+            "--set prometheusRule.alerts.VllmNoSuchAlert.enabled=false",
+        ),
+        "prometheusRule.alerts.VllmNoSuchAlert: no alert of that name",
+        id="unknown-alert",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set prometheusRule.enabled=true",
+            "--set prometheusRule.thresholds.no_such=1",
+        ),
+        "prometheusRule.thresholds.no_such: no threshold of that name",
+        id="unknown-threshold",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set prometheusRule.alerts.X.severity=page"),
+        "severity must be one of the following",
+        id="bad-severity",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set prometheusRule.alerts.X.for=10min"),
+        "Does not match pattern",
+        id="bad-duration",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set prometheusRule.thresholds.x=high"),
+        "Does not match pattern",
+        id="threshold-not-a-number",
+    ),
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("sets", "message"), BAD_VALUES)
+def test_bad_values_fail_at_render_time_with_a_clear_message(
+    helm: Path, sets: tuple[str, ...], message: str
+) -> None:
+    """A bad value stops helm template with a short message naming the value and the fix."""
+    error = render_error(helm, sets=sets)
+    assert message in error, error
+    assert "goroutine" not in error
+    assert len(error.splitlines()) <= 6, error
+
+
+GOOD_ALLOWLIST = [
+    "10.0.0.0/8",
+    "10.244.1.7",
+    "fd00::/8",
+    "::1",
+    "[fd00::1]:8000",
+    "vllm.inference.svc.cluster.local",
+    "*.inference.svc.cluster.local",
+    "vllm-0.vllm:8000",
+    "10.0.0.0/16:8000",
+    "VLLM.Example.com.",
+]
+BAD_ALLOWLIST = [
+    "http://vllm:8000",
+    "10.0.0.0/33",
+    "fd00::/129",
+    "10.0.0.0/8/8",
+    "vllm_0",
+    "a..b",
+    "*",
+    "vllm:0",
+    "vllm:http",
+    "[fd00::1]x",
+]
+
+
+@pytest.mark.e2e
+def test_allowlist_check_accepts_what_the_exporter_accepts(helm: Path) -> None:
+    """Entries the exporter's allowlist parser accepts render, all at once."""
+    parse_allowlist(GOOD_ALLOWLIST)
+    sets = (
+        "--set shape=fleet",
+        "--set fleet.discovery.kind=none",
+        f"--set-json fleet.allowlist={json.dumps(GOOD_ALLOWLIST)}",
+    )
+    deployment = only(render(helm, sets=sets), "Deployment")
+    env = env_of(container(deployment["spec"]["template"]["spec"], "vllm-headroom"))
+    assert env["HEADROOM_PROBE_ALLOWLIST"].split(",") == GOOD_ALLOWLIST
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("entry", BAD_ALLOWLIST)
+def test_allowlist_check_rejects_what_the_exporter_rejects(helm: Path, entry: str) -> None:
+    """An entry the exporter would refuse at start fails the render instead."""
+    with pytest.raises(AllowlistError):
+        parse_allowlist([entry])
+    sets = (
+        "--set shape=fleet",
+        "--set fleet.discovery.kind=none",
+        f"--set-json fleet.allowlist={json.dumps([entry])}",
+    )
+    assert f"fleet.allowlist entry {json.dumps(entry)}" in render_error(helm, sets=sets)
+
+
+def test_schema_settings_are_the_exporter_settings_the_chart_does_not_wire() -> None:
+    """exporter.settings takes exactly the exporter settings the chart does not wire."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    accepted = set(schema["properties"]["exporter"]["properties"]["settings"]["properties"])
+    assert accepted | CHART_OWNED_SETTINGS == set(Settings.model_fields)
+    assert not accepted & CHART_OWNED_SETTINGS
+
+
+@pytest.mark.e2e
+def test_poll_check_uses_the_exporter_defaults(helm: Path) -> None:
+    """The render-time poll timeout check uses the exporter's own defaults."""
+    interval = Settings.model_fields["poll_interval_seconds"].default
+    timeout = Settings.model_fields["poll_timeout_seconds"].default
+    model = "--set vllm.model=m"
+    render(helm, sets=(model, f"--set exporter.settings.poll_interval_seconds={timeout}"))
+    render(helm, sets=(model, f"--set exporter.settings.poll_timeout_seconds={interval}"))
+    render_error(helm, sets=(model, f"--set exporter.settings.poll_timeout_seconds={interval + 1}"))
+
+
+@pytest.fixture(scope="module")
+def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the chart that renders NOTES.txt into a ConfigMap (helm template skips it)."""
+    copy_dir = tmp_path_factory.mktemp("notes") / "vllm-headroom"
+    shutil.copytree(CHART, copy_dir, symlinks=False)
+    shutil.copy(CHART / "templates" / "NOTES.txt", copy_dir / "files" / "notes.txt")
+    (copy_dir / "templates" / "notes-render.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-render\n"
+        'data:\n  notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}\n'
+    )
+    return copy_dir
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ("vllm", ["port-forward svc/rel-vllm-headroom 8742:8742", "helm test rel"]),
+        ("sidecar", ["kubectl -n inference patch deployment", "NOT running until you apply"]),
+        ("fleet", ["/probe reaches only 10.244.0.0/16", "ScrapeConfig/rel-vllm-headroom-probe"]),
+    ],
+)
+def test_notes_say_what_was_installed_and_how_to_reach_it(
+    helm: Path, notes_chart: Path, values: str, says: list[str]
+) -> None:
+    """NOTES.txt names what each shape installed and how to reach the exporter."""
+    notes = only(render(helm, ci(values), chart=notes_chart), "ConfigMap", "notes-render")
+    text = notes["data"]["notes"]
+    assert f"shape={values}" in text
+    for phrase in says:
+        assert phrase in text, text
+
+
+# ============================================================================== Dockerfile
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's stages as (INSTRUCTION, arguments), with ARG defaults substituted."""
+    lines: list[str] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    args: dict[str, str] = {}
+    stages: list[list[tuple[str, str]]] = []
+    for line in lines:
+        instruction, _, rest = line.partition(" ")
+        instruction = instruction.upper()
+        if instruction == "ARG" and "=" in rest and not stages:
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip()
+        if instruction == "FROM":
+            rest = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest)
+            stages.append([])
+        assert stages or instruction == "ARG", line
+        if stages:
+            stages[-1].append((instruction, " ".join(rest.split())))
+    return stages
+
+
+def test_dockerfile_builds_a_wheel_and_installs_only_it() -> None:
+    """The build stage makes the wheel; the final stage installs from wheels alone."""
+    build, final = dockerfile_stages()
+    assert build[0] == ("FROM", "python:3.11-slim-bookworm AS build")
+    build_runs = " ".join(rest for instruction, rest in build if instruction == "RUN")
+    assert "pip wheel --no-deps --wheel-dir /wheels ." in build_runs
+    final_runs = " ".join(rest for instruction, rest in final if instruction == "RUN")
+    assert "from=build" in final_runs
+    assert "--no-index" in final_runs
+    assert "--find-links=/wheels vllm-headroom" in final_runs
+    assert not [rest for instruction, rest in final if instruction in {"COPY", "ADD"}]
+
+
+def test_dockerfile_pins_its_base_and_runs_as_the_charts_non_root_user() -> None:
+    """The base is pinned and the image runs as the chart's UID on the exporter's port."""
+    stages = dockerfile_stages()
+    for stage in stages:
+        image = stage[0][1].split()[0]
+        name, _, tag = image.rpartition(":")
+        assert name, image
+        assert tag not in {"", "latest"}, image
+        assert "slim" in tag, image
+    final = stages[-1]
+    (user,) = [rest for instruction, rest in final if instruction == "USER"]
+    uid, _, gid = user.partition(":")
+    values = load_yaml(CHART / "values.yaml")
+    assert (
+        int(uid)
+        == values["podSecurityContext"]["runAsUser"]
+        == values["exporter"]["securityContext"]["runAsUser"]
+    )
+    assert int(gid) == values["podSecurityContext"]["runAsGroup"]
+    assert ("EXPOSE", str(DEFAULT_PORT)) in final
+    assert values["exporter"]["port"] == DEFAULT_PORT
+    (healthcheck,) = [rest for instruction, rest in final if instruction == "HEALTHCHECK"]
+    assert "/-/healthy" in healthcheck
+    assert ("ENTRYPOINT", '["vllm-headroom"]') in final
+    assert ("CMD", '["serve"]') in final
+
+
+def test_dockerignore_sends_only_what_the_build_copies() -> None:
+    """.dockerignore excludes everything but the files the Dockerfile copies, which exist."""
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert patterns[0] == "*"
+    included = {p.removeprefix("!").rstrip("/") for p in patterns if p.startswith("!")}
+    copied = set()
+    for instruction, rest in dockerfile_stages()[0]:
+        if instruction == "COPY":
+            copied.update(rest.split()[:-1])
+    assert copied == included == {"pyproject.toml", "README.md", "exporter"}
+    assert all((REPO / name).exists() for name in copied)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel the Dockerfile's build stage makes (pip wheel --no-deps), built for real."""
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (built,) = out.glob("vllm_headroom-*.whl")
+    return built
+
+
+def test_wheel_holds_the_package_its_data_and_the_command(wheel: Path) -> None:
+    """The wheel carries the package, its data files and the command, at the chart's version."""
+    assert wheel.name == f"vllm_headroom-{exporter.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        dist = f"vllm_headroom-{exporter.__version__}.dist-info"
+        entry_points = archive.read(f"{dist}/entry_points.txt").decode()
+    package = REPO / "exporter"
+    shipped = {
+        p.relative_to(REPO).as_posix()
+        for p in package.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert shipped <= names
+    assert "exporter/py.typed" in names
+    assert "vllm-headroom = exporter.cli:main" in entry_points
+
+
+def test_wheel_installed_alone_runs(wheel: Path, tmp_path: Path) -> None:
+    """The wheel installed alone into a directory imports from there and runs the CLI."""
+    target = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    script = (
+        "import sys, exporter; from exporter.cli import main; "
+        "print(exporter.__file__); sys.exit(main(['plan', '--model', 'llama-3.1-8b', "
+        "'--gpu', 'h100-80gb', '--json']))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    first, _, rest = run.stdout.partition("\n")
+    assert Path(first).is_relative_to(target)
+    assert json.loads(rest)
