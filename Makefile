@@ -1,11 +1,12 @@
 # The two set-up commands of the README (`make demo`, `make test`) and their helpers.
-# Everything installs into ./.venv; nothing is installed system-wide by these targets.
+# The project installs into ./.venv; only `deps` installs elsewhere (the e2e tests' vLLM venv and
+# Helm in ~/.cache/vllm-headroom, Debian's prometheus package system-wide: scripts/ci-deps.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint
+.PHONY: demo test lint deps docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,13 +14,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The main job with no vLLM at hand: the sidecar against the built-in simulated vLLM, at 5x
+# speed for one traffic cycle (calm, burst, calm). `vllm-headroom demo` alone runs until Ctrl-C.
 demo: $(STAMP)
-	$(BIN)/vllm-headroom --help
+	$(BIN)/vllm-headroom demo --speed 5 --duration 75 --every 5
+
+# Regenerate the generated docs (docs/metrics.md, docs/configuration.md) and the dashboards
+# (dashboards/*.json, from dashboards/ and alerts/); tests fail when stale.
+docs: $(STAMP)
+	$(BIN)/python -c "from exporter.metricdefs import render_markdown; print(render_markdown(), end='')" > docs/metrics.md
+	$(BIN)/python -c "from exporter.settings import render_configuration_markdown as r; print(r(), end='')" > docs/configuration.md
+	$(BIN)/python -m dashboards.generate
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+# The e2e tests' vLLM, Prometheus and Helm (cached outside the project; see scripts/ci-deps.sh).
+deps:
+	bash scripts/ci-deps.sh
+
+test: $(STAMP) lint deps
 	$(BIN)/pytest

@@ -1,0 +1,40 @@
+# shellcheck shell=bash
+# Sourced by the e2e install scripts: progress lines, one-line failures, the shared cache and a lock.
+#
+# The caller sets SCRIPT_NAME before sourcing. Everything the installers build lives under
+# HEADROOM_CACHE (outside the project, reused between runs and clones); the tests read the same
+# variable (tests/e2e/harness.py), so both sides agree on where things are.
+
+HEADROOM_CACHE="${VLLM_HEADROOM_CACHE:-${HOME}/.cache/vllm-headroom}"
+_headroom_t0=$SECONDS
+
+# say MESSAGE: one progress line on stderr, with the seconds elapsed since the script started.
+say() { printf '[%s +%ds] %s\n' "${SCRIPT_NAME}" "$((SECONDS - _headroom_t0))" "$*" >&2; }
+
+# die MESSAGE: the one line that says what failed and what to do, then exit 1.
+die() {
+    printf '%s: error: %s\n' "${SCRIPT_NAME}" "$*" >&2
+    exit 1
+}
+
+# take_lock NAME: serialise concurrent installers (parallel CI jobs, two test sessions) on one
+# cache entry. The lock is released when the script exits (the fd closes).
+take_lock() {
+    mkdir -p "${HEADROOM_CACHE}" || die "cannot create the cache directory ${HEADROOM_CACHE}; set VLLM_HEADROOM_CACHE to a writable directory"
+    exec 9>"${HEADROOM_CACHE}/.$1.lock"
+    if ! flock -n 9; then
+        say "waiting for another installer holding ${HEADROOM_CACHE}/.$1.lock"
+        flock 9 || die "could not lock ${HEADROOM_CACHE}/.$1.lock"
+    fi
+}
+
+# as_root CMD...: run CMD as root (directly, or through sudo when we are not root).
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@"
+    else
+        die "need root for: $*; run this script as root or install sudo"
+    fi
+}

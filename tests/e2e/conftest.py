@@ -1,0 +1,165 @@
+"""Fixtures for the end-to-end tests: a real vLLM, Prometheus factory, promtool and Helm.
+
+Every test under ``tests/e2e/`` is marked ``e2e`` here (``pytest -m "not e2e"`` skips them).
+
+When a tool is missing: with ``CI`` set to true the fixture FAILS, naming the tool and the command
+that installs it (a CI run must never pass by skipping its end-to-end tests); on a developer
+machine it skips with the same message. ``make deps`` installs everything.
+
+Servers are session-scoped (vLLM takes about a minute to start on two CPU cores) and are always
+stopped at the end of the session, whether tests pass, fail or are interrupted; SIGTERM (a CI
+timeout) is turned into KeyboardInterrupt so that teardown still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import pytest
+from harness import (
+    REFERENCE_KV_CACHE_MEMORY_BYTES,
+    REFERENCE_MAX_MODEL_LEN,
+    MissingResourceError,
+    PrometheusServer,
+    ScrapeJob,
+    VllmServer,
+    helm_binary,
+    prometheus_binary,
+    promtool_binary,
+    tiny_model,
+    vllm_venv,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+E2E_DIR = Path(__file__).resolve().parent
+
+T = TypeVar("T")
+
+
+def in_ci() -> bool:
+    """True when the environment says this is a CI run (``CI=true``, as CI services set it)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require(locate: Callable[[], T]) -> T:
+    """Return ``locate()``; if the resource is missing, fail in CI and skip elsewhere."""
+    try:
+        return locate()
+    except MissingResourceError as exc:
+        if in_ci():
+            pytest.fail(f"CI=true and {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+def _interrupt_on_sigterm(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let a SIGTERM (CI timeout, ``kill``) unwind through fixture teardown like Ctrl-C does."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test collected under tests/e2e/ with ``e2e``."""
+    for item in items:
+        if E2E_DIR in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def e2e_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory for the servers' logs of this session."""
+    return tmp_path_factory.mktemp("e2e-logs")
+
+
+@pytest.fixture(scope="session")
+def vllm_venv_path() -> Path:
+    """The cached vLLM CPU venv (fails in CI / skips locally when absent)."""
+    return require(vllm_venv)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(vllm_venv_path: Path) -> Path:
+    """The reference tiny Llama's directory (1,024 KV bytes per token), built once and cached."""
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def vllm_factory(vllm_venv_path: Path, e2e_logs: Path) -> Iterator[Callable[..., VllmServer]]:
+    """Start extra vLLM servers: ``vllm_factory(model_dir, **VllmServer kwargs)``, started.
+
+    Each gets its own log in the session's log directory; all are stopped at session end (a test
+    may stop one earlier).
+    """
+    servers: list[VllmServer] = []
+
+    def start(model_dir: Path, **kwargs: Any) -> VllmServer:
+        kwargs.setdefault("log_path", e2e_logs / f"vllm-{len(servers)}.log")
+        server = VllmServer(model_dir, **kwargs)
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_llama: Path, e2e_logs: Path) -> Iterator[VllmServer]:
+    """vLLM serving the reference tiny Llama as ``tiny``: 1 MiB KV pool = 1,024 tokens, 8 blocks.
+
+    Shared by the session: tests must not assume an idle server or zeroed counters (read values
+    before and after), and a test that stops or restarts it must leave it running.
+    """
+    with VllmServer(
+        tiny_llama,
+        kv_cache_memory_bytes=REFERENCE_KV_CACHE_MEMORY_BYTES,
+        max_model_len=REFERENCE_MAX_MODEL_LEN,
+        log_path=e2e_logs / "vllm-reference.log",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def prometheus_factory(
+    e2e_logs: Path,
+) -> Iterator[Callable[..., PrometheusServer]]:
+    """Start Prometheus servers: ``prometheus_factory(jobs, rule_files=..., ...)``, started.
+
+    Each gets a fresh work directory (config, TSDB, log); all are stopped at session end.
+    """
+    require(prometheus_binary)
+    servers: list[PrometheusServer] = []
+
+    def start(jobs: Sequence[ScrapeJob], **kwargs: Any) -> PrometheusServer:
+        kwargs.setdefault("workdir", e2e_logs / f"prometheus-{len(servers)}")
+        server = PrometheusServer(jobs, **kwargs)
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """The promtool executable."""
+    return require(promtool_binary)
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned Helm 3 executable."""
+    return require(helm_binary)
