@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-
-import pytest
+from typing import TYPE_CHECKING
 
 from exporter.demo import SimulatedGpuReader, demo, read_status, status_line
 from exporter.gpu import ALL_GPUS
 from exporter.sim import default_scenario
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def test_the_demo_runs_the_sidecar_against_the_simulation_and_says_so(

@@ -61,7 +61,8 @@ def test_llama_8b_on_an_h100_uses_vllms_own_utilization_and_block_size() -> None
     assert prediction.kv_budget_bytes is not None
     assert 50 * GIB < prediction.kv_budget_bytes < 56 * GIB
     assert prediction.capacity_tokens is not None
-    assert prediction.capacity_tokens == pytest.approx(prediction.kv_budget_bytes / 131_072, rel=0.01)
+    per_token = prediction.kv_budget_bytes / 131_072
+    assert prediction.capacity_tokens == pytest.approx(per_token, rel=0.01)
 
 
 def test_fp8_kv_cache_from_cache_config_doubles_the_predicted_tokens() -> None:
