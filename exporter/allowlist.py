@@ -110,8 +110,30 @@ def parse_allowlist(entries: Iterable[str]) -> tuple[AllowEntry, ...]:
     return tuple(parse_entry(entry) for entry in entries)
 
 
+#: The well-known NAT64 prefix (RFC 6052): ``64:ff9b::a9fe:a9fe`` reaches ``169.254.169.254``.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address reaches: IPv4-mapped (``::ffff:a.b.c.d``) or NAT64."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
+
+
 def never_probed(address: IPAddress) -> bool:
-    """Addresses refused whatever the allowlist says (metadata services, multicast...)."""
+    """Addresses refused whatever the allowlist says (metadata services, multicast...).
+
+    IPv6 forms of an IPv4 address (``[::ffff:169.254.169.254]``, NAT64) are judged by the IPv4
+    address they reach: Python's ``is_link_local`` does not look inside them.
+    """
+    inner = embedded_ipv4(address)
+    if inner is not None and never_probed(inner):
+        return True
     return (
         address.is_link_local
         or address.is_multicast

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -91,7 +92,10 @@ class Fleet:
         self._resolve = resolve
         self._clock = clock
         self._targets: OrderedDict[str, _Entry] = OrderedDict()
-        self.outcomes: Counter[str] = Counter()
+        # Every outcome from 0, so that rate() sees the first refusal (a series born at 1 hides
+        # it). Counted under a lock: admit() runs in HTTP threads, probe() on the event loop.
+        self.outcomes: Counter[str] = Counter(dict.fromkeys(OUTCOMES, 0))
+        self._outcomes_lock = threading.Lock()
         self.evictions = 0
 
     @property
@@ -99,18 +103,27 @@ class Fleet:
         """Targets remembered now."""
         return len(self._targets)
 
+    def outcome_counts(self) -> dict[str, int]:
+        """A consistent copy of the probe outcomes counted so far."""
+        with self._outcomes_lock:
+            return dict(self.outcomes)
+
+    def _count(self, outcome: str) -> None:
+        with self._outcomes_lock:
+            self.outcomes[outcome] += 1
+
     def admit(self, target: str) -> Admission:
         """Parse and check a target against the allowlist (resolving its name: blocking I/O)."""
         try:
             parsed = parse_target(target)
         except AllowlistError as exc:
-            self.outcomes["bad_target"] += 1
+            self._count("bad_target")
             return Admission(None, "bad_target", f"Bad target: {exc}.")
         resolved = self._resolve(parsed.host) if parsed.address is None else []
         allowed, reason = is_allowed(parsed, self._allowlist, resolved)
         if not allowed:
             outcome = f"denied_{reason}"
-            self.outcomes[outcome] += 1
+            self._count(outcome)
             log.warning("probe_denied", reason=reason, host=parsed.host, port=parsed.port)
             return Admission(None, outcome, f"Target not allowed ({reason.replace('_', ' ')}).")
         return Admission(parsed, "ok")
@@ -137,7 +150,7 @@ class Fleet:
         try:
             view = await asyncio.wait_for(entry.poller.poll_once(), timeout=timeout_seconds)
         except TimeoutError:
-            self.outcomes["timeout"] += 1
+            self._count("timeout")
             return None
-        self.outcomes["ok"] += 1
+        self._count("ok")
         return view

@@ -4,24 +4,39 @@ Endpoints: ``/metrics`` (prometheus_client's WSGI app over our private registry:
 negotiation, gzip and ``name[]`` filters come with it), ``/probe?target=URL`` in fleet mode,
 ``/-/healthy``, ``/-/ready`` and a landing page at ``/``.
 
-The server is the standard library's threaded WSGI server with three guards that a sidecar next
-to production inference needs: a socket timeout per connection (a slow or silent client cannot
-hold a thread for long), a bound on connections handled at once (a flood gets ``503`` instead of
-exhausting threads), and TLS handshakes done in the connection's own thread (a client that
-stalls its handshake cannot block ``accept()`` for everyone else).
+The server is the standard library's threaded WSGI server with the guards that a sidecar next
+to production inference needs:
+
+- a socket timeout per connection (a slow or silent client cannot hold a thread for long);
+- a bound on connections handled at once (a flood gets ``503`` instead of exhausting threads);
+- when every slot is taken, the connection that has waited longest without sending a complete
+  request head is dropped to make room (slowloris clients and stalled TLS handshakes hold slots
+  without ever asking for anything; Prometheus sends its request as soon as it connects, so it
+  always gets a slot back from them);
+- a bound on the request head (request line and headers: :data:`MAX_HEAD_BYTES`), so that
+  oversized headers cost kilobytes, not megabytes, per connection;
+- TLS handshakes done in the connection's own thread (a client that stalls its handshake cannot
+  block ``accept()`` for everyone else), and a listen backlog deep enough for a burst of
+  connections not to leave a scraper waiting on SYN retries;
+- a client that misbehaves is one debug log line, never a traceback on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
+import http.client
 import socket
 import ssl
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler
 
+import structlog
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -38,6 +53,13 @@ if TYPE_CHECKING:
 CONNECTION_TIMEOUT_SECONDS = 10.0
 #: Connections handled at once; more get an immediate 503.
 MAX_CONNECTIONS = 64
+#: Largest request head (request line and headers) read; Prometheus sends a few hundred bytes.
+MAX_HEAD_BYTES = 64 * 1024
+#: Connections the kernel queues while the accept loop is busy (capped by net.core.somaxconn):
+#: a burst must wait in the queue, not lose its SYN and retry a second or more later.
+LISTEN_BACKLOG = 1024
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,20 +177,80 @@ def landing_page(*, title: str, rows: Iterable[tuple[str, str]], probe: bool) ->
     )
 
 
+class _HeadLimit:
+    """A connection's input stream that refuses request heads over ``limit`` bytes.
+
+    ``http.server`` reads the request line and up to 100 header lines of 64 KiB each: 6.5 MB a
+    connection. Past ``limit`` this raises ``LineTooLong``, which ``parse_request`` answers
+    with 431. The body is never read (every endpoint is GET).
+    """
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream = stream
+        self._left = limit
+
+    def readline(self, size: int = -1) -> bytes:
+        """A line, counted against the head's budget."""
+        budget = self._left + 1
+        line: bytes = self._stream.readline(budget if size < 0 else min(size, budget))
+        self._left -= len(line)
+        if self._left < 0:
+            msg = f"request head larger than {MAX_HEAD_BYTES} bytes"
+            raise http.client.LineTooLong(msg)
+        return line
+
+    def read(self, size: int = -1) -> bytes:
+        """Body bytes (not counted: only the head is bounded here)."""
+        data: bytes = self._stream.read(size)
+        return data
+
+    def close(self) -> None:
+        """Close the underlying stream."""
+        self._stream.close()
+
+
+class _NullStream:
+    """``wsgi.errors``: wsgiref writes tracebacks there (a client that left mid-answer)."""
+
+    def write(self, text: str) -> int:
+        """Discard (the connection is logged once by the server)."""
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+
 class _QuietHandler(WSGIRequestHandler):
-    """Request handler with a socket timeout and no per-request log lines."""
+    """Request handler with a socket timeout, a bounded head and no per-request log lines."""
 
     timeout = CONNECTION_TIMEOUT_SECONDS
+    server: ExporterServer
+
+    def setup(self) -> None:
+        """Wrap the input stream so that the request head is bounded."""
+        super().setup()
+        self.rfile = _HeadLimit(self.rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
+
+    def parse_request(self) -> bool:
+        """Parse the head; once it is complete, the connection can no longer be evicted."""
+        parsed: bool = super().parse_request()
+        self.server.request_received()
+        return parsed
+
+    def get_stderr(self) -> Any:
+        """Where wsgiref writes tracebacks: nowhere (see :meth:`ExporterServer.handle_error`)."""
+        return _NullStream()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Log nothing: Prometheus scrapes every few seconds."""
 
 
 class ExporterServer(ThreadingWSGIServer):
-    """Threaded WSGI server with a connection bound and per-connection TLS handshakes."""
+    """Threaded WSGI server: bounded connections, eviction when full, TLS in each thread."""
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,
@@ -184,10 +266,20 @@ class ExporterServer(ThreadingWSGIServer):
         self.set_app(app)
         self.tls = tls
         self._slots = threading.BoundedSemaphore(max_connections)
+        # Connections holding a slot without a complete request head yet: thread id -> when
+        # accepted, and the socket (to shut down if evicted).
+        self._waiting: dict[int, tuple[float, socket.socket]] = {}
+        # Threads of evicted connections: their slot went to the connection that evicted them.
+        self._evicted: set[int] = set()
+        self._waiting_lock = threading.Lock()
+        #: Connections dropped to make room (slowloris, stalled handshakes); for tests and logs.
+        self.evictions = 0
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Hand the connection to a thread, or answer 503 at once when all slots are busy."""
-        if not self._slots.acquire(blocking=False):
+        """Hand the connection to a thread; when all slots are busy, evict or answer 503."""
+        # An evicted connection hands its slot over at once: the accept loop never waits for
+        # its thread to wind down (a queue of stalled clients would add up those waits).
+        if not self._slots.acquire(blocking=False) and not self._evict_oldest_waiting():
             _refuse(request)
             self.shutdown_request(request)
             return
@@ -199,10 +291,48 @@ class ExporterServer(ThreadingWSGIServer):
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         """Serve one connection in its own thread, then free its slot."""
+        ident = threading.get_ident()
+        with self._waiting_lock:
+            self._waiting[ident] = (time.monotonic(), request)
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            with self._waiting_lock:
+                self._waiting.pop(ident, None)
+                handed_over = ident in self._evicted
+                self._evicted.discard(ident)
+            if not handed_over:
+                self._slots.release()
+
+    def request_received(self) -> None:
+        """The calling connection sent its whole request head: it is no longer evictable."""
+        with self._waiting_lock:
+            self._waiting.pop(threading.get_ident(), None)
+
+    def _evict_oldest_waiting(self) -> bool:
+        """Shut down the connection that has waited longest for its request head, if any.
+
+        On True, the caller holds the victim's slot.
+        """
+        with self._waiting_lock:
+            if not self._waiting:
+                return False
+            ident = min(self._waiting, key=lambda key: self._waiting[key][0])
+            _, victim = self._waiting.pop(ident)
+            self._evicted.add(ident)
+            self.evictions += 1
+        # Its thread wakes from recv() (or the TLS handshake) at once and ends; if the socket
+        # closed by itself meanwhile, the thread is ending anyway.
+        with contextlib.suppress(OSError):
+            victim.shutdown(socket.SHUT_RDWR)
+        if self.evictions in (1, 10, 100) or self.evictions % 1000 == 0:
+            log.warning("http_idle_connections_evicted", total=self.evictions)
+        return True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection failed (timeout, reset, bad TLS): one debug line, not a traceback."""
+        exc = sys.exc_info()[1]
+        log.debug("http_connection_failed", error=type(exc).__name__ if exc else None)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Do the TLS handshake here, in the connection's thread, under the timeout."""

@@ -413,7 +413,7 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_probe_requests_total",
         Kind.COUNTER,
         "/probe requests, by outcome (ok, denied_not_in_allowlist, denied_forbidden_address, "
-        "bad_target, error).",
+        "bad_target, timeout); every outcome is exposed from 0.",
         ("outcome",),
         Scope.EXPORTER,
         source="fleet mode",

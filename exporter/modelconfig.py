@@ -333,7 +333,14 @@ def resolve_config_path(source: str | Path, *, hf_home: Path | None = None) -> P
 
 def load_model_arch(source: str | Path, *, hf_home: Path | None = None) -> ModelArch:
     """Read the architecture of a model directory, a ``config.json`` or a cached hub id."""
-    config_path = resolve_config_path(source, hf_home=hf_home)
+    try:
+        config_path = resolve_config_path(source, hf_home=hf_home)
+    except OSError as exc:
+        # An unreadable directory (permissions, a stale mount): stat() itself fails there.
+        raise ModelConfigError(
+            f"cannot read the model at {source}: {exc.strerror or exc}; give the exporter "
+            "read access to the model directory"
+        ) from None
     config = _read_json(config_path)
     name = str(source)
     return parse_model_config(config, name=name)
@@ -343,8 +350,16 @@ def model_weights_bytes(model_dir: Path) -> int | None:
     """Checkpoint size in bytes, or None when the directory holds no safetensors.
 
     ``model.safetensors.index.json`` ``metadata.total_size`` when present, else the sum of the
-    ``*.safetensors`` file sizes.
+    ``*.safetensors`` file sizes. An unreadable directory gives None too (the sizing then
+    estimates the weights from the parameter count); a corrupt index raises ModelConfigError.
     """
+    try:
+        return _weights_bytes(model_dir)
+    except OSError:
+        return None
+
+
+def _weights_bytes(model_dir: Path) -> int | None:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         data = _read_json(index)

@@ -11,10 +11,11 @@ state, not once per poll.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -89,6 +90,11 @@ class PollSettings:
     """What a poller needs from the settings."""
 
     windows: WindowSettings = field(default_factory=WindowSettings)
+    #: While the model's files cannot be used, read them again this often (a volume mounted
+    #: late, permissions or a config.json fixed by hand): no vLLM restart is needed to recover.
+    model_retry_seconds: float = 30.0
+    #: Longest wait for the GPUs; an NVML call that hangs must not stop the polls of vLLM.
+    gpu_timeout_seconds: float = 3.0
 
 
 class TargetPoller:
@@ -122,6 +128,12 @@ class TargetPoller:
         self._view = TargetView(target=target)
         self._ready = False
         self._lock = asyncio.Lock()
+        #: When to read the model's files again after a failure; ``None``: no retry due.
+        self._model_retry_at: float | None = None
+        #: A GPU read still running in its thread (NVML hung); the next polls skip the GPUs.
+        self._gpu_read: (
+            asyncio.Future[tuple[tuple[GpuMemoryView, ...], SourceError | None]] | None
+        ) = None
 
     @property
     def view(self) -> TargetView:
@@ -182,10 +194,24 @@ class TargetPoller:
         )
         # Retry discovery on the next poll while a part of it is missing.
         self._needs_discovery = models is None or version is None
-        if self._predictor is not None and models is not None:
-            started = self._clock()
+        if models is not None:
+            await self._load_model()
+
+    async def _load_model(self) -> None:
+        """Let the predictor read the model's files; schedule a retry if that failed."""
+        if self._predictor is None:
+            return
+        started = self._clock()
+        try:
             failure = await asyncio.to_thread(self._predictor.load, self._info)
-            self._record("model_config", started, failure)
+        except Exception as exc:  # odd model files must not stop the polls (logged)
+            log.exception("model_load_crashed", target=self.target)
+            failure = SourceError(
+                "model_config_invalid", f"reading the model failed: {type(exc).__name__}: {exc}"
+            )
+        self._record("model_config", started, failure)
+        retry = self._settings.model_retry_seconds
+        self._model_retry_at = None if failure is None else self._clock() + retry
 
     def _trim(self, now: float) -> None:
         windows = self._settings.windows
@@ -203,14 +229,43 @@ class TargetPoller:
             None,
         )
         started = self._clock()
-        readings, failure = await asyncio.to_thread(self._gpus.read, utilization)
+        if self._gpu_read is not None and not self._gpu_read.done():
+            self._record("nvml", started, SourceError("timeout", "an NVML call has not returned"))
+            return ()
+        self._gpu_read = asyncio.ensure_future(asyncio.to_thread(self._gpus.read, utilization))
+        self._gpu_read.add_done_callback(_retrieve)
+        try:
+            # shield: on timeout the thread cannot be stopped; keep its future to skip on.
+            readings, failure = await asyncio.wait_for(
+                asyncio.shield(self._gpu_read), timeout=self._settings.gpu_timeout_seconds
+            )
+        except TimeoutError:
+            readings, failure = (
+                (),
+                SourceError(
+                    "timeout",
+                    f"NVML did not answer within {self._settings.gpu_timeout_seconds:g}s",
+                ),
+            )
+        except Exception as exc:  # GpuSource.read must not raise; if it does, log it
+            log.exception("gpu_read_crashed", target=self.target)
+            readings, failure = (), SourceError("call_failed", f"{type(exc).__name__}: {exc}")
         self._record("nvml", started, failure)
         return readings
 
     async def poll_once(self) -> TargetView:
         """Poll the target once and publish (and return) the new view. Never raises."""
         async with self._lock:  # fleet probes of one target may overlap
-            return await self._poll()
+            try:
+                return await self._poll()
+            except Exception:  # a bug in a derivation must not end the polls: log, drop figures
+                log.exception("poll_crashed", target=self.target)
+                self._view = replace(
+                    self._view,
+                    derived=None,
+                    sources={name: h.view() for name, h in self._health.items()},
+                )
+                return self._view
 
     async def _poll(self) -> TargetView:
         started = self._clock()
@@ -221,6 +276,16 @@ class TargetPoller:
             return await self._down(started, exc)
         except ParseError as exc:
             return await self._down(started, SourceError("parse_error", str(exc)))
+        if not snapshot.families and not snapshot.engines:
+            # No vllm: series at all: not vLLM (or vLLM with --disable-log-stats). Saying "up"
+            # with nothing derived would hide it.
+            return await self._down(
+                started,
+                SourceError(
+                    "not_metrics",
+                    "/metrics has no vllm: series (not vLLM, or vLLM with --disable-log-stats?)",
+                ),
+            )
         now = self._clock()
         self._record("vllm_metrics", started, None)
         self._ready = True
@@ -232,6 +297,8 @@ class TargetPoller:
             log.info("target_restarted", target=self.target)
         if self._needs_discovery:
             await self._discover()
+        elif self._model_retry_at is not None and now >= self._model_retry_at:
+            await self._load_model()
 
         previous_dropped = self._view.dropped_samples
         self._window.append(Sample(now, snapshot))
@@ -285,16 +352,38 @@ class TargetPoller:
         return self._view
 
     async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
-        """Poll every ``interval_seconds`` until ``stop`` is set (sidecar mode)."""
+        """Poll every ``interval_seconds`` until ``stop`` is set (sidecar mode).
+
+        ``stop`` also cuts a poll short: SIGTERM must not wait for a hung vLLM to time out.
+        """
         next_due = self._clock()
-        while not stop.is_set():
-            await self.poll_once()
-            next_due += interval_seconds
-            # A slow poll skips the missed beats instead of bursting to catch up.
-            now = self._clock()
-            if next_due < now:
-                next_due = now + interval_seconds
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=next_due - now)
-            except TimeoutError:
-                continue
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                poll = asyncio.ensure_future(self.poll_once())
+                await asyncio.wait({poll, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not poll.done():
+                    poll.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await poll
+                    return
+                next_due = await self._pause(stop, next_due, interval_seconds)
+        finally:
+            stopping.cancel()
+
+    async def _pause(self, stop: asyncio.Event, next_due: float, interval_seconds: float) -> float:
+        """Sleep until the next poll is due (or ``stop``); return when the one after is due."""
+        next_due += interval_seconds
+        # A slow poll skips the missed beats instead of bursting to catch up.
+        now = self._clock()
+        if next_due < now:
+            next_due = now + interval_seconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=next_due - now)
+        return next_due
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a GPU read's outcome as seen: one that outlived its poll is not awaited again."""
+    if not future.cancelled():
+        future.exception()

@@ -68,6 +68,21 @@ def check_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return checked
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a path that cannot even be examined (EACCES) does."""
+    try:
+        return path.exists()
+    except OSError:
+        return True
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def _first_cache_config(snapshot: VllmSnapshot) -> CacheConfig | None:
     return next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
 
@@ -124,7 +139,7 @@ class ModelPredictor:
         except ModelConfigError as exc:
             entry = find_model(str(info.model_id or source))
             if entry is None:
-                missing = not Path(source).expanduser().exists()
+                missing = not _exists(Path(source).expanduser())
                 state = "model_not_found" if missing else "model_config_invalid"
                 self._loaded = _Loaded(state=state, message=str(exc))
                 return SourceError(state, str(exc))
@@ -133,8 +148,11 @@ class ModelPredictor:
             arch = dataclasses.replace(arch, **self._overrides)
         weights = None
         directory = Path(source).expanduser()
-        if directory.is_dir():
-            weights = model_weights_bytes(directory)
+        if _is_dir(directory):
+            try:
+                weights = model_weights_bytes(directory)
+            except ModelConfigError:
+                weights = None  # a corrupt safetensors index: estimate from the parameters
         self._loaded = _Loaded(arch=arch, weights_bytes=weights, state="ok", message="")
         return None
 

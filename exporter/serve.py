@@ -144,12 +144,18 @@ def default_predictor(settings: Settings) -> Predictor:
     )
 
 
+#: Polls between two reads of model files that could not be used (30 s at the default 5 s).
+MODEL_RETRY_POLLS = 6
+
+
 def _poll_settings(settings: Settings) -> PollSettings:
     return PollSettings(
         windows=WindowSettings(
             context_seconds=settings.context_window_seconds,
             rate_seconds=settings.rate_window_seconds,
-        )
+        ),
+        model_retry_seconds=settings.poll_interval_seconds * MODEL_RETRY_POLLS,
+        gpu_timeout_seconds=settings.poll_timeout_seconds,
     )
 
 
@@ -172,7 +178,10 @@ def _start_server(settings: Settings, app: HeadroomApp) -> ExporterServer:
                 "choose another with --port"
             )
         else:
-            msg = f"cannot listen on {settings.listen_address}:{settings.port}: {exc.strerror}"
+            msg = (
+                f"cannot listen on {settings.listen_address}:{settings.port}: {exc.strerror}; "
+                f"check listen_address ({env_name('listen_address')})"
+            )
         raise UsageError(msg) from None
 
 
@@ -238,7 +247,7 @@ async def serve(
                 poll_interval_seconds=(
                     settings.poll_interval_seconds if settings.mode is Mode.SIDECAR else None
                 ),
-                probe_requests=dict(fleet.outcomes) if fleet else {},
+                probe_requests=fleet.outcome_counts() if fleet else {},
                 probe_targets=fleet.target_count if fleet else None,
                 probe_evictions=fleet.evictions if fleet else None,
             )

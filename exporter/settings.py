@@ -192,6 +192,48 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return value.rstrip("/")
 
+    @field_validator("listen_address")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        text = value.strip()
+        if not text or any(c.isspace() or not c.isprintable() for c in text) or "/" in text:
+            msg = "must be an IP address or host name to listen on, like 0.0.0.0, :: or 127.0.0.1"
+            raise ValueError(msg)
+        return text
+
+    @field_validator("model", "hf_home", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:
+        # An empty variable (a template that rendered nothing) would silently mean "." here.
+        if isinstance(value, str) and not value.strip():
+            msg = "is empty: unset it to use the default, or give a value"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _header_safe_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        # A trailing newline from `echo token > file` or a secret manager is not part of it.
+        token = value.get_secret_value().strip()
+        if not token:
+            msg = "is empty: remove it, or give vLLM's --api-key value"
+            raise ValueError(msg)
+        if any(not (32 < ord(c) < 127) for c in token):
+            msg = "has spaces, control or non-ASCII characters, which an HTTP header cannot carry"
+            raise ValueError(msg)
+        return SecretStr(token)
+
+    @field_validator("hf_home")
+    @classmethod
+    def _hf_home_not_a_file(cls, value: Path | None) -> Path | None:
+        # A directory not there yet is fine: vLLM may create the cache while downloading.
+        if value is not None and value.exists() and not value.is_dir():
+            msg = "is a file, not a directory: point it at the Hugging Face cache root"
+            raise ValueError(msg)
+        return value
+
     @field_validator("gpus", "probe_allowlist", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
@@ -212,6 +254,12 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             msg = "tls_cert_file and tls_key_file must be set together"
+            raise ValueError(msg)
+        if "proc_root" in self.model_fields_set and not self.proc_root.is_dir():
+            msg = (
+                f"proc_root ({env_name('proc_root')}) {str(self.proc_root)!r} is not a directory; "
+                "point it at /proc (with a process namespace shared with vLLM in Kubernetes)"
+            )
             raise ValueError(msg)
         if self.poll_timeout_seconds > self.poll_interval_seconds:
             msg = (
@@ -257,6 +305,9 @@ def load_settings(
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if secrets_dir is None and DEFAULT_SECRETS_DIR.is_dir():
         secrets_dir = DEFAULT_SECRETS_DIR
+    elif secrets_dir is not None and not secrets_dir.is_dir():
+        msg = f"the secrets directory {str(secrets_dir)!r} does not exist; fix --secrets-dir"
+        raise UsageError(msg)
     try:
         return Settings(_secrets_dir=secrets_dir, **given)
     except ValidationError as exc:

@@ -2,8 +2,12 @@
 
 Every read is bounded: by an overall deadline (not just httpx's per-operation timeouts, which a
 server answering byte by byte would never trip) and by a maximum response size, checked while
-streaming so that a 200 MB answer costs at most ``max_bytes``. Every failure becomes a
-:class:`~exporter.errors.SourceError` with a bounded ``reason`` that is safe as a label value.
+streaming so that a 200 MB answer costs at most ``max_bytes``. Answers are read uncompressed:
+a compressed body is decoded a network read at a time, and one 64 KiB read of a gzip bomb
+expands to up to 64 MB before any size check can run (on loopback, compression only costs vLLM
+CPU anyway); a server that compresses though we asked for ``identity`` gets
+``invalid_response``. Every failure becomes a :class:`~exporter.errors.SourceError` with a
+bounded ``reason`` that is safe as a label value.
 """
 
 from __future__ import annotations
@@ -64,7 +68,10 @@ class VllmClient:
         self._client = client
         self._timeout = timeout_seconds
         self._max_bytes = max_bytes
-        self._headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+        self._headers = {
+            "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+            "Accept-Encoding": "identity",
+        }
         if bearer_token is not None:
             self._headers["Authorization"] = f"Bearer {bearer_token.get_secret_value()}"
 
@@ -80,6 +87,13 @@ class VllmClient:
                         raise SourceError(
                             _status_reason(response.status_code),
                             f"GET {path} answered HTTP {response.status_code}",
+                        )
+                    encoding = response.headers.get("content-encoding", "").strip().lower()
+                    if encoding not in ("", "identity"):
+                        raise SourceError(
+                            "invalid_response",
+                            f"GET {path} answered Content-Encoding {encoding[:20]!r}, "
+                            "though only identity was accepted",
                         )
                     declared = response.headers.get("content-length")
                     if declared is not None and declared.isdigit() and int(declared) > max_bytes:

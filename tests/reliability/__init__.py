@@ -1,0 +1,1 @@
+"""The reliability suite: faults, bad input and abuse, measured (docs/reliability.md)."""

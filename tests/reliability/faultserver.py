@@ -1,0 +1,506 @@
+"""A misbehaving vLLM on loopback: real sockets, one switchable fault at a time.
+
+:class:`FaultyVllm` answers ``/metrics``, ``/v1/models`` and ``/version`` like vLLM 0.32 (a
+payload built from the real capture's non-vLLM lines and vLLM families whose counters advance
+on every scrape, as under traffic), until a test switches it to a :class:`Fault`. It is a raw
+socket server, not ``http.server``, so that it can misbehave at the byte level: stop listening,
+accept and never answer, answer one byte at a time, declare more than it sends, or stream a
+200 MB body generated on the fly (never held in memory).
+
+Used by the reliability suite (``tests/reliability``) and by the soak (``scripts/soak.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import zlib
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+#: The real vLLM 0.32 capture whose non-vLLM lines (python_gc, process_*) open every payload.
+CAPTURE = (
+    Path(__file__).resolve().parents[3]
+    / "shared"
+    / "data"
+    / "vllm-metrics"
+    / "vllm-0.32.0-cpu-after-load.prom"
+)
+
+#: What the HUGE fault streams: 200 MB (decimal, as the issue says).
+HUGE_BYTES = 200_000_000
+#: Chunks of streamed bodies.
+CHUNK_BYTES = 64 * 1024
+
+
+class Fault(StrEnum):
+    """What the fake vLLM does wrong (``NONE``: nothing)."""
+
+    NONE = "none"
+    #: Nothing listens on the port: connections are refused.
+    REFUSE = "refuse"
+    #: Accepts and reads the request, then never answers (every path).
+    HANG = "hang"
+    #: Answers /metrics one byte at a time, a few milliseconds apart.
+    SLOW = "slow"
+    #: HTTP 500 on every path.
+    HTTP_500 = "http_500"
+    #: A login page (text/html) instead of metrics.
+    HTML = "html"
+    #: A JSON document instead of metrics.
+    JSON = "json"
+    #: Content-Length promises the whole payload; half is sent, then the connection closes.
+    TRUNCATED = "truncated"
+    #: A broken line in a family the sidecar reads.
+    MALFORMED = "malformed"
+    #: Binary noise declared as text/plain.
+    GARBAGE = "garbage"
+    #: 200 MB of metric lines, chunked, generated while sending.
+    HUGE = "huge"
+    #: 200 MB of metric lines gzip-compressed to a few hundred KB (Content-Encoding: gzip).
+    GZIP_BOMB = "gzip_bomb"
+    #: 2,000 engines of about 34 series each (68,000 series, 5.5 MB): a label explosion.
+    EXPLOSION = "explosion"
+    #: /v1/models answers 503 (and /version too) while /metrics is fine.
+    MODELS_DOWN = "models_down"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmState:
+    """What the fake vLLM reports: its model, cache configuration and traffic counters."""
+
+    model: str = "tiny"
+    root: str = "/models/tiny"
+    max_model_len: int = 512
+    version: str = "0.32.0"
+    start_time: float = 1_795_952_129.62
+    num_gpu_blocks: int = 8
+    block_size: int = 128
+    gpu_memory_utilization: float = 0.92
+    #: Requests finished since start (each: 100 prompt tokens, 380 generated).
+    finished: int = 12
+    preemptions: int = 15
+    running: int = 2
+    waiting: int = 0
+    engines: int = 1
+
+    @property
+    def kv_cache_size_tokens(self) -> int:
+        """Capacity as vLLM 0.32 reports it for a full-attention model."""
+        return self.num_gpu_blocks * self.block_size
+
+    def advanced(self) -> VllmState:
+        """The state one scrape later: two more requests finished, a preemption every third."""
+        return replace(
+            self,
+            finished=self.finished + 2,
+            preemptions=self.preemptions + (1 if self.finished % 3 == 0 else 0),
+        )
+
+
+def _preamble() -> str:
+    """The capture's python_* and process_* lines, without process_start_time_seconds."""
+    keep: list[str] = []
+    for line in CAPTURE.read_text().splitlines():
+        name = (
+            line.split(" ", 3)[2] if line.startswith("#") else line.split("{", 1)[0].split(" ")[0]
+        )
+        if name.startswith(("python_", "process_")) and "process_start_time" not in name:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+_PREAMBLE = _preamble()
+
+_PROMPT_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
+
+
+def _histogram(name: str, labels: str, bounds: tuple[int, ...], value: int, count: int) -> str:
+    lines = [f"# TYPE {name} histogram"]
+    for bound in bounds:
+        cumulative = count if value <= bound else 0
+        lines.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {float(cumulative)}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(count)}')
+    lines.append(f"{name}_count{{{labels}}} {float(count)}")
+    lines.append(f"{name}_sum{{{labels}}} {float(count * value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _engine_lines(state: VllmState, engine: int) -> str:
+    labels = f'engine="{engine}",model_name="{state.model}"'
+    out = [
+        f"vllm:num_requests_running{{{labels}}} {float(state.running)}",
+        f"vllm:num_requests_waiting{{{labels}}} {float(state.waiting)}",
+        f"vllm:kv_cache_usage_perc{{{labels}}} 0.25",
+        f"vllm:num_preemptions_total{{{labels}}} {float(state.preemptions)}",
+        f"vllm:prompt_tokens_total{{{labels}}} {float(state.finished * 100)}",
+        f"vllm:generation_tokens_total{{{labels}}} {float(state.finished * 380)}",
+        f'vllm:request_success_total{{engine="{engine}",finished_reason="length",'
+        f'model_name="{state.model}"}} {float(state.finished)}',
+    ]
+    text = "\n".join(out) + "\n"
+    text += _histogram("vllm:request_prompt_tokens", labels, _PROMPT_BOUNDS, 100, state.finished)
+    text += _histogram(
+        "vllm:request_generation_tokens", labels, _PROMPT_BOUNDS, 380, state.finished
+    )
+    concurrency = state.kv_cache_size_tokens / state.max_model_len
+    text += (
+        f'vllm:cache_config_info{{block_size="{state.block_size}",cache_dtype="auto",'
+        f'enable_prefix_caching="True",engine="{engine}",'
+        f'gpu_memory_utilization="{state.gpu_memory_utilization}",'
+        f'kv_cache_max_concurrency="{concurrency}",kv_cache_memory_bytes="None",'
+        f'kv_cache_size_tokens="{state.kv_cache_size_tokens}",'
+        f'num_gpu_blocks="{state.num_gpu_blocks}",sliding_window="None"}} 1.0\n'
+    )
+    return text
+
+
+def render_metrics(state: VllmState) -> bytes:
+    """A vLLM 0.32-shaped ``/metrics`` payload for ``state`` (pure)."""
+    parts = [_PREAMBLE, f"process_start_time_seconds {state.start_time}\n"]
+    parts.extend(_engine_lines(state, engine) for engine in range(state.engines))
+    return "".join(parts).encode()
+
+
+def render_models(state: VllmState) -> bytes:
+    """vLLM's ``/v1/models`` answer for ``state``."""
+    model = {
+        "id": state.model,
+        "object": "model",
+        "root": state.root,
+        "max_model_len": state.max_model_len,
+    }
+    return json.dumps({"object": "list", "data": [model]}).encode()
+
+
+def _filler_block() -> bytes:
+    line = b'vllm:lora_requests_info{max_lora="8",running_lora_adapters="adapter"} 1.0\n'
+    return line * (CHUNK_BYTES // len(line))
+
+
+def stream_lines(total: int) -> Iterator[bytes]:
+    """``total`` bytes (rounded to whole chunks) of metric lines, generated chunk by chunk."""
+    block = _filler_block()
+    sent = 0
+    while sent < total:
+        yield block
+        sent += len(block)
+
+
+def gzip_bomb(total: int = HUGE_BYTES) -> bytes:
+    """``total`` bytes of metric lines, gzip-compressed (computed once per process)."""
+    cached = _BOMBS.get(total)
+    if cached is None:
+        # Level 1: 0.4 s for 200 MB here, still 147:1 (level 9 is 2x smaller and 3x slower).
+        compressor = zlib.compressobj(1, zlib.DEFLATED, 31)  # 31: the gzip container
+        pieces = [compressor.compress(chunk) for chunk in stream_lines(total)]
+        pieces.append(compressor.flush())
+        cached = _BOMBS[total] = b"".join(pieces)
+    return cached
+
+
+_BOMBS: dict[int, bytes] = {}
+
+
+@dataclass(slots=True)
+class Counts:
+    """What the fake vLLM saw: requests per path, and bytes of /metrics bodies sent."""
+
+    requests: dict[str, int]
+    metrics_body_bytes: int = 0
+    authorizations: set[str] | None = None
+
+
+class FaultyVllm:
+    """The fake vLLM server: ``url``, ``state`` (mutable), ``set_fault()``, ``close()``."""
+
+    def __init__(
+        self, *, state: VllmState | None = None, token: str | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        self.state = state or VllmState()
+        #: When set, requests without ``Authorization: Bearer <token>`` get 401.
+        self.token = token
+        self.counts = Counts(requests={}, authorizations=set())
+        self._fault = Fault.NONE
+        self._cond = threading.Condition()
+        self._closing = False
+        self._sock: socket.socket | None = self._bind(host, 0)
+        self.host = host
+        self.port = int(self._sock.getsockname()[1])
+        self._listening = threading.Event()
+        self._listening.set()
+        self._handlers: set[threading.Thread] = set()
+        self._connections: set[socket.socket] = set()
+        self._rendered: tuple[VllmState, bytes] | None = None
+        self._thread = threading.Thread(target=self._accept_loop, name="faulty-vllm", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def fault(self) -> Fault:
+        """The fault in force."""
+        return self._fault
+
+    def set_fault(self, fault: Fault) -> None:
+        """Switch to ``fault``; returns once the listening socket matches it."""
+        with self._cond:
+            self._fault = fault
+            self._cond.notify_all()
+        want = fault is not Fault.REFUSE
+        deadline = time.monotonic() + 5
+        while (self._sock is not None) != want and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if (self._sock is not None) != want:
+            msg = f"the fake vLLM did not switch its listening socket for {fault}"
+            raise RuntimeError(msg)
+
+    def restart(self, **changes: object) -> None:
+        """A vLLM restart: a new process start time, counters from zero, ``changes`` applied."""
+        state = replace(self.state, start_time=self.state.start_time + 1000.0, finished=0)
+        self.state = replace(state, preemptions=0, **changes)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Stop accepting, end every connection's thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(5)
+        for thread in list(self._handlers):
+            thread.join(5)
+
+    def __enter__(self) -> FaultyVllm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sockets ----------------------------------------------------------------------------
+
+    def _bind(self, host: str, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.settimeout(0.02)
+        return sock
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            if self._fault is Fault.REFUSE and self._sock is not None:
+                # A dead vLLM: nothing listens, and established connections are reset.
+                self._sock.close()
+                self._sock = None
+                for conn in list(self._connections):
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
+            elif self._fault is not Fault.REFUSE and self._sock is None:
+                self._sock = self._bind(self.host, self.port)
+            if self._sock is None:
+                time.sleep(0.005)
+                continue
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._handlers.add(thread)
+            thread.start()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _serve(self, conn: socket.socket) -> None:
+        self._connections.add(conn)
+        try:
+            conn.settimeout(30)
+            reader = conn.makefile("rb")
+            while not self._closing:
+                head = _read_head(reader)
+                if head is None:
+                    break
+                path, headers = head
+                if not self._answer(conn, path, headers):
+                    break
+        except OSError:
+            pass  # the client went away: nothing to answer
+        finally:
+            self._connections.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.close()
+            self._handlers.discard(threading.current_thread())
+
+    def _wait_while(self, fault: Fault, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._closing or self._fault is not fault, seconds)
+
+    # -- answers ----------------------------------------------------------------------------
+
+    def _answer(self, conn: socket.socket, path: str, headers: dict[str, str]) -> bool:
+        """Answer one request; return whether the connection may carry another."""
+        fault = self._fault
+        self.counts.requests[path] = self.counts.requests.get(path, 0) + 1
+        auth = headers.get("authorization")
+        if auth is not None and self.counts.authorizations is not None:
+            self.counts.authorizations.add(auth)
+        if fault is Fault.HANG:
+            self._wait_while(Fault.HANG, 60)
+            return False
+        if fault is Fault.HTTP_500:
+            return _send(conn, 500, b"Internal Server Error", "text/plain")
+        if self.token is not None and auth != f"Bearer {self.token}":
+            return _send(conn, 401, b'{"error": "Unauthorized"}', "application/json")
+        if path in ("/v1/models", "/version"):
+            return self._facts(conn, path, fault)
+        if path != "/metrics":
+            return _send(conn, 404, b"Not Found", "text/plain")
+        if fault is Fault.NONE or fault is Fault.MODELS_DOWN:
+            self.state = self.state.advanced()
+        explosion = fault is Fault.EXPLOSION
+        body = self._render(replace(self.state, engines=2000) if explosion else None)
+        answer = _METRICS_ANSWERS.get(fault, FaultyVllm._plain)
+        return answer(self, conn, body)
+
+    def _facts(self, conn: socket.socket, path: str, fault: Fault) -> bool:
+        """/v1/models or /version (503 while the MODELS_DOWN fault is in force)."""
+        if fault is Fault.MODELS_DOWN:
+            return _send(conn, 503, b"model loading", "text/plain")
+        if path == "/v1/models":
+            return _send(conn, 200, render_models(self.state), "application/json")
+        body = json.dumps({"version": self.state.version}).encode()
+        return _send(conn, 200, body, "application/json")
+
+    def _render(self, state: VllmState | None) -> bytes:
+        """The payload of ``state`` (default: the current state), the last one cached."""
+        state = state or self.state
+        cached = self._rendered
+        if cached is not None and cached[0] == state:
+            return cached[1]
+        body = render_metrics(state)
+        self._rendered = (state, body)
+        return body
+
+    # Each /metrics answer takes the connection and the payload; returns keep-alive.
+
+    def _plain(self, conn: socket.socket, body: bytes) -> bool:
+        self.counts.metrics_body_bytes += len(body)
+        return _send(conn, 200, body, TEXT)
+
+    def _html(self, conn: socket.socket, _body: bytes) -> bool:
+        page = b"<!DOCTYPE html><html><body>Sign in</body></html>"
+        return _send(conn, 200, page, "text/html")
+
+    def _json(self, conn: socket.socket, _body: bytes) -> bool:
+        return _send(conn, 200, b'{"detail": "Not Found"}', "application/json")
+
+    def _malformed(self, conn: socket.socket, body: bytes) -> bool:
+        broken = body + b'vllm:num_requests_running{engine="0",model_name="tiny" 1\n'
+        return _send(conn, 200, broken, TEXT)
+
+    def _garbage(self, conn: socket.socket, _body: bytes) -> bool:
+        return _send(conn, 200, bytes(range(256)) * 64, TEXT)
+
+    def _truncated(self, conn: socket.socket, body: bytes) -> bool:
+        conn.sendall(_head(200, len(body), TEXT) + body[: len(body) // 2])
+        return False
+
+    def _slow(self, conn: socket.socket, body: bytes) -> bool:
+        conn.sendall(_head(200, len(body), TEXT))
+        for i in range(len(body)):
+            if self._fault is not Fault.SLOW or self._closing:
+                return False
+            conn.sendall(body[i : i + 1])
+            time.sleep(0.005)
+        return True
+
+    def _huge(self, conn: socket.socket, _body: bytes) -> bool:
+        conn.sendall(_head(200, None, TEXT))
+        for chunk in stream_lines(HUGE_BYTES):
+            if self._closing:
+                return False
+            conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.counts.metrics_body_bytes += len(chunk)
+        conn.sendall(b"0\r\n\r\n")
+        return True
+
+    def _gzip_bomb(self, conn: socket.socket, _body: bytes) -> bool:
+        bomb = gzip_bomb()
+        conn.sendall(_head(200, len(bomb), TEXT, encoding="gzip") + bomb)
+        self.counts.metrics_body_bytes += len(bomb)
+        return True
+
+
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+_METRICS_ANSWERS: dict[Fault, Callable[[FaultyVllm, socket.socket, bytes], bool]] = {
+    Fault.HTML: FaultyVllm._html,
+    Fault.JSON: FaultyVllm._json,
+    Fault.MALFORMED: FaultyVllm._malformed,
+    Fault.GARBAGE: FaultyVllm._garbage,
+    Fault.TRUNCATED: FaultyVllm._truncated,
+    Fault.SLOW: FaultyVllm._slow,
+    Fault.HUGE: FaultyVllm._huge,
+    Fault.GZIP_BOMB: FaultyVllm._gzip_bomb,
+}
+
+
+def _read_head(reader: object) -> tuple[str, dict[str, str]] | None:
+    """Read a request line and headers; ``None`` at end of stream."""
+    readline = reader.readline  # type: ignore[attr-defined]
+    line: bytes = readline(65537)
+    if not line:
+        return None
+    parts = line.decode("latin-1").split()
+    path = parts[1] if len(parts) >= 2 else "/"
+    headers: dict[str, str] = {}
+    while True:
+        raw: bytes = readline(65537)
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return path.split("?", 1)[0], headers
+
+
+def _head(status: int, length: int | None, content_type: str, *, encoding: str = "") -> bytes:
+    reasons = {200: "OK", 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error"}
+    lines = [f"HTTP/1.1 {status} {reasons.get(status, 'Service Unavailable')}"]
+    lines.append(f"Content-Type: {content_type}")
+    if length is None:
+        lines.append("Transfer-Encoding: chunked")
+    else:
+        lines.append(f"Content-Length: {length}")
+    if encoding:
+        lines.append(f"Content-Encoding: {encoding}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _send(conn: socket.socket, status: int, body: bytes, content_type: str) -> bool:
+    conn.sendall(_head(status, len(body), content_type) + body)
+    return True
+
+
+__all__ = [
+    "CAPTURE",
+    "HUGE_BYTES",
+    "Fault",
+    "FaultyVllm",
+    "VllmState",
+    "gzip_bomb",
+    "render_metrics",
+    "render_models",
+    "stream_lines",
+]
