@@ -113,3 +113,30 @@ def test_an_unreachable_url_is_one_line_with_the_reason(capsys: pytest.CaptureFi
     """Nobody listening: one line naming the reason, exit 2."""
     assert main(["check", "http://127.0.0.1:9"]) == 2
     assert "connection_refused" in capsys.readouterr().err
+
+
+def _documented_keys(section: str) -> set[str]:
+    """The keys of one table of docs/cli.md, by the line that precedes the table."""
+    lines = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(section))
+    keys: set[str] = set()
+    for line in lines[start + 1 :]:
+        if keys and not line.startswith("|"):
+            break
+        if line.startswith("| `"):
+            keys.add(line.split("`")[1])
+    return keys
+
+
+def test_the_json_keys_are_the_documented_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/cli.md lists exactly the keys check --json prints, at every level."""
+    result = run_json(
+        capsys, str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom"), "--model", str(TINY)
+    )
+    engines = result["engines"]
+    prediction = result["prediction"]
+    assert isinstance(engines, list)
+    assert isinstance(prediction, dict)
+    assert set(result) == _documented_keys("One object;")
+    assert set(engines[0]) == _documented_keys("Per engine")
+    assert set(prediction) == _documented_keys("The prediction")
