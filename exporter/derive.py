@@ -430,10 +430,6 @@ def derive_target(
             predicted_capacity_tokens=predicted_capacity_tokens,
             max_model_len=max_model_len,
         )
-        for name in sorted(samples[-1].snapshot.engines, key=_engine_order)
+        for name in samples[-1].snapshot.engines  # in rank order, as the parser keeps them
     )
     return TargetDerived(engines=engines, restarted=resets[-1])
-
-
-def _engine_order(name: str) -> tuple[int, str]:
-    return (int(name), "") if name.isdigit() else (1 << 30, name)

@@ -97,7 +97,8 @@ class EngineMetrics:
 class VllmSnapshot:
     """One parsed ``/metrics`` payload of one vLLM server."""
 
-    #: Keyed by engine label value; ``"0"`` when vLLM exposes no ``engine`` label.
+    #: Keyed by engine label value; ``"0"`` when vLLM exposes no ``engine`` label. In rank
+    #: order (numeric ranks first, as numbers), which is the order everything downstream shows.
     engines: Mapping[str, EngineMetrics]
     #: Names of the ``vllm:`` families present (as in ``# TYPE`` or samples), for version guesses.
     families: frozenset[str] = frozenset()
