@@ -37,6 +37,7 @@ from dashboards.widgets import (
     assemble,
     bargauge_panel,
     dashboard_link,
+    firing_alerts_table,
     restart_annotation,
     runbook_index_link,
     stat_panel,
@@ -505,43 +506,28 @@ def _trends(facts: RuleFacts) -> Row:
 
 
 def _alerts(facts: RuleFacts) -> Row:
-    active_since = (
-        f"max by ({ALERT_KEY}) (ALERTS_FOR_STATE{ALERTS} * 1000 "
-        f"and ignoring (alertstate) ALERTS{FIRING})"
-    )
-    runbook = (
-        db.DashboardLink("Runbook")
-        .url(f"{facts.runbook_base}${{__value.raw}}.md")
-        .target_blank(True)
-    )
     return Row(
         "Firing alerts",
         [
-            Cell(
-                table_panel(
-                    "Firing alerts",
-                    description=(
-                        "vllm-headroom alerts firing now, with when they became active (click "
-                        "an alert name for its runbook)."
-                    ),
-                    unit="short",
-                    facts=facts,
-                    columns=[Column("Active since", active_since, "dateTimeFromNow")],
-                    labels=[
-                        ("alertname", "Alert"),
-                        ("severity", "Severity"),
-                        ("namespace", "Namespace"),
-                        ("instance", "Instance"),
-                        ("model_name", "Model"),
-                        ("engine", "Engine"),
-                        ("gpu", "GPU"),
-                        ("source", "Source"),
-                    ],
-                    sort_by="Severity",
-                    label_links=[("alertname", runbook)],
+            firing_alerts_table(
+                facts,
+                description=(
+                    "vllm-headroom alerts firing now, with when they became active (click "
+                    "an alert name for its runbook)."
                 ),
-                24,
-                8,
+                alerts=ALERTS,
+                firing=FIRING,
+                labels=[
+                    ("alertname", "Alert"),
+                    ("severity", "Severity"),
+                    ("namespace", "Namespace"),
+                    ("instance", "Instance"),
+                    ("model_name", "Model"),
+                    ("engine", "Engine"),
+                    ("gpu", "GPU"),
+                    ("source", "Source"),
+                ],
+                height=8,
             )
         ],
     )

@@ -45,6 +45,7 @@ from dashboards.widgets import (
     Row,
     assemble,
     dashboard_link,
+    firing_alerts_table,
     restart_annotation,
     runbook_index_link,
     stat_panel,
@@ -796,50 +797,28 @@ def _health(facts: RuleFacts) -> Row:
 
 
 def _alerts(facts: RuleFacts) -> Row:
-    key = "alertname, severity, instance, model_name, engine, gpu, source"
-    firing = selector(
-        'alertname=~"VllmHeadroom.*"', NAMESPACE, VLLM_INSTANCE, 'alertstate="firing"'
-    )
-    pending = selector('alertname=~"VllmHeadroom.*"', NAMESPACE, VLLM_INSTANCE)
-    runbook = (
-        db.DashboardLink("Runbook")
-        .url(f"{facts.runbook_base}${{__value.raw}}.md")
-        .target_blank(True)
-    )
+    matchers = ('alertname=~"VllmHeadroom.*"', NAMESPACE, VLLM_INSTANCE)
     return Row(
         "Alerts on this instance",
         [
-            Cell(
-                table_panel(
-                    "Firing alerts",
-                    description=(
-                        "vllm-headroom alerts firing now for this instance (sidecar or vLLM "
-                        "series on its host); click an alert name for its runbook."
-                    ),
-                    unit="short",
-                    facts=facts,
-                    columns=[
-                        Column(
-                            "Active since",
-                            f"max by ({key}) (ALERTS_FOR_STATE{pending} * 1000 "
-                            f"and ignoring (alertstate) ALERTS{firing})",
-                            "dateTimeFromNow",
-                        )
-                    ],
-                    labels=[
-                        ("alertname", "Alert"),
-                        ("severity", "Severity"),
-                        ("instance", "Instance"),
-                        ("model_name", "Model"),
-                        ("engine", "Engine"),
-                        ("gpu", "GPU"),
-                        ("source", "Source"),
-                    ],
-                    sort_by="Severity",
-                    label_links=[("alertname", runbook)],
+            firing_alerts_table(
+                facts,
+                description=(
+                    "vllm-headroom alerts firing now for this instance (sidecar or vLLM "
+                    "series on its host); click an alert name for its runbook."
                 ),
-                24,
-                6,
+                alerts=selector(*matchers),
+                firing=selector(*matchers, 'alertstate="firing"'),
+                labels=[
+                    ("alertname", "Alert"),
+                    ("severity", "Severity"),
+                    ("instance", "Instance"),
+                    ("model_name", "Model"),
+                    ("engine", "Engine"),
+                    ("gpu", "GPU"),
+                    ("source", "Source"),
+                ],
+                height=6,
             )
         ],
     )

@@ -541,3 +541,39 @@ def place(rows: Sequence[Row], *, first_id: int = 1) -> list[dm.Panel | dm.RowPa
             line_height = max(line_height, cell.height)
         y += line_height
     return placed
+
+
+def firing_alerts_table(
+    facts: RuleFacts,
+    *,
+    description: str,
+    alerts: str,
+    firing: str,
+    labels: Sequence[tuple[str, str]],
+    height: int,
+) -> Cell:
+    """A full-width table of firing vllm-headroom alerts, when each became active, and runbooks.
+
+    ``alerts`` and ``firing`` are the same selector of ``ALERTS``, the latter with
+    ``alertstate="firing"``; ``labels`` are the columns (label, header), also the grouping.
+    """
+    key = ", ".join(label for label, _ in labels)
+    active_since = (
+        f"max by ({key}) (ALERTS_FOR_STATE{alerts} * 1000 and ignoring (alertstate) ALERTS{firing})"
+    )
+    runbook = (
+        db.DashboardLink("Runbook")
+        .url(f"{facts.runbook_base}${{__value.raw}}.md")
+        .target_blank(True)
+    )
+    panel = table_panel(
+        "Firing alerts",
+        description=description,
+        unit="short",
+        facts=facts,
+        columns=[Column("Active since", active_since, "dateTimeFromNow")],
+        labels=list(labels),
+        sort_by="Severity",
+        label_links=[("alertname", runbook)],
+    )
+    return Cell(panel, 24, height)
