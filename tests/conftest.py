@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
+from hypothesis import settings
+
+# Property tests judge behaviour, not speed: a machine busy with other work (CI, a vLLM on the
+# CPU) must not turn a slow example into a failure.
+settings.register_profile("headroom", deadline=None)
+settings.load_profile("headroom")
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -16,6 +22,11 @@ if TYPE_CHECKING:
 #: ``../shared`` beside the repository: real captures and calibration data (read-only).
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CAPTURES = SHARED / "data" / "vllm-metrics"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the end-to-end tests last: their real vLLM keeps both CPUs busy while it runs."""
+    items.sort(key=lambda item: "e2e" in item.keywords)
 
 
 class StaticVllm(ThreadingHTTPServer):
