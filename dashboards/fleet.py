@@ -23,9 +23,10 @@ from dashboards.queries import (
     TARGET,
     metric,
     per_engine,
+    scope_variables,
     selector,
 )
-from dashboards.templating import datasource_variable, label_variable
+from dashboards.templating import label_variable
 from dashboards.widgets import (
     FLEET_UID,
     INSTANCE_UID,
@@ -79,19 +80,7 @@ def _drill_down(url: str) -> db.DashboardLink:
 
 def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
     return [
-        datasource_variable(),
-        label_variable(
-            "job",
-            label="Job",
-            query="label_values(headroom_target_up, job)",
-            description="Prometheus job(s) scraping the vllm-headroom sidecars or probes.",
-        ),
-        label_variable(
-            "namespace",
-            label="Namespace",
-            query=f"label_values(headroom_target_up{{{JOB}}}, namespace)",
-            description="Kubernetes namespace (empty outside Kubernetes: keep All).",
-        ),
+        *scope_variables(),
         label_variable(
             "model",
             label="Model",

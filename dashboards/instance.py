@@ -26,11 +26,11 @@ from dashboards.queries import (
     metric,
     prefer,
     rate,
+    scope_variables,
     selector,
 )
 from dashboards.templating import (
     VLLM_INSTANCE,
-    datasource_variable,
     host_variable,
     label_variable,
 )
@@ -75,19 +75,7 @@ _UP_MAPPING = dm.ValueMap(
 def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
     engines_of = selector(JOB, NAMESPACE, 'instance=~"$instance"', 'model_name=~"$model"')
     return [
-        datasource_variable(),
-        label_variable(
-            "job",
-            label="Job",
-            query="label_values(headroom_target_up, job)",
-            description="Prometheus job(s) scraping the vllm-headroom sidecars or probes.",
-        ),
-        label_variable(
-            "namespace",
-            label="Namespace",
-            query=f"label_values(headroom_target_up{{{JOB}}}, namespace)",
-            description="Kubernetes namespace (empty outside Kubernetes: keep All).",
-        ),
+        *scope_variables(),
         label_variable(
             "model",
             label="Model",

@@ -9,7 +9,13 @@ labels of *their* scrape job, matched to the sidecar by host (see
 
 from __future__ import annotations
 
-from dashboards.templating import VLLM_INSTANCE
+from typing import TYPE_CHECKING
+
+from dashboards.templating import VLLM_INSTANCE, datasource_variable, label_variable
+
+if TYPE_CHECKING:
+    from grafana_foundation_sdk.cog import builder as cogbuilder
+    from grafana_foundation_sdk.models import dashboard as dm
 
 #: Labels that identify one engine of one instance in tables (``pod`` only in Kubernetes).
 ENGINE_KEY = "namespace, pod, instance, model_name, engine"
@@ -73,3 +79,26 @@ def per_engine(instance_level: str, engines: str) -> str:
     """
     rows = f"group by (job, {ENGINE_KEY}) ({engines})"
     return f"max by ({ENGINE_KEY}) (({instance_level}) * on (job, instance) group_right () {rows})"
+
+
+def scope_variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
+    """The variables both dashboards start with: data source, job and namespace.
+
+    Their queries are the label values of our own series, so the pickers list only what the
+    vllm-headroom exporters report.
+    """
+    return [
+        datasource_variable(),
+        label_variable(
+            "job",
+            label="Job",
+            query="label_values(headroom_target_up, job)",
+            description="Prometheus job(s) scraping the vllm-headroom sidecars or probes.",
+        ),
+        label_variable(
+            "namespace",
+            label="Namespace",
+            query=f"label_values(headroom_target_up{{{JOB}}}, namespace)",
+            description="Kubernetes namespace (empty outside Kubernetes: keep All).",
+        ),
+    ]
