@@ -22,8 +22,8 @@ demo: $(STAMP)
 # Regenerate the generated docs (docs/metrics.md, docs/configuration.md) and the dashboards
 # (dashboards/*.json, from dashboards/ and alerts/); tests fail when stale.
 docs: $(STAMP)
-	$(BIN)/python -c "from exporter.metricdefs import render_markdown; print(render_markdown(), end='')" > docs/metrics.md
-	$(BIN)/python -c "from exporter.settings import render_configuration_markdown as r; print(r(), end='')" > docs/configuration.md
+	$(BIN)/python -c "from exporter.service.metricdefs import render_markdown; print(render_markdown(), end='')" > docs/metrics.md
+	$(BIN)/python -c "from exporter.service.settings import render_configuration_markdown as r; print(r(), end='')" > docs/configuration.md
 	$(BIN)/python -m dashboards.generate
 
 lint: $(STAMP)

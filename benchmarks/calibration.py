@@ -23,9 +23,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exporter.catalog import find_model
-from exporter.overhead import GIB
-from exporter.sizing import (
+from exporter.sizing.catalog import find_model
+from exporter.sizing.model import (
     Declined,
     Deployment,
     SizingResult,
@@ -33,8 +32,9 @@ from exporter.sizing import (
     resolve_model_dtype,
     size_deployment,
 )
-from exporter.vllm_version import parse_vllm_version
-from exporter.weights import dtype_bytes, weight_format
+from exporter.sizing.overhead import GIB
+from exporter.sizing.weights import dtype_bytes, weight_format
+from exporter.vllm.version import parse_vllm_version
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "kv-calibration"
 NAIVE_OVERHEAD_BYTES = 4 * 10**9

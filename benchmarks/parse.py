@@ -7,7 +7,7 @@ Run from the repository root::
 
 For each payload it times, in interleaved rounds so that both see the same machine load:
 
-- ours: ``exporter.vllm_metrics.parse_vllm_metrics(payload_bytes)``: decoding, the selective
+- ours: ``exporter.vllm.metrics.parse_vllm_metrics(payload_bytes)``: decoding, the selective
   parse and the normalisation into a ``VllmSnapshot``, i.e. all the CPU one poll spends on the
   payload;
 - peer: ``list(prometheus_client.parser.text_string_to_metric_families(payload_str))``: a parse
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.vllm_metrics import parse_vllm_metrics
+from exporter.vllm.metrics import parse_vllm_metrics
 
 if not __package__:  # run as `python benchmarks/parse.py`: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -21,15 +21,10 @@ import time
 from pathlib import Path
 
 from exporter.errors import UsageError
-from exporter.gpu import (
-    ALL_GPUS,
-    GpuSelection,
-    NvmlGpuReader,
-    Recording,
-    recording_to_json,
-    sample_from_snapshot,
-)
-from exporter.gpu_visibility import parse_gpu_selectors
+from exporter.gpu.model import ALL_GPUS, GpuSelection
+from exporter.gpu.nvml import NvmlGpuReader
+from exporter.gpu.recording import Recording, recording_to_json, sample_from_snapshot
+from exporter.gpu.visibility import parse_gpu_selectors
 
 
 def _driver_version() -> str:

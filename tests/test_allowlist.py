@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from exporter.allowlist import (
+from exporter.service.allowlist import (
     AllowlistError,
     is_allowed,
     parse_allowlist,

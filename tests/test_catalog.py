@@ -1,13 +1,13 @@
-"""Specification of the built-in GPU and model catalogues (exporter.catalog)."""
+"""Specification of the built-in GPU and model catalogues (exporter.sizing.catalog)."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.catalog import find_gpu, find_model, gpus, models, smallest_gpu
 from exporter.errors import UsageError
-from exporter.overhead import GIB
-from exporter.sizing import Deployment
+from exporter.sizing.catalog import find_gpu, find_model, gpus, models, smallest_gpu
+from exporter.sizing.model import Deployment
+from exporter.sizing.overhead import GIB
 
 REQUIRED_GPUS = [
     "H100 80GB",

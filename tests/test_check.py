@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from exporter.cli import main
+from exporter.cli.main import main
 
 if TYPE_CHECKING:
     from tests.conftest import StaticVllm

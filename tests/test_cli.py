@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from exporter import __version__
-from exporter.cli import main
+from exporter.cli.main import main
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,7 +55,7 @@ def test_a_bad_setting_exits_2_with_one_line(capsys: pytest.CaptureFixture[str])
 def test_a_closed_pipe_is_not_a_traceback() -> None:
     """`vllm-headroom plan --json | head -1` ends quietly when head stops reading."""
     script = (
-        "import sys; from exporter.cli import main; "
+        "import sys; from exporter.cli.main import main; "
         "sys.exit(main(['plan', '--model', 'llama-3.1-8b', '--gpu', 'h100', '--json']))"
     )
     producer = subprocess.Popen(

@@ -6,9 +6,10 @@ import asyncio
 import math
 from typing import TYPE_CHECKING
 
-from exporter.demo import SimulatedGpuReader, demo, read_status, status_line
-from exporter.gpu import ALL_GPUS
+from exporter.cli.demo import demo, read_status, status_line
+from exporter.gpu.model import ALL_GPUS
 from exporter.sim import default_scenario
+from exporter.sim.gpu import SimulatedGpuReader
 
 if TYPE_CHECKING:
     import pytest

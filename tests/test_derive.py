@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.derive import (
+from exporter.core.derive import (
     Sample,
     WindowSettings,
     derive_target,
@@ -17,8 +17,8 @@ from exporter.derive import (
     estimate_context,
     sequences_that_fit,
 )
-from exporter.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
-from exporter.windows import BucketCounts
+from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
+from exporter.core.windows import BucketCounts
 
 INF = math.inf
 TOKEN_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, INF)

@@ -14,13 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.core.reasons import GpuErrorReason, UnavailableReason
 from exporter.errors import UsageError
-from exporter.gpu import (
+from exporter.gpu.memory import SplitUnknownReason, split_gpu_memory, split_snapshot
+from exporter.gpu.model import (
     ALL_GPUS,
-    NVML_NAMES_USED,
-    RECORDING_FORMAT,
     GpuError,
-    GpuErrorReason,
     GpuProcess,
     GpuReading,
     GpuSnapshot,
@@ -28,26 +27,28 @@ from exporter.gpu import (
     MemoryApi,
     MigIndexSelector,
     NvmlCall,
-    NvmlGpuReader,
-    NvmlRecordingError,
-    NvmlReturn,
     NvmlUnavailable,
+    UuidSelector,
+)
+from exporter.gpu.nvml import (
+    NVML_NAMES_USED,
+    NvmlGpuReader,
+    NvmlReturn,
+    gpu_error_reason,
+    init_failure_reason,
+)
+from exporter.gpu.recording import (
+    RECORDING_FORMAT,
+    NvmlRecordingError,
     RecordedFailure,
     RecordedGpuReader,
     RecordedSample,
     Recording,
-    SplitUnknownReason,
-    UnavailableReason,
-    UuidSelector,
-    gpu_error_reason,
-    init_failure_reason,
     load_recording,
     parse_recording,
     recording_to_json,
     replay_sample,
     sample_from_snapshot,
-    split_gpu_memory,
-    split_snapshot,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"

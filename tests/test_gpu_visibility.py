@@ -1,4 +1,4 @@
-"""Specification of exporter.gpu_visibility: which GPUs are vLLM's, and vLLM's PIDs."""
+"""Specification of exporter.gpu.visibility: which GPUs are vLLM's, and vLLM's PIDs."""
 
 from __future__ import annotations
 
@@ -9,24 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.core.reasons import VisibilityState
 from exporter.errors import UsageError
-from exporter.gpu import (
-    ALL_GPUS,
-    GpuSelector,
-    IndexSelector,
-    MigIndexSelector,
-    RecordedGpuReader,
-    UuidSelector,
-    split_snapshot,
-)
-from exporter.gpu_visibility import (
+from exporter.gpu.memory import split_snapshot
+from exporter.gpu.model import ALL_GPUS, GpuSelector, IndexSelector, MigIndexSelector, UuidSelector
+from exporter.gpu.recording import RecordedGpuReader
+from exporter.gpu.visibility import (
     CUDA_VISIBLE_DEVICES,
     NVIDIA_VISIBLE_DEVICES,
     DeviceListKind,
     GpuSelectorError,
     GpuVisibility,
     ProcessEntry,
-    VisibilityState,
     discover_gpu_visibility,
     is_vllm_server,
     parse_gpu_selectors,

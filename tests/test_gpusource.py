@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from exporter.core.reasons import VisibilityState
 from exporter.errors import UsageError
-from exporter.gpu import ALL_GPUS, RecordedGpuReader, UuidSelector
-from exporter.gpu_visibility import GpuVisibility, VisibilityState
-from exporter.gpusource import NvmlGpuSource, gpu_views
+from exporter.gpu.memory import gpu_views
+from exporter.gpu.model import ALL_GPUS, UuidSelector
+from exporter.gpu.recording import RecordedGpuReader
+from exporter.gpu.source import NvmlGpuSource
+from exporter.gpu.visibility import GpuVisibility
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML = FIXTURES / "nvml"
@@ -136,7 +139,7 @@ def test_settings_mode_without_gpus_is_a_configuration_error() -> None:
 
 def test_the_real_nvml_path_degrades_cleanly_without_a_driver() -> None:
     """On a machine without an NVIDIA driver the real reader reports unavailable, no raise."""
-    from exporter.gpu import NvmlGpuReader
+    from exporter.gpu.nvml import NvmlGpuReader
 
     source = NvmlGpuSource(
         NvmlGpuReader(),

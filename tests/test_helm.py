@@ -38,8 +38,8 @@ import yaml
 from kubernetes_validate.utils import all_versions, latest_version
 
 import exporter
-from exporter.allowlist import AllowlistError, parse_allowlist
-from exporter.settings import DEFAULT_PORT, Settings, load_settings
+from exporter.service.allowlist import AllowlistError, parse_allowlist
+from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -1551,7 +1551,7 @@ def test_wheel_holds_the_package_its_data_and_the_command(wheel: Path) -> None:
     }
     assert shipped <= names
     assert "exporter/py.typed" in names
-    assert "vllm-headroom = exporter.cli:main" in entry_points
+    assert "vllm-headroom = exporter.cli.main:main" in entry_points
 
 
 def test_wheel_installed_alone_runs(wheel: Path, tmp_path: Path) -> None:
@@ -1566,7 +1566,7 @@ def test_wheel_installed_alone_runs(wheel: Path, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     script = (
-        "import sys, exporter; from exporter.cli import main; "
+        "import sys, exporter; from exporter.cli.main import main; "
         "print(exporter.__file__); sys.exit(main(['plan', '--model', 'llama-3.1-8b', "
         "'--gpu', 'h100-80gb', '--json']))"
     )

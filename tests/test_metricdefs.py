@@ -2,7 +2,8 @@
 
 The exporter is run for real (sidecar mode against a vLLM-like server serving the real 0.32
 capture, with a recorded GPU and the tiny model's config; and fleet mode with probes), and
-its exposition must contain exactly the families of ``exporter.metricdefs`` with their labels.
+its exposition must contain exactly the families of ``exporter.service.metricdefs`` with their
+labels.
 The expositions are kept in ``tests/golden/exposition/`` (regenerate with
 ``HEADROOM_UPDATE_GOLDEN=1``): alert, dashboard and chart tests prove their metric names
 against these files, which this test proves equal to what the exporter really serves.
@@ -20,11 +21,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.gpu import RecordedGpuReader
-from exporter.gpu_visibility import GpuVisibility, VisibilityState
-from exporter.gpusource import NvmlGpuSource
-from exporter.metricdefs import METRICS, Kind, Scope, render_markdown
-from exporter.serve import Components
+from exporter.core.reasons import VisibilityState
+from exporter.gpu.recording import RecordedGpuReader
+from exporter.gpu.source import NvmlGpuSource
+from exporter.gpu.visibility import GpuVisibility
+from exporter.service.app import Components
+from exporter.service.metricdefs import METRICS, Kind, Scope, render_markdown
 from tests.test_serve import Running, wait_ready
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Specification of config.json reading (exporter.modelconfig)."""
+"""Specification of config.json reading (exporter.sizing.modelconfig)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exporter.errors import ModelConfigError
-from exporter.modelconfig import (
+from exporter.sizing.modelconfig import (
     hub_cache_dir,
     load_model_arch,
     model_weights_bytes,

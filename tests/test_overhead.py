@@ -1,17 +1,17 @@
-"""Specification of the overhead estimate (exporter.overhead) against the calibration logs."""
+"""Specification of the overhead estimate (exporter.sizing.overhead) against calibration logs."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.overhead import (
+from exporter.sizing.overhead import (
     GIB,
     estimate_activation_bytes,
     estimate_cuda_graph_bytes,
     estimate_non_torch_bytes,
     estimate_overhead,
 )
-from exporter.vllm_version import VllmVersion
+from exporter.vllm.version import VllmVersion
 
 V011, V019, V021 = VllmVersion(0, 11), VllmVersion(0, 19), VllmVersion(0, 21)
 

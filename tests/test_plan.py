@@ -1,4 +1,4 @@
-"""Specification of `vllm-headroom plan` (exporter.plan) through the real CLI entry point."""
+"""Specification of `vllm-headroom plan` (exporter.cli.plan) through the real CLI entry point."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import main
+from exporter.cli.main import main
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 WORKED = [

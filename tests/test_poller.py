@@ -11,17 +11,17 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import SourceError
-from exporter.poller import TargetPoller
-from exporter.views import PredictionView, TargetInfo
-from exporter.vllm_client import VllmClient
-from exporter.vllm_metrics import parse_vllm_metrics
+from exporter.service.poller import TargetPoller
+from exporter.vllm.client import VllmClient
+from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from exporter.snapshot import VllmSnapshot
-    from exporter.views import GpuMemoryView
+    from exporter.core.snapshot import VllmSnapshot
+    from exporter.core.views import GpuMemoryView
 
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
 AFTER_LOAD = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
@@ -273,7 +273,7 @@ def test_the_bearer_token_is_sent_and_never_exposed() -> None:
 
 def test_models_document_shapes_are_checked() -> None:
     """A /v1/models answer without a model is an invalid response, not a crash."""
-    from exporter.vllm_client import parse_models
+    from exporter.vllm.client import parse_models
 
     with pytest.raises(SourceError) as caught:
         parse_models(json.loads('{"data": []}'))

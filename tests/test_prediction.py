@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from exporter.core.snapshot import CacheConfig, EngineMetrics, VllmSnapshot
+from exporter.core.views import GpuMemoryView, TargetInfo
 from exporter.errors import UsageError
-from exporter.prediction import ModelPredictor
-from exporter.snapshot import CacheConfig, EngineMetrics, VllmSnapshot
-from exporter.views import GpuMemoryView, TargetInfo
-from exporter.vllm_metrics import parse_vllm_metrics
+from exporter.sizing.predictor import ModelPredictor
+from exporter.vllm.metrics import parse_vllm_metrics
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"

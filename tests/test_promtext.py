@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.errors import ParseError
-from exporter.promtext import SUFFIXES, Exposition, parse_exposition, wanted_families
+from exporter.vllm.promtext import SUFFIXES, Exposition, parse_exposition, wanted_families
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from exporter.promtext import Sample, WantedFamilies
+    from exporter.vllm.promtext import Sample, WantedFamilies
 
 
 def _flat(exposition: Exposition) -> list[tuple[str, dict[str, str], float, float | None]]:

@@ -11,13 +11,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.serve import Components, serve, server_url
-from exporter.settings import load_settings
+from exporter.service.app import Components, serve, server_url
+from exporter.service.settings import load_settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from exporter.httpserver import ExporterServer
+    from exporter.service.httpserver import ExporterServer
     from tests.conftest import StaticVllm
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from exporter.errors import UsageError
-from exporter.settings import DEFAULT_PORT, Mode, load_settings
+from exporter.service.settings import DEFAULT_PORT, Mode, load_settings
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -106,7 +106,7 @@ def test_docs_configuration_md_is_generated_from_the_settings() -> None:
     """docs/configuration.md lists every setting as `make docs` generates it."""
     from pathlib import Path
 
-    from exporter.settings import render_configuration_markdown
+    from exporter.service.settings import render_configuration_markdown
 
     docs = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
     assert docs.read_text() == render_configuration_markdown()
@@ -117,8 +117,8 @@ def test_every_flag_names_a_setting_and_serve_help_lists_it() -> None:
     import contextlib
     import io
 
-    from exporter.cli import main
-    from exporter.settings import FLAGS, Settings, env_name
+    from exporter.cli.main import main
+    from exporter.service.settings import FLAGS, Settings, env_name
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.errors import UsageError
 from exporter.sim.engine import Simulation
 from exporter.sim.scenario import default_scenario
-from exporter.sim_server import SIM_VERSION, SimServer, SimServerError
+from exporter.sim.server import SIM_VERSION, SimServer, SimServerError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -1,4 +1,4 @@
-"""Specification of the sizing model (exporter.sizing), worked examples and properties."""
+"""Specification of the sizing model (exporter.sizing.model), worked examples and properties."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.errors import UnsupportedModelError, UsageError
-from exporter.modelconfig import load_model_arch
-from exporter.sizing import (
+from exporter.sizing.model import (
     Declined,
     Deployment,
     MlaDims,
@@ -24,7 +23,8 @@ from exporter.sizing import (
     size_deployment,
     utilization_needed,
 )
-from exporter.vllm_version import VllmVersion
+from exporter.sizing.modelconfig import load_model_arch
+from exporter.vllm.version import VllmVersion
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 GB = 10**9

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from exporter.modelconfig import parse_model_config
-from exporter.sizing import Deployment, SizingResult, size_deployment
-from exporter.vllm_version import parse_vllm_version
+from exporter.sizing.model import Deployment, SizingResult, size_deployment
+from exporter.sizing.modelconfig import parse_model_config
+from exporter.vllm.version import parse_vllm_version
 
 CASES = Path(__file__).parent / "fixtures" / "vllm-cpu" / "architectures"
 SUMMARY: dict[str, Any] = json.loads((CASES / "summary.json").read_text())

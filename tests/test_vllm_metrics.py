@@ -22,9 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.core.snapshot import Histogram, VllmSnapshot
 from exporter.errors import ParseError
-from exporter.snapshot import Histogram, VllmSnapshot
-from exporter.vllm_metrics import CardinalityLimits, guess_vllm_version, parse_vllm_metrics
+from exporter.vllm.metrics import CardinalityLimits, parse_vllm_metrics
+from exporter.vllm.version import guess_vllm_version
 
 CAPTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vllm-metrics"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "vllm-metrics"

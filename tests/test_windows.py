@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.snapshot import Histogram
-from exporter.windows import (
+from exporter.core.snapshot import Histogram
+from exporter.core.windows import (
     BucketCounts,
     bucket_quantile,
     counter_increase,

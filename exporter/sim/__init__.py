@@ -7,7 +7,7 @@
 - :mod:`exporter.sim.families`: vLLM 0.32.0's metric families (names, HELP, buckets).
 - :mod:`exporter.sim.exposition`: renders the engine's metrics as vLLM's ``/metrics`` text.
 
-The HTTP server that serves it in real time is :mod:`exporter.sim_server`. Typical use::
+The HTTP server that serves it in real time is :mod:`exporter.sim.server`. Typical use::
 
     sim = Simulation(default_scenario(), seed=0)
     sim.advance_to(90.0)                      # simulated seconds

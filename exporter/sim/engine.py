@@ -46,11 +46,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.core.snapshot import Histogram
 from exporter.sim import families
 from exporter.sim.scenario import num_gpu_blocks, validate
 from exporter.sim.timing import step_duration_s
 from exporter.sim.traffic import ArrivalSource
-from exporter.snapshot import Histogram
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -33,9 +33,9 @@ from exporter.sim.scenario import (
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
+    from exporter.core.snapshot import Histogram
     from exporter.sim.engine import SimMetrics
     from exporter.sim.scenario import Scenario
-    from exporter.snapshot import Histogram
 
 _MFU_FAMILIES = (
     (

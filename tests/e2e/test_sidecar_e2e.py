@@ -43,7 +43,7 @@ from harness import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.metricdefs import METRICS, Scope
+from exporter.service.metricdefs import METRICS, Scope
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

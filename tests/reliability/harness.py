@@ -289,8 +289,8 @@ class InProcessExporter:
         import asyncio
         import threading
 
-        from exporter.serve import serve, server_url
-        from exporter.settings import load_settings
+        from exporter.service.app import serve, server_url
+        from exporter.service.settings import load_settings
 
         self.settings = load_settings({"listen_address": "127.0.0.1", "port": 0, **overrides})
         started = threading.Event()
@@ -366,9 +366,9 @@ def mock_vllm_poller(**kwargs: object) -> tuple[object, Callable[[], object]]:
     """
     import asyncio
 
-    from exporter.poller import TargetPoller
-    from exporter.vllm_client import VllmClient
-    from exporter.vllm_metrics import parse_vllm_metrics
+    from exporter.service.poller import TargetPoller
+    from exporter.vllm.client import VllmClient
+    from exporter.vllm.metrics import parse_vllm_metrics
 
     from .faultserver import VllmState, render_metrics, render_models
 

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.allowlist import never_probed
+from exporter.service.allowlist import never_probed
 
 from .faultserver import Fault, FaultyVllm
 from .harness import ExporterProcess, Stats, quiet_stats, reset_peak_rss

@@ -2,7 +2,7 @@
 
 The line names the setting and what to do, the exit code is 2, and there is no traceback,
 whether the value comes from a ``HEADROOM_*`` variable or a command-line flag. ``CASES`` has at
-least one bad value for every field of :class:`~exporter.settings.Settings` (a test keeps it
+least one bad value for every field of :class:`~exporter.service.settings.Settings` (a test keeps it
 complete when a setting is added); each runs through ``exporter.cli.main`` in this process, and
 a sample also through the real ``vllm-headroom serve`` process.
 """
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import exporter.serve
-from exporter.cli import main
-from exporter.settings import FLAGS, Settings, env_name
+import exporter.cli.serve
+from exporter.cli.main import main
+from exporter.service.settings import FLAGS, Settings, env_name
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -98,7 +98,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     # serve's run() configures structlog for the process; here the process is pytest's.
-    monkeypatch.setattr(exporter.serve, "configure_logging", lambda **_: None)
+    monkeypatch.setattr(exporter.cli.serve, "configure_logging", lambda **_: None)
 
 
 def run_main(argv: list[str]) -> int:
@@ -199,7 +199,7 @@ def test_a_secret_file_with_a_trailing_newline_is_trimmed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`echo token > HEADROOM_BEARER_TOKEN` works: the newline is not part of the header."""
-    from exporter.settings import load_settings
+    from exporter.service.settings import load_settings
 
     monkeypatch.setenv("HEADROOM_BEARER_TOKEN", "s3cret\n")
     token = load_settings().bearer_token

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.prediction import ModelPredictor
-from exporter.views import PredictionView, TargetInfo, TargetView
+from exporter.core.views import PredictionView, TargetInfo, TargetView
+from exporter.sizing.predictor import ModelPredictor
 
 from .faultserver import FaultyVllm, VllmState
 from .harness import ExporterProcess, Scrape, mock_vllm_poller
@@ -33,9 +33,9 @@ from .harness import ExporterProcess, Scrape, mock_vllm_poller
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
+    from exporter.core.snapshot import VllmSnapshot
+    from exporter.core.views import GpuMemoryView
     from exporter.errors import SourceError
-    from exporter.snapshot import VllmSnapshot
-    from exporter.views import GpuMemoryView
 
     from .conftest import Figures
 

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import pynvml
 import pytest
 
-from exporter.gpu import IndexSelector, NvmlGpuReader
-from exporter.gpusource import NvmlGpuSource
-from exporter.serve import Components
-from exporter.views import TargetView
+from exporter.core.views import TargetView
+from exporter.gpu.model import IndexSelector
+from exporter.gpu.nvml import NvmlGpuReader
+from exporter.gpu.source import NvmlGpuSource
+from exporter.service.app import Components
 
 from .harness import InProcessExporter, Scrape, mock_vllm_poller
 
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from exporter.core.views import GpuMemoryView
     from exporter.errors import SourceError
-    from exporter.poller import GpuSource
-    from exporter.settings import Settings
-    from exporter.views import GpuMemoryView
+    from exporter.service.poller import GpuSource
+    from exporter.service.settings import Settings
 
     from .conftest import Figures
     from .faultserver import FaultyVllm

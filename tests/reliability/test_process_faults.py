@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.poller import TargetPoller
-from exporter.views import TargetView
+from exporter.core.views import TargetView
+from exporter.service.poller import TargetPoller
 
 from .faultserver import Fault
 from .harness import ExporterProcess, mock_vllm_poller, quiet_stats
@@ -20,9 +20,9 @@ from .harness import ExporterProcess, mock_vllm_poller, quiet_stats
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from exporter.core.snapshot import VllmSnapshot
+    from exporter.core.views import GpuMemoryView, PredictionView, TargetInfo
     from exporter.errors import SourceError
-    from exporter.snapshot import VllmSnapshot
-    from exporter.views import GpuMemoryView, PredictionView, TargetInfo
 
     from .conftest import Figures
     from .faultserver import FaultyVllm

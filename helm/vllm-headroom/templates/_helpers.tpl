@@ -76,7 +76,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/*
-One allowlist entry checked as exporter/allowlist.py parses it; renders "" when valid, else why.
+One allowlist entry checked as exporter/service/allowlist.py parses it; renders "" when valid, else why.
 Entries: CIDR networks, IP addresses, host names or *.suffix patterns, each with an optional
 :PORT ([IPv6]:PORT for IPv6).
 */}}

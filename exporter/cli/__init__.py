@@ -1,0 +1,1 @@
+"""Who drives it: the ``vllm-headroom`` command line, one module per command."""

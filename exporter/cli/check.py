@@ -1,0 +1,320 @@
+"""``vllm-headroom check``: one-shot analysis of a live vLLM or a saved ``/metrics`` capture.
+
+The same parsing, derivation and prediction as the sidecar, over a single sample: capacity,
+tokens in use, queue, preemptions and context quantiles since vLLM started, and what the
+sizing model predicts. ``--json`` prints one object with stable keys (``docs/cli.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from exporter.core.derive import Sample, WindowSettings, derive_target
+from exporter.core.views import PredictionView, TargetInfo
+from exporter.errors import ParseError, SourceError, UsageError
+from exporter.sizing.catalog import find_gpu
+from exporter.sizing.overhead import GIB
+from exporter.sizing.predictor import ModelPredictor
+from exporter.vllm.client import VllmClient
+from exporter.vllm.metrics import parse_vllm_metrics
+from exporter.vllm.version import guess_vllm_version
+
+if TYPE_CHECKING:
+    import argparse
+
+    from exporter.core.derive import EngineDerived
+    from exporter.core.snapshot import VllmSnapshot
+
+#: Largest capture or payload ``check`` reads.
+MAX_BYTES = 64 * 1024 * 1024
+
+
+NAME = "check"
+HELP = "analyse a running vLLM (URL) or a saved /metrics capture (FILE) once"
+DESCRIPTION = (
+    "Read one vLLM /metrics payload, from a running server or a saved file, and report "
+    "capacity, usage, queue, preemptions, context lengths since vLLM started, and what "
+    "the sizing model predicts."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``check``."""
+    parser.add_argument("source", metavar="URL|FILE", help="vLLM base URL, or a /metrics file")
+    parser.add_argument("--model", help="model directory, config.json, cached HF id or name")
+    parser.add_argument("--hf-home", help="Hugging Face cache root")
+    parser.add_argument("--gpu", help="GPU name from the catalogue (e.g. H100), for the prediction")
+    parser.add_argument("--gpu-mem-gib", type=float, help="CUDA-visible memory of one GPU in GiB")
+    parser.add_argument("--tp", type=int, help="vLLM --tensor-parallel-size (default 1)")
+    parser.add_argument("--pp", type=int, help="vLLM --pipeline-parallel-size (default 1)")
+    parser.add_argument("--max-model-len", type=int, help="vLLM --max-model-len (files only)")
+    parser.add_argument("--vllm-version", help="vLLM version (files only; URLs ask /version)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """Everything ``check`` found, as plain data."""
+
+    source: str
+    snapshot: VllmSnapshot
+    info: TargetInfo
+    engines: tuple[EngineDerived, ...]
+    prediction: PredictionView
+
+
+def analyse(
+    snapshot: VllmSnapshot, *, source: str, info: TargetInfo, prediction: PredictionView
+) -> CheckReport:
+    """Derive the one-sample figures of a snapshot (pure)."""
+    derived = derive_target(
+        [Sample(0.0, snapshot)],
+        windows=WindowSettings(),
+        predicted_capacity_tokens=prediction.capacity_tokens,
+        max_model_len=info.max_model_len,
+    )
+    return CheckReport(source, snapshot, info, derived.engines, prediction)
+
+
+def _total(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def to_json(report: CheckReport) -> dict[str, Any]:
+    """The ``--json`` object (stable keys; absent figures are ``null``)."""
+    engines = report.engines
+    metrics = report.snapshot.engines
+    engine_objects = []
+    for e in engines:
+        raw = metrics[e.engine]
+        context = e.context
+        engine_objects.append(
+            {
+                "engine": e.engine,
+                "model_name": e.model_name,
+                "kv_capacity_tokens": e.kv_capacity_tokens,
+                "kv_capacity_predicted_tokens": e.kv_capacity_predicted_tokens,
+                "kv_capacity_error_ratio": e.kv_capacity_error_ratio,
+                "kv_blocks": e.kv_blocks,
+                "kv_block_size_tokens": e.kv_block_size_tokens,
+                "kv_usable_tokens": e.kv_usable_tokens,
+                "kv_tokens_used": e.kv_used_tokens,
+                "kv_tokens_free": e.kv_free_tokens,
+                "kv_usage_ratio": e.kv_usage_ratio,
+                "num_requests_running": e.requests_running,
+                "num_requests_waiting": e.requests_waiting,
+                "num_requests_waiting_by_reason": dict(e.requests_waiting_by_reason),
+                "num_preemptions": raw.preemptions_total,
+                "num_requests_finished": raw.requests_finished_total,
+                "context_tokens": (
+                    {
+                        "p50": context.quantiles.get(0.5),
+                        "p95": context.quantiles.get(0.95),
+                        "p99": context.quantiles.get(0.99),
+                        "mean": context.mean,
+                    }
+                    if context is not None
+                    else None
+                ),
+                "p95_ceiling_sequences": e.p95_ceiling_sequences,
+                "mean_ceiling_sequences": e.mean_ceiling_sequences,
+                "p95_available_sequences": e.p95_available_sequences,
+            }
+        )
+    p = report.prediction
+    return {
+        "source": report.source,
+        "vllm_version": report.info.vllm_version,
+        "vllm_version_guess": guess_vllm_version(report.snapshot),
+        "model": report.info.model_id,
+        "max_model_len": report.info.max_model_len,
+        "kv_capacity_tokens": _total([e.kv_capacity_tokens for e in engines]),
+        "kv_tokens_used": _total([e.kv_used_tokens for e in engines]),
+        "num_requests_running": _total([e.requests_running for e in engines]),
+        "num_requests_waiting": _total([e.requests_waiting for e in engines]),
+        "num_preemptions": _total([metrics[e.engine].preemptions_total for e in engines]),
+        "engines": engine_objects,
+        "prediction": {
+            "state": p.state,
+            "message": p.message,
+            "bytes_per_token": p.bytes_per_token,
+            "weights_bytes": p.weights_bytes,
+            "overhead_bytes": p.overhead_bytes,
+            "kv_budget_bytes": p.kv_budget_bytes,
+            "kv_capacity_tokens": p.capacity_tokens,
+            "inputs": dict(p.info),
+        },
+    }
+
+
+def _fmt(value: float | None, unit: str = "", *, digits: int = 0) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:,.{digits}f}"
+    return f"{text} {unit}".rstrip()
+
+
+def render(report: CheckReport) -> str:
+    """The human report: one block per engine, then the prediction."""
+    data = to_json(report)
+    lines = [
+        f"{report.source}",
+        f"  model {data['model'] or 'unknown'}, vLLM {data['vllm_version'] or 'unknown'} "
+        f"(metrics look like {data['vllm_version_guess']})",
+        "",
+    ]
+    for e in report.engines:
+        raw = report.snapshot.engines[e.engine]
+        lines.append(f"engine {e.engine} ({e.model_name or 'unnamed'})")
+        usage = f"{e.kv_usage_ratio:.1%}" if e.kv_usage_ratio is not None else "n/a"
+        lines += [
+            f"  KV capacity            {_fmt(e.kv_capacity_tokens, 'tokens')}"
+            f" ({_fmt(e.kv_blocks, 'blocks')} of {_fmt(e.kv_block_size_tokens)}, usable "
+            f"{_fmt(e.kv_usable_tokens)})",
+            f"  in use                 {_fmt(e.kv_used_tokens, 'tokens')} ({usage}),"
+            f" free {_fmt(e.kv_free_tokens, 'tokens')}",
+            f"  requests               {_fmt(e.requests_running)} running,"
+            f" {_fmt(e.requests_waiting)} waiting",
+            f"  preemptions            {_fmt(raw.preemptions_total)} since start,"
+            f" {_fmt(raw.requests_finished_total)} requests finished",
+        ]
+        if e.context is not None:
+            q = e.context.quantiles
+            lines.append(
+                f"  context since start    p50 {_fmt(q.get(0.5))}, p95 {_fmt(q.get(0.95))},"
+                f" p99 {_fmt(q.get(0.99))}, mean {_fmt(e.context.mean)} tokens"
+            )
+            lines.append(
+                f"  sequences that fit     {_fmt(e.p95_ceiling_sequences)} at p95,"
+                f" {_fmt(e.mean_ceiling_sequences)} at mean; {_fmt(e.p95_available_sequences)}"
+                " more p95 sequences fit now"
+            )
+        else:
+            lines.append("  context since start    no finished requests yet")
+        if e.kv_capacity_error_ratio is not None:
+            lines.append(
+                f"  predicted capacity     {_fmt(e.kv_capacity_predicted_tokens, 'tokens')}"
+                f" ({e.kv_capacity_error_ratio:+.1%} against vLLM's)"
+            )
+        lines.append("")
+    p = report.prediction
+    if p.state == "ok":
+        lines.append(
+            f"prediction: {_fmt(p.bytes_per_token, 'bytes')} per token per GPU, weights "
+            f"{_fmt((p.weights_bytes or 0) / GIB, 'GiB', digits=2)}, overhead "
+            f"{_fmt((p.overhead_bytes or 0) / GIB, 'GiB', digits=2)}, KV budget "
+            f"{_fmt((p.kv_budget_bytes or 0) / GIB, 'GiB', digits=2)}"
+        )
+    else:
+        lines.append(f"prediction: unavailable ({p.state}) {p.message}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+async def _fetch(url: str, timeout: float) -> tuple[bytes, TargetInfo, list[str]]:
+    """Read /metrics, /v1/models and /version; the last two may fail (noted, not fatal)."""
+    notes: list[str] = []
+    async with httpx.AsyncClient(trust_env=False) as http:
+        client = VllmClient(url, client=http, timeout_seconds=timeout, max_bytes=MAX_BYTES)
+        try:
+            payload = await client.fetch_metrics()
+        except SourceError as exc:
+            msg = f"cannot read {url}/metrics ({exc.reason}): is vLLM running there?"
+            raise UsageError(msg) from None
+        model_id = root = version = None
+        max_len = None
+        try:
+            models = await client.fetch_models()
+            model_id, root, max_len = models.model_id, models.root, models.max_model_len
+        except SourceError as exc:
+            notes.append(f"/v1/models: {exc}")
+        try:
+            version = await client.fetch_version()
+        except SourceError as exc:
+            notes.append(f"/version: {exc}")
+    return payload, TargetInfo(model_id, root, max_len, version), notes
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            msg = f"{path} is larger than {MAX_BYTES // 2**20} MiB; is it a /metrics capture?"
+            raise UsageError(msg)
+        return path.read_bytes()
+    except OSError as exc:
+        msg = f"cannot read {path}: {exc.strerror or exc}; give a vLLM URL or a /metrics file"
+        raise UsageError(msg) from None
+
+
+def _read_source(args: argparse.Namespace) -> tuple[VllmSnapshot, TargetInfo, list[str]]:
+    """The parsed payload and target facts of a URL or a file (UsageError when unusable)."""
+    source: str = args.source
+    notes: list[str] = []
+    if _is_url(source):
+        payload, info, notes = asyncio.run(_fetch(source.rstrip("/"), args.timeout))
+        if args.max_model_len:
+            info = TargetInfo(info.model_id, info.model_root, args.max_model_len, info.vllm_version)
+    else:
+        payload = _read_file(Path(source))
+        info = TargetInfo(args.model, args.model, args.max_model_len, args.vllm_version)
+    try:
+        snapshot = parse_vllm_metrics(payload)
+    except ParseError as exc:
+        raise UsageError(f"{source}: {exc}") from None
+    if not snapshot.engines:
+        msg = f"{source} has no vLLM metrics (no vllm: series); is it a vLLM /metrics payload?"
+        raise UsageError(msg)
+    return snapshot, info, notes
+
+
+def _predict(
+    args: argparse.Namespace, snapshot: VllmSnapshot, info: TargetInfo, notes: list[str]
+) -> PredictionView:
+    """The sizing model's view of the target, from the flags and what vLLM said."""
+    if not (args.model or info.model_root or info.model_id):
+        return PredictionView(
+            state="model_not_found", message="give --model to compare with a prediction"
+        )
+    gpu_bytes = None
+    if args.gpu:
+        gpu_bytes = find_gpu(args.gpu).memory_bytes
+    elif args.gpu_mem_gib:
+        gpu_bytes = int(args.gpu_mem_gib * GIB)
+    predictor = ModelPredictor(
+        model=args.model,
+        hf_home=Path(args.hf_home) if args.hf_home else None,
+        tensor_parallel=args.tp,
+        pipeline_parallel=args.pp,
+        gpu_memory_bytes=gpu_bytes,
+    )
+    failure = predictor.load(info)
+    if failure is not None:
+        notes.append(f"model: {failure}")
+    return predictor.predict(snapshot, info, ())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``check``."""
+    snapshot, info, notes = _read_source(args)
+    prediction = _predict(args, snapshot, info, notes)
+    report = analyse(snapshot, source=args.source, info=info, prediction=prediction)
+    if args.json:
+        json.dump(to_json(report), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(report))
+        for note in notes:
+            sys.stdout.write(f"note: {note}\n")
+    return 0

@@ -1,0 +1,237 @@
+"""``vllm-headroom demo``: the sidecar against a SIMULATED vLLM, with no vLLM and no GPU.
+
+A simulated vLLM V1 engine (``exporter.sim``: paged KV blocks, continuous batching,
+recompute preemption, calm traffic with a burst that overflows the KV cache) serves
+vLLM-format ``/metrics`` on loopback; the real sidecar (``serve``) polls it over HTTP, with a
+simulated GPU standing in for NVML. Everything is labelled a simulation: the model id, the
+vLLM version (``+sim``), the GPU's name and the console lines. The demo prints the derived
+figures as it goes, read back from the sidecar's own ``/metrics`` like Prometheus would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.cli.logsetup import configure_logging
+from exporter.service.app import Components, serve, server_url
+from exporter.service.settings import DEFAULT_PORT, load_settings
+from exporter.sim import Simulation, default_scenario
+from exporter.sim.gpu import simulated_gpu_source
+from exporter.sim.scenario import kv_budget_bytes
+from exporter.sim.server import SimServer
+
+if TYPE_CHECKING:
+    import argparse
+
+    from exporter.service.httpserver import ExporterServer
+
+NAME = "demo"
+HELP = "run the sidecar against a built-in SIMULATED vLLM (no vLLM, no GPU needed)"
+DESCRIPTION = (
+    "Start a simulated vLLM engine (Llama-3.1-8B-like on one simulated H100, calm "
+    "traffic with a burst that causes preemptions) and the vllm-headroom sidecar "
+    "polling it over HTTP. Open the sidecar's /metrics while it runs. Nothing here "
+    "is a real vLLM or a real GPU."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``demo``."""
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"sidecar port (default {DEFAULT_PORT})"
+    )
+    parser.add_argument(
+        "--listen-address", default="127.0.0.1", help="sidecar address (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="simulated seconds per real second (default 1; the burst starts at 60 s simulated)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        help="stop after this many real seconds (default: run until Ctrl-C)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="traffic seed (default 0)")
+    parser.add_argument(
+        "--every", type=float, default=10.0, help="print a status line every N seconds"
+    )
+
+
+@dataclass(slots=True)
+class DemoTally:
+    """What the demo saw, for the closing summary."""
+
+    max_preemptions_per_second: float = 0.0
+    min_available_sequences: float | None = None
+    max_waiting: float = 0.0
+    lines: list[str] = field(default_factory=list)
+
+
+def read_status(text: str) -> dict[str, float]:
+    """The headline figures of the sidecar's exposition (engine "0"), by short name."""
+    wanted = {
+        "headroom_kv_capacity_tokens": "capacity",
+        "headroom_kv_capacity_predicted_tokens": "predicted",
+        "headroom_kv_used_tokens": "used",
+        "headroom_kv_usable_tokens": "usable",
+        "headroom_context_length_p95_tokens": "p95",
+        "headroom_p95_ceiling_sequences": "ceiling",
+        "headroom_p95_available_sequences": "available",
+        "headroom_preemptions_per_second": "preemptions",
+        "headroom_requests_running": "running",
+        "headroom_requests_waiting": "waiting",
+    }
+    status: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        short = wanted.get(family.name)
+        for sample in family.samples:
+            if short and sample.labels.get("engine") == "0":
+                status[short] = sample.value
+    return status
+
+
+def status_line(elapsed: float, speed: float, status: dict[str, float]) -> str:
+    """One console line of the demo (labelled a simulation)."""
+
+    def get(key: str) -> str:
+        value = status.get(key)
+        return "-" if value is None else f"{value:,.0f}"
+
+    rate = status.get("preemptions")
+    # The sidecar measures real seconds; the simulation runs `speed` times faster.
+    per_sim_second = None if rate is None else rate / speed
+    return (
+        f"[simulation t={elapsed * speed:6.0f}s] running {get('running'):>4} waiting "
+        f"{get('waiting'):>4} | KV {get('used'):>8}/{get('usable')} tokens | p95 context "
+        f"{get('p95'):>6} | headroom {get('available'):>4}/{get('ceiling')} p95 sequences | "
+        f"preemptions/s {'-' if per_sim_second is None else f'{per_sim_second:.2f}'}"
+    )
+
+
+async def _report(
+    url: str, *, every: float, speed: float, tally: DemoTally, stop: asyncio.Event
+) -> None:
+    started = time.monotonic()
+    async with httpx.AsyncClient(trust_env=False) as http:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every)
+            try:
+                text = (await http.get(f"{url}/metrics", timeout=5)).text
+            except httpx.HTTPError:
+                continue
+            status = read_status(text)
+            line = status_line(time.monotonic() - started, speed, status)
+            tally.lines.append(line)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            tally.max_preemptions_per_second = max(
+                tally.max_preemptions_per_second, status.get("preemptions", 0.0) / speed
+            )
+            tally.max_waiting = max(tally.max_waiting, status.get("waiting", 0.0))
+            available = status.get("available")
+            if available is not None:
+                low = tally.min_available_sequences
+                tally.min_available_sequences = available if low is None else min(low, available)
+
+
+async def demo(
+    *,
+    port: int,
+    listen_address: str,
+    speed: float,
+    duration: float,
+    seed: int,
+    every: float,
+) -> int:
+    """Run the simulation and the sidecar until Ctrl-C or ``duration``; return the exit code."""
+    scenario = default_scenario()
+    simulation = Simulation(scenario, seed=seed)
+    sim = SimServer(simulation, speed=speed)
+    sim_url = sim.start("127.0.0.1", 0)
+    # The windows and the poll cadence follow simulated time, so the figures read as on a real
+    # server whatever the speed.
+    poll = max(0.5, 5.0 / speed)
+    settings = load_settings(
+        {
+            "target": sim_url,
+            "port": port,
+            "listen_address": listen_address,
+            "poll_interval_seconds": poll,
+            "poll_timeout_seconds": min(poll, 3.0),
+            "context_window_seconds": max(10.0, 600.0 / speed),
+            "rate_window_seconds": max(poll * 2, 60.0 / speed),
+        }
+    )
+    stop = asyncio.Event()
+    tally = DemoTally()
+    reporter: asyncio.Task[None] | None = None
+
+    def started(server: ExporterServer) -> None:
+        nonlocal reporter
+        url = server_url(server)
+        budget = kv_budget_bytes(scenario) / 1024**3
+        sys.stdout.write(
+            "vllm-headroom demo: a SIMULATED vLLM (no real vLLM, no real GPU)\n"
+            f"  simulated vLLM  {sim_url}  (model simulated/llama-3.1-8b on a simulated "
+            f"H100, KV budget {budget:.1f} GiB, speed x{speed:g})\n"
+            f"  sidecar         {url}/metrics   (landing page {url}/)\n"
+            "  the simulated traffic bursts at 60 s and overflows the KV cache: watch the\n"
+            "  headroom fall and preemptions rise, e.g.\n"
+            f"    curl -s {url}/metrics | grep -E 'headroom_(p95|preemptions|kv_used)'\n"
+            "  Ctrl-C stops it.\n"
+        )
+        sys.stdout.flush()
+        reporter = asyncio.create_task(
+            _report(url, every=every, speed=speed, tally=tally, stop=stop)
+        )
+
+    if duration > 0:
+        asyncio.get_running_loop().call_later(duration, stop.set)
+    try:
+        code = await serve(
+            settings,
+            components=Components(gpu_source=lambda _s: simulated_gpu_source(scenario)),
+            started=started,
+            stop=stop,
+        )
+    finally:
+        stop.set()
+        if reporter is not None:
+            await reporter
+        sim.stop()
+    low = tally.min_available_sequences
+    sys.stdout.write(
+        "demo finished (simulation): highest preemption rate "
+        f"{tally.max_preemptions_per_second:.2f}/s, most requests waiting "
+        f"{tally.max_waiting:.0f}, lowest headroom "
+        f"{'-' if low is None else f'{low:.0f}'} p95 sequences\n"
+    )
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``demo``."""
+    configure_logging(level="warning", fmt="console" if sys.stderr.isatty() else "json")
+    return asyncio.run(
+        demo(
+            port=args.port,
+            listen_address=args.listen_address,
+            speed=args.speed,
+            duration=args.duration,
+            seed=args.seed,
+            every=args.every,
+        )
+    )

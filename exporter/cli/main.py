@@ -1,0 +1,102 @@
+"""The ``vllm-headroom`` command line: one subcommand per module, errors as one line.
+
+Each subcommand lives in its own module (``plan``, ``check``, ``serve``, ``demo`` beside this one),
+which exposes ``NAME``, ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and
+``run(args) -> int``. This module is the frame: it builds the parsers (whose errors are one
+line), wires the commands in, and turns :class:`~exporter.errors.UsageError` into one line on
+stderr and exit code 2. Command modules never import it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, NoReturn, Protocol
+
+from exporter import __version__
+from exporter.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+PROG = "vllm-headroom"
+
+#: Exit code for bad input (flags, settings, files), as argparse uses it.
+EXIT_USAGE = 2
+
+
+class _CommandModule(Protocol):
+    NAME: str
+    HELP: str
+    DESCRIPTION: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the problem and pointing at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message (see prog --help)`` and exit with code 2."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _command_modules() -> list[_CommandModule]:
+    # Imported here so that `vllm-headroom --version` does not pay for every subcommand.
+    from exporter.cli import check, demo, plan, serve  # noqa: PLC0415 (lazy on purpose, see above)
+
+    return [plan, check, serve, demo]
+
+
+def build_parser() -> OneLineParser:
+    """Build the top-level parser with every subcommand registered."""
+    parser = OneLineParser(
+        prog=PROG,
+        description=(
+            "KV-cache capacity and real-traffic headroom for vLLM: plan a deployment, check a "
+            "running server, or serve derived gauges as a Prometheus exporter."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    subparsers = parser.add_subparsers(
+        title="commands", metavar="COMMAND", parser_class=OneLineParser
+    )
+    for module in _command_modules():
+        command = subparsers.add_parser(
+            module.NAME, help=module.HELP, description=module.DESCRIPTION
+        )
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        code: int = run(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `vllm-headroom plan --json | head`: the reader left; that is not an error of ours.
+        _silence_stdout()
+        return 141
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    import os  # noqa: PLC0415 - only on this rare path
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,413 @@
+"""``vllm-headroom plan``: size a vLLM deployment before starting it.
+
+Shows the whole chain from GPU memory to concurrent sequences, then what-ifs (FP8 KV cache,
+utilization up and down a step, TP x2, the next larger GPU, other ``--max-model-len`` values).
+``--json`` prints one object whose keys are documented in ``docs/sizing.md``. The arithmetic is
+:mod:`exporter.sizing.model`; this module parses flags, resolves names and renders.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from exporter.errors import ModelConfigError, UsageError
+from exporter.sizing.catalog import (
+    find_gpu,
+    find_model,
+    gpus,
+    models,
+    unknown_model_error,
+)
+from exporter.sizing.model import (
+    Deployment,
+    MlaDims,
+    ModelArch,
+    SizingResult,
+    require_sized,
+    size_deployment,
+)
+from exporter.sizing.modelconfig import load_model_arch, model_weights_bytes, resolve_config_path
+from exporter.sizing.overhead import GIB
+from exporter.sizing.plan import what_ifs, what_it_needs
+from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
+
+if TYPE_CHECKING:
+    import argparse
+
+
+GB = 10**9
+DEFAULT_CONTEXTS = (2000, 8000)
+_SHAPE_FLAGS = ("layers", "kv_heads", "head_dim", "params_b")
+
+
+NAME = "plan"
+HELP = "size a deployment: KV bytes per token, budget, blocks, sequences, what-ifs"
+DESCRIPTION = __doc__.splitlines()[0] if __doc__ else ""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``plan``."""
+    model = parser.add_argument_group("model (a name, hub id or path; or the explicit shape)")
+    model.add_argument("--model", help="catalogue name, cached Hugging Face id, or model path")
+    model.add_argument("--layers", type=int, help="number of decoder layers")
+    model.add_argument("--kv-heads", type=int, help="KV heads (= attention heads for MHA)")
+    model.add_argument("--head-dim", type=int, help="head dimension")
+    model.add_argument("--heads", type=int, help="attention heads (default: the KV heads)")
+    model.add_argument("--hidden-size", type=int, help="hidden size (default: heads x head_dim)")
+    model.add_argument("--params-b", type=float, help="parameters in billions (all experts)")
+    model.add_argument("--vocab-size", type=int, help="vocabulary size (drives the sampler)")
+    model.add_argument("--kv-lora-rank", type=int, help="MLA latent rank (DeepSeek: 512)")
+    model.add_argument("--qk-rope-head-dim", type=int, help="MLA RoPE dimension (DeepSeek: 64)")
+    model.add_argument("--quant", help="weight format: fp8, int8, w8a8, awq, gptq, mxfp4...")
+    weights = model.add_mutually_exclusive_group()
+    weights.add_argument("--weights-gib", type=float, help="known checkpoint size, GiB (total)")
+    weights.add_argument("--weights-gb", type=float, help="known checkpoint size, GB (total)")
+    hardware = parser.add_argument_group("hardware and vLLM settings")
+    memory = hardware.add_mutually_exclusive_group()
+    memory.add_argument("--gpu", help="catalogue GPU name (vllm-headroom plan --list-gpus)")
+    memory.add_argument("--gpu-mem-gib", type=float, help="CUDA-visible memory per GPU, GiB")
+    memory.add_argument("--gpu-mem-gb", type=float, help="memory per GPU in GB (10^9 bytes)")
+    hardware.add_argument("--gpu-util", type=float, help="--gpu-memory-utilization")
+    hardware.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    hardware.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    hardware.add_argument("--dtype", default="auto", help="--dtype (auto, bfloat16, float16...)")
+    hardware.add_argument("--kv-dtype", default="auto", help="--kv-cache-dtype (auto, fp8...)")
+    hardware.add_argument("--block-size", type=int, help="--block-size (default 16)")
+    hardware.add_argument("--max-model-len", type=int, help="--max-model-len")
+    hardware.add_argument("--kv-cache-memory-bytes", type=int, help="exact KV budget per GPU")
+    overhead = hardware.add_mutually_exclusive_group()
+    overhead.add_argument("--overhead-gib", type=float, help="overhead per GPU, GiB (override)")
+    overhead.add_argument("--overhead-gb", type=float, help="overhead per GPU, GB (override)")
+    hardware.add_argument("--vllm-version", help=f"vLLM version (default {LATEST_KNOWN})")
+    hardware.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    question = parser.add_argument_group("questions and output")
+    question.add_argument(
+        "--context-tokens",
+        type=int,
+        action="append",
+        help=f"context length to count sequences at (repeatable; default {DEFAULT_CONTEXTS})",
+    )
+    question.add_argument(
+        "--sequences", type=int, help="target sequences: report the utilization and GPU needed"
+    )
+    question.add_argument("--json", action="store_true", help="print one JSON object")
+    question.add_argument("--list-models", action="store_true", help="list catalogue models")
+    question.add_argument("--list-gpus", action="store_true", help="list catalogue GPUs")
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def _explicit_arch(args: argparse.Namespace) -> ModelArch:
+    missing = [
+        f"--{flag.replace('_', '-')}" for flag in _SHAPE_FLAGS if getattr(args, flag) is None
+    ]
+    if missing:
+        raise UsageError(f"give --model, or the whole shape: missing {', '.join(missing)}")
+    mla = None
+    if (args.kv_lora_rank is None) != (args.qk_rope_head_dim is None):
+        raise UsageError("MLA needs both --kv-lora-rank and --qk-rope-head-dim")
+    if args.kv_lora_rank is not None:
+        mla = MlaDims(args.kv_lora_rank, args.qk_rope_head_dim)
+    for flag in ("layers", "kv_heads", "head_dim"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.params_b <= 0:
+        raise UsageError("--params-b must be positive")
+    heads = args.heads or args.kv_heads
+    if heads % args.kv_heads:
+        raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {args.kv_heads}")
+    return ModelArch(
+        name="custom",
+        num_layers=args.layers,
+        num_attention_heads=heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        hidden_size=args.hidden_size or heads * args.head_dim,
+        vocab_size=args.vocab_size,
+        params=round(args.params_b * 1e9),
+        mla=mla,
+    )
+
+
+def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
+    """The architecture from ``--model`` or the explicit flags, and known weights if any."""
+    shape_given = [flag for flag in (*_SHAPE_FLAGS, "kv_lora_rank") if getattr(args, flag)]
+    if args.model is None:
+        return _explicit_arch(args), None
+    if any(flag not in {"params_b", "kv_lora_rank"} for flag in shape_given):
+        raise UsageError("give --model or the explicit shape (--layers...), not both")
+    weights: int | None = None
+    entry = find_model(args.model)
+    if entry is not None:
+        arch = entry.arch()
+    else:
+        try:
+            config = resolve_config_path(args.model)
+        except ModelConfigError as exc:
+            if "not in the local Hugging Face cache" in str(exc) or "no model directory" in str(
+                exc
+            ):
+                raise unknown_model_error(args.model) from None
+            raise
+        arch = load_model_arch(config)
+        arch = replace(arch, name=args.model)
+        weights = model_weights_bytes(config.parent)
+    if args.kv_lora_rank is not None and arch.mla is None:
+        raise UsageError(
+            f"--kv-lora-rank is an MLA field, but {arch.name} uses {arch.attention_kind}"
+        )
+    if args.params_b is not None:
+        arch = replace(arch, params=round(args.params_b * 1e9))
+    if args.vocab_size is not None:
+        arch = replace(arch, vocab_size=args.vocab_size)
+    return arch, weights
+
+
+def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -> Deployment:
+    """The deployment described by the flags."""
+    gpu_name = None
+    if args.gpu is not None:
+        spec = find_gpu(args.gpu)
+        memory, gpu_name = spec.memory_bytes, spec.name.lower()
+    elif args.gpu_mem_gib is not None:
+        memory = int(args.gpu_mem_gib * GIB)
+    elif args.gpu_mem_gb is not None:
+        memory = int(args.gpu_mem_gb * GB)
+    elif args.kv_cache_memory_bytes is not None:
+        memory = 0
+    else:
+        raise UsageError("give --gpu NAME or --gpu-mem-gib (GPU memory per GPU)")
+    if memory < 0:
+        raise UsageError("GPU memory must be positive")
+    weights = known_weights
+    if args.weights_gib is not None:
+        weights = int(args.weights_gib * GIB)
+    elif args.weights_gb is not None:
+        weights = int(args.weights_gb * GB)
+    overhead = None
+    if args.overhead_gib is not None:
+        overhead = int(args.overhead_gib * GIB)
+    elif args.overhead_gb is not None:
+        overhead = int(args.overhead_gb * GB)
+    if overhead is not None and overhead < 0:
+        raise UsageError("the overhead override must not be negative")
+    if weights is not None and weights < 0:
+        raise UsageError("the weights override must not be negative")
+    version = parse_vllm_version(args.vllm_version) if args.vllm_version else LATEST_KNOWN
+    return Deployment(
+        gpu_memory_bytes=memory,
+        vllm_version=version,
+        gpu_memory_utilization=args.gpu_util,
+        tensor_parallel=args.tp,
+        pipeline_parallel=args.pp,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_dtype,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        weights_bytes=weights,
+        overhead_bytes=overhead,
+        quantization=args.quant,
+        gpu_name=gpu_name,
+        enforce_eager=args.enforce_eager,
+    )
+
+
+def _check_fits(result: SizingResult) -> None:
+    if result.fits:
+        return
+    raise UsageError(
+        f"{result.model} does not fit: weights {result.weights_bytes / GIB:.2f} GiB + overhead "
+        f"{result.overhead.total_bytes / GIB:.2f} GiB exceed {result.usable_bytes / GIB:.2f} GiB "
+        f"at utilization {result.gpu_memory_utilization:g} (raise --tp, use a larger GPU, or a "
+        "quantized checkpoint)"
+    )
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def to_json(
+    result: SizingResult,
+    *,
+    contexts: list[int],
+    what_if: list[dict[str, Any]],
+    needs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The stable ``--json`` object (keys documented in docs/sizing.md)."""
+    overhead = result.overhead
+    return {
+        "model": result.model,
+        "attention_kind": result.attention_kind,
+        "vllm_version": str(result.vllm_version),
+        "gpu_memory_bytes": result.gpu_memory_bytes,
+        "gpu_memory_utilization": result.gpu_memory_utilization,
+        "tensor_parallel": result.tensor_parallel,
+        "pipeline_parallel": result.pipeline_parallel,
+        "model_dtype": result.model_dtype,
+        "kv_cache_dtype": result.kv_cache_dtype,
+        "kv_bytes_per_element": result.kv_bytes_per_element,
+        "kv_heads_per_gpu": result.kv_heads_per_gpu,
+        "layers_per_gpu": result.layers_per_gpu,
+        "bytes_per_token": result.bytes_per_token,
+        "block_size": result.block_size,
+        "usable_bytes": result.usable_bytes,
+        "weights_bytes": result.weights_bytes,
+        "overhead_bytes": overhead.total_bytes,
+        "overhead": {
+            "activation_bytes": overhead.activation_bytes,
+            "non_torch_bytes": overhead.non_torch_bytes,
+            "cuda_graph_bytes": overhead.cuda_graph_bytes,
+            "source": overhead.source,
+        },
+        "kv_budget_bytes": result.kv_budget_bytes,
+        "kv_budget_source": result.kv_budget_source,
+        "block_bytes": result.block_bytes,
+        "kv_blocks": result.kv_blocks,
+        "usable_blocks": result.usable_blocks,
+        "kv_capacity_tokens": result.kv_capacity_tokens,
+        "usable_tokens": result.usable_tokens,
+        "max_model_len": result.max_model_len,
+        "max_concurrency": result.max_concurrency,
+        "kv_cache_size_tokens": result.kv_cache_size_tokens,
+        "reported_capacity_tokens": result.reported_capacity_tokens,
+        "max_model_len_fits": result.max_model_len_fits,
+        "kv_cache_groups": [
+            {
+                "kind": group.kind,
+                "window": group.window,
+                "layers": group.num_layers,
+                "blocks_per_max_len_request": group.blocks_per_max_len_request,
+            }
+            for group in result.kv_groups
+        ],
+        "sequences": [
+            {
+                "context_tokens": t,
+                "blocks_per_sequence": result.blocks_per_sequence(t),
+                "sequences": result.sequences_at(t),
+            }
+            for t in contexts
+        ],
+        "needs": needs,
+        "what_if": what_if,
+        "assumptions": list(result.assumptions),
+    }
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:,.2f} GiB"
+
+
+def render(
+    result: SizingResult,
+    *,
+    contexts: list[int],
+    what_if: list[dict[str, Any]],
+    needs: dict[str, Any] | None,
+) -> str:
+    """The human report: the chain, one number per line with its unit, then the what-ifs."""
+    overhead = result.overhead
+    lines = [
+        f"{result.model}: {result.attention_kind}, vLLM {result.vllm_version}, "
+        f"TP {result.tensor_parallel} x PP {result.pipeline_parallel}",
+        "",
+        f"  GPU memory                 {_gib(result.gpu_memory_bytes)} per GPU",
+        f"  x utilization {result.gpu_memory_utilization:<12g} {_gib(result.usable_bytes)}",
+        f"  - weights                  {_gib(result.weights_bytes)} per GPU",
+        f"  - overhead ({overhead.source:<8})      {_gib(overhead.total_bytes)}"
+        f"  (activation {_gib(overhead.activation_bytes)}, non-torch "
+        f"{_gib(overhead.non_torch_bytes)}, CUDA graphs {_gib(overhead.cuda_graph_bytes)})",
+        f"  = KV budget                {_gib(result.kv_budget_bytes)}"
+        + ("  (--kv-cache-memory-bytes)" if result.kv_budget_source != "estimate" else ""),
+        "",
+        f"  KV per token               {result.bytes_per_token:,} bytes "
+        f"({result.layers_per_gpu} layers x {result.kv_heads_per_gpu} KV heads/GPU, "
+        f"{result.kv_bytes_per_element} byte(s) per value, {result.kv_cache_dtype})",
+        f"  block                      {result.block_size} tokens = {result.block_bytes:,} bytes",
+        f"  blocks                     {result.kv_blocks:,} (1 reserved null block)",
+        f"  KV capacity                {result.kv_capacity_tokens:,} tokens "
+        f"({result.usable_tokens:,} usable)",
+        f"  vLLM reports               {result.reported_capacity_tokens:,} tokens "
+        f"(max concurrency {result.max_concurrency:.2f}x at max-model-len "
+        f"{result.max_model_len:,})",
+    ]
+    if len(result.kv_groups) > 1 or result.kv_groups[0].kind != "full":
+        kinds = ", ".join(
+            f"{g.kind}{'/' + str(g.window) if g.window else ''}" for g in result.kv_groups
+        )
+        lines.append(f"  KV-cache groups            {len(result.kv_groups)}: {kinds}")
+    if not result.max_model_len_fits:
+        lines.append(
+            "  warning: one max-model-len request does not fit; vLLM would refuse to start"
+        )
+    lines.append("")
+    for t in contexts:
+        lines.append(
+            f"  sequences of {t:>7,} tokens  {result.sequences_at(t):>8,} "
+            f"({result.blocks_per_sequence(t):,} blocks each, "
+            f"{result.bytes_per_token * t / 2**20:,.0f} MiB of KV each)"
+        )
+    if needs is not None:
+        lines.append("")
+        util = needs["utilization"]
+        gpu = needs["smallest_gpu"]
+        lines.append(
+            f"  for {needs['sequences']:,} sequences of {needs['context_tokens']:,} tokens: "
+            f"utilization {util if util is not None else 'not reachable'}, "
+            f"smallest GPU {gpu or 'none in the catalogue'}"
+        )
+    lines += ["", "  what if                          KV budget     KV tokens   sequences"]
+    for row in what_if:
+        if "error" in row:
+            lines.append(f"  {row['change']:<30} {row['error']}")
+            continue
+        seqs = " / ".join(f"{n:,}" for n in row["sequences"].values())
+        lines.append(
+            f"  {row['change']:<30} {_gib(row['kv_budget_bytes']):>12} "
+            f"{row['kv_capacity_tokens']:>13,}   {seqs}"
+        )
+    for note in result.assumptions:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def _listing() -> str:
+    lines = ["models:"]
+    for entry in models():
+        lines.append(f"  {entry.name:<24} {entry.hf_id or '':<48} {entry.params / 1e9:g}B")
+    lines.append("GPUs:")
+    for gpu in gpus():
+        lines.append(f"  {gpu.name:<12} {_gib(gpu.memory_bytes)}  ({gpu.source})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``plan``: print the report (or JSON); bad input raises UsageError."""
+    if args.list_models or args.list_gpus:
+        print(_listing())
+        return 0
+    contexts = args.context_tokens or list(DEFAULT_CONTEXTS)
+    if any(t < 1 for t in contexts):
+        raise UsageError("--context-tokens must be at least 1")
+    arch, known_weights = resolve_arch(args)
+    deployment = resolve_deployment(args, known_weights=known_weights)
+    result = require_sized(size_deployment(arch, deployment=deployment))
+    _check_fits(result)
+    what_if = what_ifs(arch, deployment, result, contexts)
+    needs = None
+    if args.sequences is not None:
+        needs = what_it_needs(
+            arch, deployment, sequences=args.sequences, context_tokens=contexts[0]
+        )
+    if args.json:
+        payload = to_json(result, contexts=contexts, what_if=what_if, needs=needs)
+        json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render(result, contexts=contexts, what_if=what_if, needs=needs))
+    return 0

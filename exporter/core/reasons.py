@@ -1,0 +1,147 @@
+"""Every bounded word the exporter uses as a label value: sources, reasons, states, outcomes.
+
+Failure is data here: a source that fails says *why* with one of these words, the collector
+exposes each of them from 0 (so that ``rate()`` sees the first failure), and dashboards and
+alerts match on them. Keeping them in one module, as enums, means a new reason cannot be added
+in one place and forgotten in another, and that no free text (an error message, a URL) ever
+becomes a label value.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class Source(StrEnum):
+    """What the exporter reads (``headroom_source_up{source}``)."""
+
+    VLLM_METRICS = "vllm_metrics"
+    VLLM_MODELS = "vllm_models"
+    VLLM_VERSION = "vllm_version"
+    NVML = "nvml"
+    MODEL_CONFIG = "model_config"
+
+
+class HttpReason(StrEnum):
+    """Why reading vLLM over HTTP failed (``exporter.vllm.client`` and the poller)."""
+
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECTION_ERROR = "connection_error"
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+    HTTP_401 = "http_401"
+    HTTP_403 = "http_403"
+    HTTP_404 = "http_404"
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    #: The answer is not a metrics exposition (HTML, JSON), or has no ``vllm:`` series.
+    NOT_METRICS = "not_metrics"
+    #: Not the answer vLLM gives (bad JSON, an unexpected encoding, a missing field).
+    INVALID_RESPONSE = "invalid_response"
+    PARSE_ERROR = "parse_error"
+
+
+class ModelReason(StrEnum):
+    """Why the model's files could not be used for the prediction."""
+
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_CONFIG_INVALID = "model_config_invalid"
+    MODEL_UNSUPPORTED = "model_unsupported"
+
+
+class PredictionState(StrEnum):
+    """``headroom_prediction_state{state}``: the prediction, or why there is none."""
+
+    OK = "ok"
+    WAITING_FOR_TARGET = "waiting_for_target"
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_CONFIG_INVALID = "model_config_invalid"
+    MODEL_UNSUPPORTED = "model_unsupported"
+    NO_GPU_MEMORY = "no_gpu_memory"
+    NO_CACHE_CONFIG = "no_cache_config"
+    DOES_NOT_FIT = "does_not_fit"
+
+
+class ProbeOutcome(StrEnum):
+    """``headroom_probe_requests_total{outcome}``: how a fleet-mode ``/probe`` ended."""
+
+    OK = "ok"
+    BAD_TARGET = "bad_target"
+    DENIED_NOT_IN_ALLOWLIST = "denied_not_in_allowlist"
+    DENIED_FORBIDDEN_ADDRESS = "denied_forbidden_address"
+    TIMEOUT = "timeout"
+
+
+class GpuErrorReason(StrEnum):
+    """Why one GPU (or one call on it) failed."""
+
+    #: No GPU matches the selector (wrong UUID, index out of range, GPU gone from the bus).
+    NOT_FOUND = "not_found"
+    #: NVML says the GPU is lost or needs a reset (fell off the bus, Xid 79...).
+    GPU_LOST = "gpu_lost"
+    NOT_SUPPORTED = "not_supported"
+    NO_PERMISSION = "no_permission"
+    TIMEOUT = "timeout"
+    #: Anything else, including a non-NVML exception from the bindings.
+    CALL_FAILED = "call_failed"
+
+
+class UnavailableReason(StrEnum):
+    """Why NVML as a whole cannot be used."""
+
+    #: The ``pynvml`` module (package ``nvidia-ml-py``) is not importable.
+    MODULE_MISSING = "module_missing"
+    #: ``libnvidia-ml.so.1`` is not there: no driver on the host, or not mounted in the container.
+    LIBRARY_NOT_FOUND = "library_not_found"
+    DRIVER_NOT_LOADED = "driver_not_loaded"
+    #: The user-space library and the kernel driver differ (typically after a driver upgrade).
+    DRIVER_MISMATCH = "driver_mismatch"
+    NO_PERMISSION = "no_permission"
+    #: NVML was shut down under us (another user of the library in this process).
+    UNINITIALIZED = "uninitialized"
+    INIT_FAILED = "init_failed"
+
+
+class VisibilityState(StrEnum):
+    """How the GPUs to watch were decided (``exporter.gpu.visibility``)."""
+
+    #: From settings.
+    EXPLICIT = "explicit"
+    #: From the vLLM process's ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``.
+    FROM_PROCESS = "from_process"
+    #: vLLM sees every GPU of its container (``all``, or neither variable set): which ones
+    #: that is cannot be told from here. Read all only if settings allow it.
+    ALL_GPUS = "all_gpus"
+    #: vLLM is given no GPU (``none``, ``void``, empty, ``-1``).
+    NO_GPUS = "no_gpus"
+    #: No vLLM server process in the process table (no shared process namespace?).
+    VLLM_NOT_FOUND = "vllm_not_found"
+    #: The vLLM process's ``environ`` cannot be read (another UID, or it exited).
+    ENVIRON_UNREADABLE = "environ_unreadable"
+    #: The environment does not say which GPUs unambiguously (see ``detail``).
+    AMBIGUOUS = "ambiguous"
+    #: A variable's value is malformed.
+    INVALID = "invalid"
+
+
+#: Visibility states that mean "nothing can be watched": failures of the ``nvml`` source.
+VISIBILITY_FAILURES: Final = tuple(
+    s for s in VisibilityState if s not in (VisibilityState.EXPLICIT, VisibilityState.FROM_PROCESS)
+)
+
+#: Every reason the ``nvml`` source can fail with.
+NVML_REASONS: Final[tuple[str, ...]] = tuple(
+    dict.fromkeys(
+        [*UnavailableReason, *GpuErrorReason, *VISIBILITY_FAILURES],
+    )
+)
+
+#: Every source and the reasons it can fail with: the error counters start at 0 for each.
+SOURCE_REASONS: Final[dict[str, tuple[str, ...]]] = {
+    Source.VLLM_METRICS: tuple(HttpReason),
+    Source.VLLM_MODELS: tuple(HttpReason),
+    Source.VLLM_VERSION: tuple(HttpReason),
+    Source.NVML: NVML_REASONS,
+    Source.MODEL_CONFIG: tuple(ModelReason),
+}

@@ -1,0 +1,113 @@
+"""Plain data read from one vLLM ``/metrics`` payload, normalised across vLLM versions.
+
+This is the contract between the parser (``exporter.vllm.metrics``), the derivations
+(``exporter.core.derive``), the ``check`` command and the demo's simulated engine. Everything
+here is immutable plain data: no I/O, no clocks, no parsing.
+
+Normalisation rules (see ``docs/metrics.md`` and DESIGN section 4):
+
+- One :class:`EngineMetrics` per vLLM ``engine`` label value (V1 >= 0.8.3: one per data-parallel
+  rank). Payloads without an ``engine`` label (V0, V1 <= 0.8.2) yield a single engine ``"0"``.
+- Renamed families are merged: ``gpu_cache_usage_perc`` and ``kv_cache_usage_perc`` both become
+  :attr:`EngineMetrics.kv_cache_usage_ratio`; ``time_per_output_token_seconds`` and
+  ``inter_token_latency_seconds`` both become :attr:`EngineMetrics.inter_token_latency`.
+- Counters are the cumulative ``<name>_total`` samples; ``<name>_created`` series are ignored.
+- ``None`` means "this vLLM does not expose it" (or the series is absent), never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative Prometheus histogram.
+
+    ``bounds`` are the ``le`` upper bounds in ascending order, the last one ``inf``;
+    ``cumulative[i]`` is the number of observations ``<= bounds[i]``.
+    """
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The capacity facts of ``vllm:cache_config_info`` (label values are Python ``str()``).
+
+    ``"None"`` label values become ``None``. ``num_gpu_blocks`` is vLLM's own figure: it includes
+    the reserved null block and, under data parallelism, is the sum over engines repeated on every
+    engine's series. ``block_size`` is the minimum over KV-cache groups on hybrid models.
+    """
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    sliding_window: int | None = None
+    #: Every label of the series, verbatim (minus ``engine``), for the info metric and ``check``.
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """What one vLLM engine (one data-parallel rank) reports, normalised across versions."""
+
+    engine: str
+    model_name: str | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    #: ``vllm:num_requests_waiting_by_reason`` (0.20+), e.g. ``{"capacity": 3, "deferred": 0}``.
+    requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+    #: V0 only: ``vllm:num_requests_swapped``.
+    requests_swapped: float | None = None
+    #: 0 to 1: ``vllm:kv_cache_usage_perc`` (or ``vllm:gpu_cache_usage_perc`` before 0.9.2).
+    kv_cache_usage_ratio: float | None = None
+    preemptions_total: float | None = None
+    #: ``vllm:request_success_total`` summed over ``finished_reason``.
+    requests_finished_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    #: Per finished request: ``vllm:request_prompt_tokens``.
+    prompt_tokens: Histogram | None = None
+    #: Per finished request: ``vllm:request_generation_tokens``.
+    generation_tokens: Histogram | None = None
+    time_to_first_token: Histogram | None = None
+    #: ``vllm:inter_token_latency_seconds`` (0.11+) or ``vllm:time_per_output_token_seconds``.
+    inter_token_latency: Histogram | None = None
+    #: ``vllm:e2e_request_latency_seconds``.
+    e2e_request_latency: Histogram | None = None
+    #: ``vllm:request_queue_time_seconds``.
+    request_queue_time: Histogram | None = None
+    cache_config: CacheConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmSnapshot:
+    """One parsed ``/metrics`` payload of one vLLM server."""
+
+    #: Keyed by engine label value; ``"0"`` when vLLM exposes no ``engine`` label. In rank
+    #: order (numeric ranks first, as numbers), which is the order everything downstream shows.
+    engines: Mapping[str, EngineMetrics]
+    #: Names of the ``vllm:`` families present (as in ``# TYPE`` or samples), for version guesses.
+    families: frozenset[str] = frozenset()
+    #: ``process_start_time_seconds`` of the API server process, if exposed (restart detection).
+    process_start_time_seconds: float | None = None
+    #: ``vllm:admission_rejections_total`` summed over reasons (0.33+; no ``engine`` label).
+    admission_rejections_total: float | None = None
+    #: True when vLLM labelled its series with ``engine`` (V1 >= 0.8.3), even if only ``"0"``.
+    engine_labelled: bool = False
+    #: Samples the parser's cardinality caps discarded (too many engines, reasons, buckets or
+    #: ``cache_config_info`` labels); 0 for any real vLLM.
+    dropped_samples: int = 0

@@ -1,0 +1,97 @@
+"""Immutable views of a target's state, published by the poller and read by the collectors.
+
+The poller replaces a target's :class:`TargetView` as a whole after every poll; a scrape reads
+whichever view is current. Views are plain frozen data, so concurrent scrapes never see a half
+updated state and never need a lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from exporter.core.derive import TargetDerived
+
+
+@dataclass(frozen=True, slots=True)
+class SourceHealth:
+    """How reading one source (``vllm_metrics``, ``nvml``...) went."""
+
+    up: bool
+    #: Unix time of the last success; ``None`` before the first.
+    last_success_time: float | None = None
+    #: Seconds the last read took.
+    duration_seconds: float | None = None
+    #: Failed reads since the exporter started, by bounded reason.
+    errors: Mapping[str, int] = field(default_factory=dict)
+    #: The last failure, for logs and the landing page (never a label).
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemoryView:
+    """Memory of one GPU vLLM uses, in bytes; ``None`` where NVML cannot tell."""
+
+    index: str
+    uuid: str
+    name: str
+    total_bytes: float
+    used_bytes: float
+    free_bytes: float
+    #: What CUDA (and so vLLM) sees as the total: NVML's total less the driver's reservation.
+    cuda_total_bytes: float
+    vllm_bytes: float | None = None
+    foreign_bytes: float | None = None
+    vllm_predicted_bytes: float | None = None
+    unexplained_bytes: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionView:
+    """The sizing model's figures for this target, or why there are none.
+
+    ``state`` is ``"ok"`` or a bounded reason (:class:`~exporter.core.reasons.PredictionState`);
+    ``message`` explains it to a human (logs, landing page), never a label.
+    """
+
+    state: str
+    message: str = ""
+    bytes_per_token: float | None = None
+    weights_bytes: float | None = None
+    overhead_bytes: float | None = None
+    kv_budget_bytes: float | None = None
+    #: Per engine, in vLLM's terms (``kv_cache_size_tokens`` semantics).
+    capacity_tokens: float | None = None
+    #: Labels of ``headroom_sizing_info``; empty when the architecture is unknown.
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetInfo:
+    """Facts about the vLLM server from ``/v1/models`` and ``/version``."""
+
+    model_id: str | None = None
+    model_root: str | None = None
+    max_model_len: int | None = None
+    vllm_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """Everything the collectors need about one target, as of its latest poll."""
+
+    target: str
+    derived: TargetDerived | None = None
+    prediction: PredictionView = field(
+        default_factory=lambda: PredictionView(state="waiting_for_target")
+    )
+    gpus: tuple[GpuMemoryView, ...] = ()
+    sources: Mapping[str, SourceHealth] = field(default_factory=dict)
+    info: TargetInfo = field(default_factory=TargetInfo)
+    restarts_total: int = 0
+    window_samples: int = 0
+    #: Samples of the latest payload the parser's cardinality caps dropped.
+    dropped_samples: int = 0

@@ -1,0 +1,1 @@
+"""How the figures leave: the poller, fleet mode, the collectors, the HTTP server, the app."""

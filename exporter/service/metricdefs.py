@@ -1,0 +1,480 @@
+"""Every metric vllm-headroom exposes: name, type, labels, help text and source.
+
+This table is the single source of truth. The collectors build their families from it (so a
+name cannot drift), ``docs/metrics.md`` is generated from it, and a test proves that the real
+exposition contains exactly these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    """Prometheus metric types we use."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    INFO = "info"
+
+
+class Scope(StrEnum):
+    """Which endpoint exposes a metric."""
+
+    #: Per vLLM target: on ``/metrics`` in sidecar mode and on ``/probe`` in fleet mode.
+    TARGET = "target"
+    #: The exporter itself: always on ``/metrics``.
+    EXPORTER = "exporter"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    """One exposed metric family."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    scope: Scope = Scope.TARGET
+    #: Shown in docs/metrics.md: where the number comes from.
+    source: str = ""
+
+
+ENGINE = ("engine", "model_name")
+GPU = ("gpu", "uuid")
+SOURCE = ("source",)
+
+_DEFS: tuple[MetricDef, ...] = (
+    # --- KV-cache capacity ------------------------------------------------------------------
+    MetricDef(
+        "headroom_kv_capacity_tokens",
+        Kind.GAUGE,
+        "KV-cache capacity vLLM allocated for this engine, in tokens.",
+        ENGINE,
+        source="vllm:cache_config_info kv_cache_size_tokens, else num_gpu_blocks x block_size "
+        "(num_gpu_blocks divided over data-parallel engines)",
+    ),
+    MetricDef(
+        "headroom_kv_capacity_predicted_tokens",
+        Kind.GAUGE,
+        "KV-cache capacity the sizing model predicts for this engine, in vLLM's own terms.",
+        ENGINE,
+        source="sizing model over the model's config.json, GPU memory and cache_config_info",
+    ),
+    MetricDef(
+        "headroom_kv_capacity_prediction_error_ratio",
+        Kind.GAUGE,
+        "(predicted - actual) / actual KV-cache capacity.",
+        ENGINE,
+        source="headroom_kv_capacity_predicted_tokens and headroom_kv_capacity_tokens",
+    ),
+    MetricDef(
+        "headroom_kv_blocks",
+        Kind.GAUGE,
+        "KV-cache blocks of this engine, including vLLM's reserved null block.",
+        ENGINE,
+        source="vllm:cache_config_info num_gpu_blocks / engines",
+    ),
+    MetricDef(
+        "headroom_kv_block_size_tokens",
+        Kind.GAUGE,
+        "Tokens per KV-cache block.",
+        ENGINE,
+        source="vllm:cache_config_info block_size",
+    ),
+    MetricDef(
+        "headroom_kv_usable_tokens",
+        Kind.GAUGE,
+        "KV-cache tokens running requests can hold: capacity less the reserved null block.",
+        ENGINE,
+        source="capacity x (blocks - 1) / blocks",
+    ),
+    MetricDef(
+        "headroom_kv_used_tokens",
+        Kind.GAUGE,
+        "KV-cache tokens held by running requests, in whole blocks.",
+        ENGINE,
+        source="vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before 0.9.2) x usable tokens",
+    ),
+    MetricDef(
+        "headroom_kv_free_tokens",
+        Kind.GAUGE,
+        "KV-cache tokens free for new or growing requests (evictable prefix cache counts as free).",
+        ENGINE,
+        source="usable - used tokens",
+    ),
+    MetricDef(
+        "headroom_kv_usage_ratio",
+        Kind.GAUGE,
+        "Fraction of the usable KV-cache blocks held by running requests (0 to 1).",
+        ENGINE,
+        source="vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc before 0.9.2",
+    ),
+    # --- Real traffic -----------------------------------------------------------------------
+    MetricDef(
+        "headroom_context_length_p50_tokens",
+        Kind.GAUGE,
+        "Median context length (prompt + output tokens) of requests finished in the window.",
+        ENGINE,
+        source="bucket deltas of vllm:request_prompt_tokens + vllm:request_generation_tokens",
+    ),
+    MetricDef(
+        "headroom_context_length_p95_tokens",
+        Kind.GAUGE,
+        "95th percentile context length (prompt + output tokens) of requests finished in the "
+        "window; since vLLM started when none finished in it.",
+        ENGINE,
+        source="bucket deltas of vllm:request_prompt_tokens + vllm:request_generation_tokens",
+    ),
+    MetricDef(
+        "headroom_context_length_p99_tokens",
+        Kind.GAUGE,
+        "99th percentile context length (prompt + output tokens) of requests finished in the "
+        "window.",
+        ENGINE,
+        source="bucket deltas of vllm:request_prompt_tokens + vllm:request_generation_tokens",
+    ),
+    MetricDef(
+        "headroom_context_length_mean_tokens",
+        Kind.GAUGE,
+        "Mean context length (prompt + output tokens) of requests finished in the window (exact).",
+        ENGINE,
+        source="_sum / _count deltas of the per-request token histograms",
+    ),
+    MetricDef(
+        "headroom_context_window_requests",
+        Kind.GAUGE,
+        "Requests finished within the context window (0: context figures are since vLLM started).",
+        ENGINE,
+        source="vllm:request_prompt_tokens_count delta",
+    ),
+    # --- Concurrency and headroom -----------------------------------------------------------
+    MetricDef(
+        "headroom_p95_ceiling_sequences",
+        Kind.GAUGE,
+        "Sequences of p95 context length the usable KV cache holds at once.",
+        ENGINE,
+        source="usable tokens // (ceil(p95 / block_size) x block_size)",
+    ),
+    MetricDef(
+        "headroom_mean_ceiling_sequences",
+        Kind.GAUGE,
+        "Sequences of mean context length the usable KV cache holds at once.",
+        ENGINE,
+        source="usable tokens // (ceil(mean / block_size) x block_size)",
+    ),
+    MetricDef(
+        "headroom_p95_available_sequences",
+        Kind.GAUGE,
+        "Headroom: how many more sequences of p95 context length fit in the free KV cache now.",
+        ENGINE,
+        source="free tokens // (ceil(p95 / block_size) x block_size)",
+    ),
+    MetricDef(
+        "headroom_p95_available_ratio",
+        Kind.GAUGE,
+        "Headroom as a fraction of the p95 ceiling (0: full, 1: empty).",
+        ENGINE,
+        source="headroom_p95_available_sequences / headroom_p95_ceiling_sequences",
+    ),
+    MetricDef(
+        "headroom_preemptions_per_second",
+        Kind.GAUGE,
+        "Preemptions per second over the rate window (reset-aware).",
+        ENGINE,
+        source="increase of vllm:num_preemptions_total",
+    ),
+    MetricDef(
+        "headroom_preemptions_per_finished_request",
+        Kind.GAUGE,
+        "Preemptions per finished request over the rate window; absent when none finished.",
+        ENGINE,
+        source="increase of vllm:num_preemptions_total / increase of vllm:request_success_total",
+    ),
+    MetricDef(
+        "headroom_finished_requests_per_second",
+        Kind.GAUGE,
+        "Requests finished per second over the rate window.",
+        ENGINE,
+        source="increase of vllm:request_success_total (all finished reasons)",
+    ),
+    MetricDef(
+        "headroom_requests_running",
+        Kind.GAUGE,
+        "Requests in vLLM's running batch.",
+        ENGINE,
+        source="vllm:num_requests_running",
+    ),
+    MetricDef(
+        "headroom_requests_waiting",
+        Kind.GAUGE,
+        "Requests waiting in vLLM's queue.",
+        ENGINE,
+        source="vllm:num_requests_waiting",
+    ),
+    MetricDef(
+        "headroom_requests_waiting_by_reason",
+        Kind.GAUGE,
+        "Requests waiting in vLLM's queue, by reason (vLLM 0.20+).",
+        (*ENGINE, "reason"),
+        source="vllm:num_requests_waiting_by_reason",
+    ),
+    # --- Sizing chain (per GPU of this target) ----------------------------------------------
+    MetricDef(
+        "headroom_kv_bytes_per_token",
+        Kind.GAUGE,
+        "KV-cache bytes one token costs on one GPU (all layers, K and V, this GPU's share).",
+        source="sizing model: 2 x layers x kv_heads_per_gpu x head_dim x dtype bytes (MLA: latent)",
+    ),
+    MetricDef(
+        "headroom_predicted_weights_bytes",
+        Kind.GAUGE,
+        "Model weights per GPU, as the sizing model counts them.",
+        source="model.safetensors index / file sizes, else parameters x bytes per parameter",
+    ),
+    MetricDef(
+        "headroom_predicted_overhead_bytes",
+        Kind.GAUGE,
+        "Activation peak and non-torch memory per GPU, as the sizing model estimates them.",
+        source="sizing model overhead estimate (docs/sizing.md)",
+    ),
+    MetricDef(
+        "headroom_predicted_kv_budget_bytes",
+        Kind.GAUGE,
+        "KV-cache memory per GPU the sizing model predicts vLLM allocates.",
+        source="total x gpu_memory_utilization - weights - overhead, or kv_cache_memory_bytes",
+    ),
+    MetricDef(
+        "headroom_sizing_info",
+        Kind.INFO,
+        "The inputs of the sizing model for this target (value 1, facts in labels).",
+        (
+            "model",
+            "attention",
+            "layers",
+            "kv_heads",
+            "head_dim",
+            "kv_dtype",
+            "tensor_parallel",
+            "pipeline_parallel",
+            "block_size",
+            "vllm_version",
+        ),
+        source="config.json, /v1/models, /version, vllm:cache_config_info and settings",
+    ),
+    MetricDef(
+        "headroom_prediction_state",
+        Kind.GAUGE,
+        "1 for the current state of the capacity prediction: ok, or why it is missing.",
+        ("state",),
+        source="model discovery and the sizing model",
+    ),
+    # --- GPU memory (NVML) ------------------------------------------------------------------
+    MetricDef(
+        "headroom_gpu_memory_total_bytes",
+        Kind.GAUGE,
+        "Memory of a GPU vLLM uses.",
+        GPU,
+        source="NVML nvmlDeviceGetMemoryInfo",
+    ),
+    MetricDef(
+        "headroom_gpu_memory_used_bytes",
+        Kind.GAUGE,
+        "Memory in use on a GPU vLLM uses, by every process.",
+        GPU,
+        source="NVML nvmlDeviceGetMemoryInfo",
+    ),
+    MetricDef(
+        "headroom_gpu_memory_free_bytes",
+        Kind.GAUGE,
+        "Memory free on a GPU vLLM uses.",
+        GPU,
+        source="NVML nvmlDeviceGetMemoryInfo",
+    ),
+    MetricDef(
+        "headroom_gpu_memory_vllm_bytes",
+        Kind.GAUGE,
+        "Memory used on a GPU by vLLM's own processes.",
+        GPU,
+        source="NVML running compute processes matched to vLLM's PIDs",
+    ),
+    MetricDef(
+        "headroom_gpu_memory_foreign_bytes",
+        Kind.GAUGE,
+        "Memory used on a GPU by processes other than this vLLM (OOM risk on shared GPUs); "
+        "absent when NVML's processes cannot be matched to vLLM's PIDs.",
+        GPU,
+        source="NVML used memory - memory of vLLM's processes (matched by PID)",
+    ),
+    MetricDef(
+        "headroom_gpu_memory_unexplained_bytes",
+        Kind.GAUGE,
+        "Memory used on a GPU beyond what vLLM claims (total x gpu_memory_utilization): "
+        "another process, or vLLM outgrowing its budget.",
+        GPU,
+        source="NVML used memory - total x vllm:cache_config_info gpu_memory_utilization",
+    ),
+    MetricDef(
+        "headroom_gpu_memory_vllm_predicted_bytes",
+        Kind.GAUGE,
+        "Memory vLLM is predicted to claim on a GPU: total x gpu_memory_utilization.",
+        GPU,
+        source="NVML total memory and vllm:cache_config_info gpu_memory_utilization",
+    ),
+    # --- Health of the sources --------------------------------------------------------------
+    MetricDef(
+        "headroom_target_up",
+        Kind.GAUGE,
+        "1 if the last poll of vLLM's /metrics succeeded, else 0.",
+        source="the poller",
+    ),
+    MetricDef(
+        "headroom_source_up",
+        Kind.GAUGE,
+        "1 if the last read of a source succeeded, else 0 (vllm_metrics, vllm_models, "
+        "vllm_version, model_config, nvml).",
+        SOURCE,
+        source="the poller",
+    ),
+    MetricDef(
+        "headroom_source_last_success_timestamp_seconds",
+        Kind.GAUGE,
+        "Unix time of the last successful read of a source.",
+        SOURCE,
+        source="the poller",
+    ),
+    MetricDef(
+        "headroom_source_errors_total",
+        Kind.COUNTER,
+        "Failed reads of a source, by reason.",
+        (*SOURCE, "reason"),
+        source="the poller",
+    ),
+    MetricDef(
+        "headroom_source_duration_seconds",
+        Kind.GAUGE,
+        "How long the last read of a source took.",
+        SOURCE,
+        source="the poller",
+    ),
+    MetricDef(
+        "headroom_target_restarts_total",
+        Kind.COUNTER,
+        "vLLM restarts detected (process start time changed or counters went down).",
+        source="the poller",
+    ),
+    MetricDef(
+        "headroom_dropped_samples",
+        Kind.GAUGE,
+        "Samples of the last vLLM payload dropped by the parser's cardinality caps (label "
+        "explosion guard); 0 for any sane vLLM.",
+        source="the parser",
+    ),
+    MetricDef(
+        "headroom_window_samples",
+        Kind.GAUGE,
+        "Samples of the target held for the windows.",
+        source="the poller",
+    ),
+    # --- The exporter itself ----------------------------------------------------------------
+    MetricDef(
+        "headroom_build_info",
+        Kind.INFO,
+        "vllm-headroom's version (value 1).",
+        ("version", "mode"),
+        Scope.EXPORTER,
+        source="the package",
+    ),
+    MetricDef(
+        "headroom_poll_interval_seconds",
+        Kind.GAUGE,
+        "How often the sidecar polls its target (the cadence of the windows' samples).",
+        scope=Scope.EXPORTER,
+        source="settings",
+    ),
+    MetricDef(
+        "headroom_collector_success",
+        Kind.GAUGE,
+        "1 if a collector built its metrics on this scrape, else 0.",
+        ("collector",),
+        Scope.EXPORTER,
+        source="the exposition",
+    ),
+    MetricDef(
+        "headroom_collector_duration_seconds",
+        Kind.GAUGE,
+        "How long a collector took on this scrape.",
+        ("collector",),
+        Scope.EXPORTER,
+        source="the exposition",
+    ),
+    MetricDef(
+        "headroom_probe_requests_total",
+        Kind.COUNTER,
+        "/probe requests, by outcome (ok, denied_not_in_allowlist, denied_forbidden_address, "
+        "bad_target, timeout); every outcome is exposed from 0.",
+        ("outcome",),
+        Scope.EXPORTER,
+        source="fleet mode",
+    ),
+    MetricDef(
+        "headroom_probe_targets",
+        Kind.GAUGE,
+        "Targets whose windows fleet mode remembers.",
+        scope=Scope.EXPORTER,
+        source="fleet mode",
+    ),
+    MetricDef(
+        "headroom_probe_evictions_total",
+        Kind.COUNTER,
+        "Targets forgotten because of the bound on remembered targets or their age.",
+        scope=Scope.EXPORTER,
+        source="fleet mode",
+    ),
+)
+
+METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+
+def metric(name: str) -> MetricDef:
+    """The definition of an exposed metric; ``KeyError`` for a name we do not expose."""
+    return METRICS[name]
+
+
+def render_markdown() -> str:
+    """The table of ``docs/metrics.md`` (a test keeps the checked-in file equal to this)."""
+    lines = [
+        "# Metrics",
+        "",
+        "Every metric vllm-headroom exposes. Generated from `exporter/service/metricdefs.py` by",
+        "`make docs`; a test fails when this file and the code disagree, and another proves that",
+        "the exporter's real exposition contains exactly these names and labels.",
+        "",
+        "All names share the prefix `headroom_` and use base units. Per-target metrics are on",
+        "`/metrics` in sidecar mode and on `/probe?target=...` in fleet mode; exporter metrics are",
+        "always on `/metrics`. Values that cannot be known are absent, never NaN. Info metrics",
+        "have the value 1 and carry their facts in labels. The process collector's standard",
+        "`process_*` metrics (the exporter's own CPU, memory and file descriptors) are also",
+        "exposed on `/metrics`.",
+        "",
+        "How the derived figures are defined (windows, estimators and their bias) is in",
+        "[derivations.md](derivations.md).",
+        "",
+    ]
+    for scope, title in ((Scope.TARGET, "Per target"), (Scope.EXPORTER, "The exporter")):
+        lines += [
+            f"## {title}",
+            "",
+            "| metric | type | labels | meaning | source |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for d in _DEFS:
+            if d.scope is not scope:
+                continue
+            labels = ", ".join(f"`{label}`" for label in d.labels) or "-"
+            lines.append(
+                f"| `{d.name}` | {d.kind.value} | {labels} | {d.help} | {d.source or '-'} |"
+            )
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,389 @@
+"""Polling one vLLM target: the imperative shell around the pure derivations.
+
+A :class:`TargetPoller` owns one target's window of samples and the health of its sources.
+Each :meth:`TargetPoller.poll_once` reads ``/metrics`` (and, at start, after a restart or after
+an outage, ``/v1/models`` and ``/version``), reads the GPUs, asks the predictor for the sizing
+figures, derives, and publishes a new immutable :class:`~exporter.core.views.TargetView`. Failures
+are data: they mark a source down with a bounded reason and are logged once per change of
+state, not once per poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from exporter.core.derive import Sample, WindowSettings, derive_target, detect_restart
+from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
+from exporter.errors import ParseError, SourceError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from exporter.core.snapshot import VllmSnapshot
+    from exporter.core.views import GpuMemoryView
+    from exporter.vllm.client import VllmClient
+
+log = structlog.get_logger(__name__)
+
+
+class Predictor(Protocol):
+    """The sizing side of a target: loads the model's facts, predicts the capacity."""
+
+    def load(self, info: TargetInfo) -> SourceError | None:
+        """Find and read the model's config (blocking I/O; run in a thread).
+
+        Called after ``/v1/models`` was (re)read. Returns the failure, if any, as data.
+        """
+        ...
+
+    def predict(
+        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+    ) -> PredictionView:
+        """The prediction for the current snapshot (pure, given what ``load`` read)."""
+        ...
+
+
+class GpuSource(Protocol):
+    """vLLM's GPUs as plain readings (blocking NVML calls; run in a thread)."""
+
+    def read(
+        self, gpu_memory_utilization: float | None
+    ) -> tuple[tuple[GpuMemoryView, ...], SourceError | None]:
+        """Read every watched GPU: the views, and the failure if any. Never raises."""
+        ...
+
+    def close(self) -> None:
+        """Release the GPU library."""
+        ...
+
+
+@dataclass(slots=True)
+class _Health:
+    """Mutable health of one source, turned into a SourceHealth for each view."""
+
+    up: bool = False
+    last_success_time: float | None = None
+    duration_seconds: float | None = None
+    errors: Counter[str] = field(default_factory=Counter)
+    last_error: str | None = None
+    last_reason: str | None = None
+
+    def view(self) -> SourceHealth:
+        return SourceHealth(
+            up=self.up,
+            last_success_time=self.last_success_time,
+            duration_seconds=self.duration_seconds,
+            errors=dict(self.errors),
+            last_error=self.last_error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PollSettings:
+    """What a poller needs from the settings."""
+
+    windows: WindowSettings = field(default_factory=WindowSettings)
+    #: While the model's files cannot be used, read them again this often (a volume mounted
+    #: late, permissions or a config.json fixed by hand): no vLLM restart is needed to recover.
+    model_retry_seconds: float = 30.0
+    #: Longest wait for the GPUs; an NVML call that hangs must not stop the polls of vLLM.
+    gpu_timeout_seconds: float = 3.0
+
+
+class TargetPoller:
+    """Polls one vLLM server and publishes a :class:`TargetView` after every poll."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        client: VllmClient,
+        parse: Callable[[bytes], VllmSnapshot],
+        predictor: Predictor | None = None,
+        gpus: GpuSource | None = None,
+        settings: PollSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.target = target
+        self._client = client
+        self._parse = parse
+        self._predictor = predictor
+        self._gpus = gpus
+        self._settings = settings or PollSettings()
+        self._clock = clock
+        self._wall = wall_clock
+        self._window: deque[Sample] = deque()
+        self._health: dict[str, _Health] = {}
+        self._info = TargetInfo()
+        self._needs_discovery = True
+        self._restarts = 0
+        self._view = TargetView(target=target)
+        self._ready = False
+        self._lock = asyncio.Lock()
+        #: When to read the model's files again after a failure; ``None``: no retry due.
+        self._model_retry_at: float | None = None
+        #: A GPU read still running in its thread (NVML hung); the next polls skip the GPUs.
+        self._gpu_read: (
+            asyncio.Future[tuple[tuple[GpuMemoryView, ...], SourceError | None]] | None
+        ) = None
+
+    @property
+    def view(self) -> TargetView:
+        """The view published by the latest poll."""
+        return self._view
+
+    @property
+    def ready(self) -> bool:
+        """Whether a poll of ``/metrics`` has succeeded yet."""
+        return self._ready
+
+    def _record(
+        self, source: str, started: float, error: SourceError | None, *, logged: bool = True
+    ) -> None:
+        health = self._health.setdefault(source, _Health())
+        health.duration_seconds = self._clock() - started
+        if error is None:
+            if not health.up and health.last_reason is not None and logged:
+                log.info("source_recovered", source=source, target=self.target)
+            health.up, health.last_reason = True, None
+            health.last_success_time = self._wall()
+            return
+        health.errors[error.reason] += 1
+        health.last_error = str(error)
+        if logged and (health.up or health.last_reason != error.reason):
+            log.warning(
+                "source_failed",
+                source=source,
+                target=self.target,
+                reason=error.reason,
+                error=str(error),
+            )
+        health.up, health.last_reason = False, error.reason
+
+    async def _discover(self) -> None:
+        """Re-read ``/v1/models`` and ``/version``, then let the predictor load the model."""
+        started = self._clock()
+        try:
+            models = await self._client.fetch_models()
+        except SourceError as exc:
+            self._record("vllm_models", started, exc)
+            models = None
+        else:
+            self._record("vllm_models", started, None)
+        started = self._clock()
+        try:
+            version = await self._client.fetch_version()
+        except SourceError as exc:
+            self._record("vllm_version", started, exc)
+            version = None
+        else:
+            self._record("vllm_version", started, None)
+        self._info = TargetInfo(
+            model_id=models.model_id if models else self._info.model_id,
+            model_root=models.root if models else self._info.model_root,
+            max_model_len=models.max_model_len if models else self._info.max_model_len,
+            vllm_version=version or self._info.vllm_version,
+        )
+        # Retry discovery on the next poll while a part of it is missing.
+        self._needs_discovery = models is None or version is None
+        if models is not None:
+            await self._load_model()
+
+    async def _load_model(self) -> None:
+        """Let the predictor read the model's files; schedule a retry if that failed."""
+        if self._predictor is None:
+            return
+        started = self._clock()
+        try:
+            failure = await asyncio.to_thread(self._predictor.load, self._info)
+        except Exception as exc:  # odd model files must not stop the polls (logged)
+            log.exception("model_load_crashed", target=self.target)
+            failure = SourceError(
+                "model_config_invalid", f"reading the model failed: {type(exc).__name__}: {exc}"
+            )
+        self._record("model_config", started, failure)
+        retry = self._settings.model_retry_seconds
+        self._model_retry_at = None if failure is None else self._clock() + retry
+
+    def _trim(self, now: float) -> None:
+        windows = self._settings.windows
+        keep = max(windows.context_seconds, windows.rate_seconds)
+        # Keep one sample older than the window: the baseline of the first increase.
+        while len(self._window) >= 2 and self._window[1].t < now - keep:
+            self._window.popleft()
+
+    async def _read_gpus(self, snapshot: VllmSnapshot | None) -> tuple[GpuMemoryView, ...]:
+        if self._gpus is None:
+            return ()
+        engines = snapshot.engines.values() if snapshot is not None else ()
+        utilization = next(
+            (e.cache_config.gpu_memory_utilization for e in engines if e.cache_config is not None),
+            None,
+        )
+        started = self._clock()
+        if self._gpu_read is not None and not self._gpu_read.done():
+            self._record("nvml", started, SourceError("timeout", "an NVML call has not returned"))
+            return ()
+        self._gpu_read = asyncio.ensure_future(asyncio.to_thread(self._gpus.read, utilization))
+        self._gpu_read.add_done_callback(_retrieve)
+        try:
+            # shield: on timeout the thread cannot be stopped; keep its future to skip on.
+            readings, failure = await asyncio.wait_for(
+                asyncio.shield(self._gpu_read), timeout=self._settings.gpu_timeout_seconds
+            )
+        except TimeoutError:
+            readings, failure = (
+                (),
+                SourceError(
+                    "timeout",
+                    f"NVML did not answer within {self._settings.gpu_timeout_seconds:g}s",
+                ),
+            )
+        except Exception as exc:  # GpuSource.read must not raise; if it does, log it
+            log.exception("gpu_read_crashed", target=self.target)
+            readings, failure = (), SourceError("call_failed", f"{type(exc).__name__}: {exc}")
+        self._record("nvml", started, failure)
+        return readings
+
+    async def poll_once(self) -> TargetView:
+        """Poll the target once and publish (and return) the new view. Never raises."""
+        async with self._lock:  # fleet probes of one target may overlap
+            try:
+                return await self._poll()
+            except Exception:  # a bug in a derivation must not end the polls: log, drop figures
+                log.exception("poll_crashed", target=self.target)
+                self._view = replace(
+                    self._view,
+                    derived=None,
+                    sources={name: h.view() for name, h in self._health.items()},
+                )
+                return self._view
+
+    async def _poll(self) -> TargetView:
+        started = self._clock()
+        try:
+            payload = await self._client.fetch_metrics()
+            snapshot = self._parse(payload)
+        except SourceError as exc:
+            return await self._down(started, exc)
+        except ParseError as exc:
+            return await self._down(started, SourceError("parse_error", str(exc)))
+        if not snapshot.families and not snapshot.engines:
+            # No vllm: series at all: not vLLM (or vLLM with --disable-log-stats). Saying "up"
+            # with nothing derived would hide it.
+            return await self._down(
+                started,
+                SourceError(
+                    "not_metrics",
+                    "/metrics has no vllm: series (not vLLM, or vLLM with --disable-log-stats?)",
+                ),
+            )
+        now = self._clock()
+        self._record("vllm_metrics", started, None)
+        self._ready = True
+
+        previous = self._window[-1].snapshot if self._window else None
+        if previous is not None and detect_restart(previous, snapshot):
+            self._restarts += 1
+            self._needs_discovery = True
+            log.info("target_restarted", target=self.target)
+        if self._needs_discovery:
+            await self._discover()
+        elif self._model_retry_at is not None and now >= self._model_retry_at:
+            await self._load_model()
+
+        previous_dropped = self._view.dropped_samples
+        self._window.append(Sample(now, snapshot))
+        self._trim(now)
+        gpus = await self._read_gpus(snapshot)
+        prediction = (
+            self._predictor.predict(snapshot, self._info, gpus)
+            if self._predictor is not None
+            else PredictionView(state="model_not_found", message="no predictor configured")
+        )
+        derived = derive_target(
+            list(self._window),
+            windows=self._settings.windows,
+            predicted_capacity_tokens=prediction.capacity_tokens,
+            max_model_len=self._info.max_model_len,
+        )
+        self._view = TargetView(
+            target=self.target,
+            derived=derived,
+            prediction=prediction,
+            gpus=gpus,
+            sources={name: h.view() for name, h in self._health.items()},
+            info=self._info,
+            restarts_total=self._restarts,
+            window_samples=len(self._window),
+            dropped_samples=snapshot.dropped_samples,
+        )
+        if snapshot.dropped_samples and not previous_dropped:
+            log.warning(
+                "target_series_dropped", target=self.target, dropped=snapshot.dropped_samples
+            )
+        return self._view
+
+    async def _down(self, started: float, error: SourceError) -> TargetView:
+        """Publish a view without derived figures: stale numbers must not look current.
+
+        The GPUs are still read: what holds their memory while vLLM is away (or after it ran
+        out of memory) is exactly what on-call wants to see.
+        """
+        self._record("vllm_metrics", started, error)
+        # After an outage vLLM may come back changed: re-read its facts then.
+        self._needs_discovery = True
+        gpus = await self._read_gpus(None)
+        self._view = replace(
+            self._view,
+            derived=None,
+            gpus=gpus,
+            sources={name: h.view() for name, h in self._health.items()},
+            window_samples=len(self._window),
+        )
+        return self._view
+
+    async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
+        """Poll every ``interval_seconds`` until ``stop`` is set (sidecar mode).
+
+        ``stop`` also cuts a poll short: SIGTERM must not wait for a hung vLLM to time out.
+        """
+        next_due = self._clock()
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                poll = asyncio.ensure_future(self.poll_once())
+                await asyncio.wait({poll, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not poll.done():
+                    poll.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await poll
+                    return
+                next_due = await self._pause(stop, next_due, interval_seconds)
+        finally:
+            stopping.cancel()
+
+    async def _pause(self, stop: asyncio.Event, next_due: float, interval_seconds: float) -> float:
+        """Sleep until the next poll is due (or ``stop``); return when the one after is due."""
+        next_due += interval_seconds
+        # A slow poll skips the missed beats instead of bursting to catch up.
+        now = self._clock()
+        if next_due < now:
+            next_due = now + interval_seconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=next_due - now)
+        return next_due
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a GPU read's outcome as seen: one that outlived its poll is not awaited again."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,372 @@
+"""Settings of the ``serve`` command: one pydantic-settings class, built once in ``main``.
+
+Precedence, highest first: command-line flags, environment variables (prefix ``HEADROOM_``),
+a ``.env`` file in the working directory, files in the secrets directory (one file per setting,
+named like the environment variable, e.g. ``HEADROOM_BEARER_TOKEN``), then the defaults below.
+Every setting is documented in ``docs/configuration.md``; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+from exporter.errors import UsageError
+from exporter.service.allowlist import AllowlistError, parse_allowlist
+
+ENV_PREFIX = "HEADROOM_"
+
+#: Our port: outside the 9100-9999 exporter range (fully allocated), not vLLM's 8000, not
+#: dcgm-exporter's 9400, not used by any well-known exporter or inference server we know of.
+DEFAULT_PORT = 8742
+
+#: Where Kubernetes and Docker mount secrets by convention.
+DEFAULT_SECRETS_DIR = Path("/run/secrets/vllm-headroom")
+
+
+class Mode(StrEnum):
+    """How the exporter finds its targets."""
+
+    #: One vLLM target polled in the background, GPUs read through NVML (the main mode).
+    SIDECAR = "sidecar"
+    #: ``/probe?target=...`` for many vLLM instances that Prometheus discovers; no NVML.
+    FLEET = "fleet"
+
+
+class GpuDiscovery(StrEnum):
+    """How the sidecar decides which GPUs are vLLM's."""
+
+    #: ``gpus`` if set, else the vLLM process's ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``.
+    AUTO = "auto"
+    #: Only the ``gpus`` setting.
+    SETTINGS = "settings"
+    #: Every GPU NVML can see (only sensible when the container sees exactly vLLM's GPUs).
+    ALL = "all"
+    #: Do not read GPUs at all.
+    NONE = "none"
+
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+
+
+class Settings(BaseSettings):
+    """Every setting of ``vllm-headroom serve``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="forbid",
+        secrets_dir=None,
+        validate_default=True,
+    )
+
+    # --- where to listen -------------------------------------------------------------------
+    listen_address: str = Field(
+        default="0.0.0.0",  # noqa: S104 - a sidecar must be reachable by Prometheus in the pod network
+        description="Address to listen on for /metrics, /probe and the health endpoints.",
+    )
+    port: int = Field(
+        default=DEFAULT_PORT, ge=0, le=65_535, description="Port to listen on (0: any free port)."
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="Serve HTTPS with this certificate (PEM); needs tls_key_file."
+    )
+    tls_key_file: Path | None = Field(
+        default=None, description="Private key (PEM) for tls_cert_file."
+    )
+
+    # --- what to watch ---------------------------------------------------------------------
+    mode: Mode = Field(default=Mode.SIDECAR, description="sidecar (one target) or fleet (/probe).")
+    target: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Base URL of the vLLM OpenAI-compatible server (sidecar mode).",
+    )
+    bearer_token: SecretStr | None = Field(
+        default=None, description="Bearer token for vLLM's HTTP API (vLLM --api-key)."
+    )
+    poll_interval_seconds: PositiveSeconds = Field(
+        default=5.0, description="How often to poll the target's /metrics."
+    )
+    poll_timeout_seconds: PositiveSeconds = Field(
+        default=3.0, description="Time limit for one HTTP request to vLLM."
+    )
+    max_response_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="Largest /metrics payload read from vLLM; larger ones fail the poll.",
+    )
+    context_window_seconds: PositiveSeconds = Field(
+        default=600.0, description="Requests finished within this window make up the p95 context."
+    )
+    rate_window_seconds: PositiveSeconds = Field(
+        default=60.0, description="Window of the preemption and request rates."
+    )
+
+    # --- the model, for the prediction -----------------------------------------------------
+    model: str | None = Field(
+        default=None,
+        description=(
+            "Model directory, config.json path or Hugging Face id (looked up in the local HF "
+            "cache). Default: the 'root' that vLLM's /v1/models reports."
+        ),
+    )
+    hf_home: Path | None = Field(
+        default=None,
+        description="Hugging Face cache root (default: $HF_HOME or ~/.cache/huggingface).",
+    )
+    model_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Override fields of the model architecture read from config.json, e.g. "
+            '{"num_kv_heads": 8} (JSON in HEADROOM_MODEL_OVERRIDES).'
+        ),
+    )
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=1024, description="vLLM --tensor-parallel-size (default 1)."
+    )
+    pipeline_parallel_size: int | None = Field(
+        default=None, ge=1, le=1024, description="vLLM --pipeline-parallel-size (default 1)."
+    )
+    gpu_memory_bytes: int | None = Field(
+        default=None, gt=0, description="Memory of one GPU, when NVML cannot tell (fleet mode)."
+    )
+    weights_bytes: int | None = Field(
+        default=None, gt=0, description="Weights per GPU, when known better than the model files."
+    )
+    overhead_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Activation + non-torch overhead per GPU, to override the estimate.",
+    )
+
+    # --- GPUs ------------------------------------------------------------------------------
+    gpu_discovery: GpuDiscovery = Field(
+        default=GpuDiscovery.AUTO, description="How to find vLLM's GPUs: auto, settings, all, none."
+    )
+    gpus: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="GPU UUIDs or indices to watch (comma-separated in HEADROOM_GPUS).",
+    )
+    proc_root: Path = Field(
+        default=Path("/proc"),
+        description="Where to find the vLLM process (a shared process namespace in Kubernetes).",
+    )
+
+    # --- fleet mode ------------------------------------------------------------------------
+    probe_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Targets /probe may reach: host names, host:port, IP addresses or CIDR networks "
+            "(comma-separated in HEADROOM_PROBE_ALLOWLIST). Empty: /probe refuses everything."
+        ),
+    )
+    probe_max_targets: int = Field(
+        default=1000, ge=1, le=100_000, description="Most targets whose windows are remembered."
+    )
+    probe_target_ttl_seconds: PositiveSeconds = Field(
+        default=1800.0, description="Forget a target not probed for this long."
+    )
+
+    # --- logging ---------------------------------------------------------------------------
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Lowest level logged."
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="auto: console on a terminal, JSON otherwise."
+    )
+
+    @field_validator("target")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            msg = "must be an http:// or https:// URL with a host, like http://127.0.0.1:8000"
+            raise ValueError(msg)
+        return value.rstrip("/")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        text = value.strip()
+        if not text or any(c.isspace() or not c.isprintable() for c in text) or "/" in text:
+            msg = "must be an IP address or host name to listen on, like 0.0.0.0, :: or 127.0.0.1"
+            raise ValueError(msg)
+        return text
+
+    @field_validator("model", "hf_home", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:
+        # An empty variable (a template that rendered nothing) would silently mean "." here.
+        if isinstance(value, str) and not value.strip():
+            msg = "is empty: unset it to use the default, or give a value"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _header_safe_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        # A trailing newline from `echo token > file` or a secret manager is not part of it.
+        token = value.get_secret_value().strip()
+        if not token:
+            msg = "is empty: remove it, or give vLLM's --api-key value"
+            raise ValueError(msg)
+        if any(not (32 < ord(c) < 127) for c in token):
+            msg = "has spaces, control or non-ASCII characters, which an HTTP header cannot carry"
+            raise ValueError(msg)
+        return SecretStr(token)
+
+    @field_validator("hf_home")
+    @classmethod
+    def _hf_home_not_a_file(cls, value: Path | None) -> Path | None:
+        # A directory not there yet is fine: vLLM may create the cache while downloading.
+        if value is not None and value.exists() and not value.is_dir():
+            msg = "is a file, not a directory: point it at the Hugging Face cache root"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("gpus", "probe_allowlist", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("probe_allowlist")
+    @classmethod
+    def _allowlist_entries(cls, value: list[str]) -> list[str]:
+        try:
+            parse_allowlist(value)
+        except AllowlistError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            msg = "tls_cert_file and tls_key_file must be set together"
+            raise ValueError(msg)
+        if "proc_root" in self.model_fields_set and not self.proc_root.is_dir():
+            msg = (
+                f"proc_root ({env_name('proc_root')}) {str(self.proc_root)!r} is not a directory; "
+                "point it at /proc (with a process namespace shared with vLLM in Kubernetes)"
+            )
+            raise ValueError(msg)
+        if self.poll_timeout_seconds > self.poll_interval_seconds:
+            msg = (
+                f"poll_timeout_seconds ({self.poll_timeout_seconds:g}) must not exceed "
+                f"poll_interval_seconds ({self.poll_interval_seconds:g})"
+            )
+            raise ValueError(msg)
+        return self
+
+
+#: The settings that also have a command-line flag (the common ones), and the flag.
+FLAGS: dict[str, str] = {
+    "target": "--target",
+    "mode": "--mode",
+    "listen_address": "--listen-address",
+    "port": "--port",
+    "poll_interval_seconds": "--poll-interval",
+    "model": "--model",
+    "hf_home": "--hf-home",
+    "gpus": "--gpus",
+    "gpu_discovery": "--gpu-discovery",
+    "probe_allowlist": "--probe-allowlist",
+    "tls_cert_file": "--tls-cert-file",
+    "tls_key_file": "--tls-key-file",
+    "log_level": "--log-level",
+    "log_format": "--log-format",
+}
+
+
+def env_name(field_name: str) -> str:
+    """The environment variable of a setting, e.g. ``HEADROOM_POLL_INTERVAL_SECONDS``."""
+    return f"{ENV_PREFIX}{field_name.upper()}"
+
+
+def load_settings(
+    overrides: dict[str, Any] | None = None, *, secrets_dir: Path | None = None
+) -> Settings:
+    """Build the settings from flags (``overrides``), environment, .env and secrets files.
+
+    Raises :class:`UsageError` with one line naming the first bad setting, its environment
+    variable, what is wrong and the value given.
+    """
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if secrets_dir is None and DEFAULT_SECRETS_DIR.is_dir():
+        secrets_dir = DEFAULT_SECRETS_DIR
+    elif secrets_dir is not None and not secrets_dir.is_dir():
+        msg = f"the secrets directory {str(secrets_dir)!r} does not exist; fix --secrets-dir"
+        raise UsageError(msg)
+    try:
+        return Settings(_secrets_dir=secrets_dir, **given)
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc)) from None
+    except SettingsError as exc:
+        # pydantic-settings could not decode a variable (e.g. bad JSON in a dict setting).
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        msg = (
+            f"invalid setting {field} ({env_name(field)}): cannot decode its value "
+            "(JSON expected); see docs/configuration.md"
+        )
+        raise UsageError(msg) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line for the first problem of a pydantic ``ValidationError``."""
+    error = exc.errors()[0]
+    loc = [str(part) for part in error.get("loc", ())]
+    message = str(error.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ")
+    if not loc:
+        return f"invalid settings: {message}"
+    name = loc[0]
+    where = f"setting {name} ({env_name(name)})"
+    if error.get("type") == "extra_forbidden":
+        return f"unknown {where}: remove it or check its spelling against docs/configuration.md"
+    given = error.get("input")
+    shown = "" if isinstance(given, dict) else f"; got {given!r}"
+    if isinstance(given, SecretStr) or "token" in name:
+        shown = ""  # never echo secrets
+    return f"invalid {where}: {message}{shown}"
+
+
+def render_configuration_markdown() -> str:
+    """The settings table of ``docs/configuration.md`` (a test keeps the file equal to this)."""
+    lines = [
+        "# Configuration",
+        "",
+        "`vllm-headroom serve` reads one set of settings. Precedence, highest first:",
+        "command-line flags, environment variables (prefix `HEADROOM_`), a `.env` file in the",
+        "working directory,"
+        f" files in the secrets directory (`--secrets-dir`, default `{DEFAULT_SECRETS_DIR}`: one",
+        "file per setting, named like its variable, e.g. `HEADROOM_BEARER_TOKEN`), then defaults.",
+        "Lists are comma-separated in variables; `HEADROOM_MODEL_OVERRIDES` is JSON. A bad value",
+        "stops the exporter with one line naming the setting, its variable and the problem, and",
+        "exit code 2. Generated from `exporter/service/settings.py` by `make docs`.",
+        "",
+        "| setting | variable | flag | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, field in Settings.model_fields.items():
+        if field.default_factory is not None:
+            default: object = field.default_factory()  # type: ignore[call-arg]
+        else:
+            default = field.default
+        if isinstance(default, StrEnum):
+            default = default.value
+        shown = "-" if default in (None, [], {}) else f"`{default}`"
+        flag = f"`{FLAGS[name]}`" if name in FLAGS else "-"
+        lines.append(f"| `{name}` | `{env_name(name)}` | {flag} | {shown} | {field.description} |")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,763 @@
+"""The KV-cache sizing model: architecture + deployment -> blocks, tokens, sequences.
+
+This is the project's pure core (DESIGN section 3). Everything here is plain data in, plain data
+out: no I/O, no clock, no logging. The chain, per GPU:
+
+1. KV bytes per token: ``2 x layers x kv_heads_per_gpu x head_dim x B_kv`` for MHA/GQA, with
+   ``kv_heads_per_gpu = max(1, kv_heads // tp)`` (replicated when TP exceeds the KV heads);
+   ``layers x (kv_lora_rank + qk_rope_head_dim) x B_kv`` for MLA, not split by TP. Pipeline
+   parallelism gives each stage only its layers.
+2. KV budget: ``total x utilization - weights - overhead`` (see :mod:`exporter.sizing.overhead`), or
+   exactly ``--kv-cache-memory-bytes``.
+3. Blocks: ``floor(budget / bytes per block)``, where a block holds ``block_size`` tokens for
+   every layer that shares the pool (all layers, or one layer of each KV-cache group on hybrid
+   models). The smallest stage decides. One block is vLLM's null block.
+4. Capacity as vLLM reports it: ``int(max_concurrency x max_model_len)`` with
+   ``max_concurrency = blocks / blocks one max_model_len request needs over all groups``
+   (``kv_cache_size_tokens``, vLLM >= 0.24), or ``blocks // groups x block_size`` (the older
+   "GPU KV cache size" line).
+5. Sequences at context T: usable blocks ``// blocks one T-token sequence holds``.
+
+Sliding-window and chunked-local layers (Mistral v0.1, Gemma 2/3, gpt-oss, Llama 4) are modelled
+the way vLLM's hybrid allocator groups them; state-space hybrids are declined (:class:`Declined`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from exporter.errors import UnsupportedModelError, UsageError
+from exporter.sizing.overhead import (
+    DEFAULT_VOCAB_SIZE,
+    GIB,
+    OverheadEstimate,
+    estimate_overhead,
+)
+from exporter.sizing.weights import ParamSplit, dtype_bytes, weight_format, weights_bytes_total
+from exporter.vllm.version import LATEST_KNOWN, VllmVersion
+
+LayerKind = Literal["full", "sliding", "chunked"]
+Device = Literal["cuda", "cpu"]
+
+#: vLLM's default ``--block-size`` on GPUs, and on the CPU backend (16 there for MLA).
+GPU_BLOCK_SIZE = 16
+CPU_BLOCK_SIZE = 128
+#: Default ``--gpu-memory-utilization``: 0.9 before vLLM 0.20, 0.92 from 0.20 on.
+UTILIZATION_BEFORE_0_20 = 0.9
+UTILIZATION = 0.92
+#: From this release vLLM publishes group-aware ``kv_cache_size_tokens``; before, the
+#: "GPU KV cache size" line was ``num_blocks // num_groups x block_size``.
+GROUP_AWARE_CAPACITY_SINCE = VllmVersion(0, 24, 0)
+#: From this release the hybrid allocator gives sliding-window layers their own block tables;
+#: before, every layer was allocated as full attention.
+HYBRID_ALLOCATOR_SINCE = VllmVersion(0, 10, 0)
+#: vLLM picks larger batch defaults on GPUs with at least this much memory (except A100s).
+LARGE_GPU_BYTES = 70 * GIB
+
+_FP8_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
+
+
+@dataclass(frozen=True, slots=True)
+class MlaDims:
+    """Multi-head latent attention: one compressed latent per token per layer."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+    @property
+    def values_per_token(self) -> int:
+        """Cached values per token per layer (576 for DeepSeek-V3)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Mixture of experts: every expert is resident in memory."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    moe_layers: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArch:
+    """What the sizing model needs to know about a model, normalised from its ``config.json``.
+
+    ``layer_kinds`` is empty for models whose layers are all full attention; otherwise it has one
+    entry per layer. ``declined`` says why the model cannot be sized (state-space hybrids...).
+    """
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int | None = None
+    intermediate_size: int | None = None
+    #: Total parameter count (all experts), if known.
+    params: int | None = None
+    #: The checkpoint's torch dtype (``torch_dtype`` / ``dtype`` in config.json).
+    dtype: str = "bfloat16"
+    mla: MlaDims | None = None
+    layer_kinds: tuple[LayerKind, ...] = ()
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    tie_word_embeddings: bool = False
+    moe: MoeSpec | None = None
+    #: Weight format from ``quantization_config`` (``fp8``, ``awq``...), None if unquantized.
+    quantization: str | None = None
+    max_position_embeddings: int | None = None
+    declined: str | None = None
+
+    @property
+    def kinds(self) -> tuple[LayerKind, ...]:
+        """The attention kind of every layer (all ``full`` when ``layer_kinds`` is empty)."""
+        if self.layer_kinds:
+            return self.layer_kinds
+        return _all_full(self.num_layers)
+
+    @property
+    def attention_kind(self) -> str:
+        """A short label: MHA, GQA, MQA or MLA, plus the windowed layers if any."""
+        if self.mla is not None:
+            base = "MLA"
+        elif self.num_kv_heads == self.num_attention_heads:
+            base = "MHA"
+        elif self.num_kv_heads == 1:
+            base = "MQA"
+        else:
+            base = "GQA"
+        kinds = set(self.kinds)
+        if "sliding" in kinds:
+            base += " + sliding window" if "full" in kinds else " (sliding window)"
+        if "chunked" in kinds:
+            base += " + chunked local"
+        return base
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """How vLLM is (or would be) started, and on what hardware. Sizes are per GPU."""
+
+    gpu_memory_bytes: int
+    vllm_version: VllmVersion = LATEST_KNOWN
+    #: ``--gpu-memory-utilization``; None means the version's default.
+    gpu_memory_utilization: float | None = None
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    #: ``--dtype``: ``auto`` (the checkpoint's, float32 downcast to bfloat16) or a dtype name.
+    dtype: str = "auto"
+    #: ``--kv-cache-dtype``: ``auto`` (the model dtype), a 16/32-bit dtype or an fp8 variant.
+    kv_cache_dtype: str = "auto"
+    #: ``--block-size``; None means 16 on GPUs, 128 on the CPU backend (16 for MLA).
+    block_size: int | None = None
+    #: ``--max-model-len``; None means the model's ``max_position_embeddings``.
+    max_model_len: int | None = None
+    #: ``--kv-cache-memory-bytes``: replaces the whole budget computation when set.
+    kv_cache_memory_bytes: int | None = None
+    #: Known total checkpoint size (all GPUs), e.g. from the safetensors index.
+    weights_bytes: int | None = None
+    #: Per-GPU overhead override (activation + non-torch + CUDA graphs).
+    overhead_bytes: int | None = None
+    #: ``--quantization``; None means the checkpoint's own ``quantization_config``.
+    quantization: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    #: Lower-cased GPU product name, if known (vLLM keeps A100s on the small batch defaults).
+    gpu_name: str | None = None
+    device: Device = "cuda"
+    enforce_eager: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Declined:
+    """The model cannot be sized honestly; ``reason`` says why, for a user."""
+
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheGroup:
+    """One of vLLM's KV-cache groups: layers of one attention kind sharing a block table."""
+
+    kind: LayerKind
+    window: int | None
+    #: Layers of the whole model in this group.
+    num_layers: int
+    #: Blocks one request of ``max_model_len`` tokens needs in this group (vLLM's admission).
+    blocks_per_max_len_request: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageSizing:
+    """The budget of one pipeline stage (one GPU of it); the smallest stage decides."""
+
+    index: int
+    num_layers: int
+    weights_bytes: int
+    overhead: OverheadEstimate
+    kv_budget_bytes: int
+    #: Bytes of one block on this GPU (``block_size`` tokens for every pool-sharing layer).
+    block_bytes: int
+    kv_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class SizingResult:
+    """The whole chain from hardware to concurrent sequences, per GPU, in bytes and tokens."""
+
+    model: str
+    attention_kind: str
+    vllm_version: VllmVersion
+    device: Device
+    tensor_parallel: int
+    pipeline_parallel: int
+    model_dtype: str
+    kv_cache_dtype: str
+    kv_bytes_per_element: int
+    kv_heads_per_gpu: int
+    #: Layers on the limiting GPU (all layers without pipeline parallelism).
+    layers_per_gpu: int
+    #: KV bytes one token costs on the limiting GPU, over all its layers.
+    bytes_per_token: int
+    block_size: int
+    gpu_memory_bytes: int
+    gpu_memory_utilization: float
+    #: ``total x utilization``.
+    usable_bytes: int
+    weights_bytes: int
+    overhead: OverheadEstimate
+    kv_budget_bytes: int
+    #: ``estimate`` (profiler model) or ``kv-cache-memory-bytes`` (exact).
+    kv_budget_source: str
+    #: Memory of one block on the limiting GPU.
+    block_bytes: int
+    #: Blocks in the pool, null block included (vLLM's ``num_gpu_blocks``).
+    kv_blocks: int
+    #: Token slots in the pool: ``kv_blocks x block_size``.
+    kv_capacity_tokens: int
+    kv_groups: tuple[KvCacheGroup, ...]
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    stages: tuple[StageSizing, ...]
+    #: Things the model had to assume, worded for a user.
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks running requests can hold: all but vLLM's reserved null block."""
+        return max(0, self.kv_blocks - 1)
+
+    @property
+    def usable_tokens(self) -> int:
+        """Token slots running requests can hold: ``(kv_blocks - 1) x block_size``."""
+        return self.usable_blocks * self.block_size
+
+    @property
+    def blocks_per_max_len_request(self) -> int:
+        """Blocks one ``max_model_len`` request needs, summed over KV-cache groups."""
+        return sum(group.blocks_per_max_len_request for group in self.kv_groups)
+
+    @property
+    def max_concurrency(self) -> float:
+        """vLLM's ``kv_cache_max_concurrency``: blocks over blocks per max-length request."""
+        return self.kv_blocks / self.blocks_per_max_len_request
+
+    @property
+    def kv_cache_size_tokens(self) -> int:
+        """vLLM's group-aware ``kv_cache_size_tokens`` (``cache_config_info``, vLLM >= 0.24)."""
+        return int(self.max_concurrency * self.max_model_len)
+
+    @property
+    def legacy_log_tokens(self) -> int:
+        """The older "GPU KV cache size: N tokens" line: ``blocks // groups x block_size``."""
+        return self.kv_blocks // len(self.kv_groups) * self.block_size
+
+    @property
+    def reported_capacity_tokens(self) -> int:
+        """The capacity this vLLM version itself reports, to compare like with like."""
+        if self.vllm_version >= GROUP_AWARE_CAPACITY_SINCE:
+            return self.kv_cache_size_tokens
+        return self.legacy_log_tokens
+
+    @property
+    def fits(self) -> bool:
+        """Whether there is any KV budget left after weights and overhead."""
+        return self.kv_blocks > 1
+
+    @property
+    def max_model_len_fits(self) -> bool:
+        """Whether one ``max_model_len`` request fits (vLLM refuses to start otherwise).
+
+        vLLM checks against the blocks a request can hold, which excludes the null block: a
+        real 0.32 refused 2,048 tokens in exactly 16 blocks of 128 ("estimated maximum model
+        length is 1920", tests/fixtures/vllm-cpu/architectures/llama-mha-maxlen2048).
+        """
+        return self.usable_blocks >= self.blocks_per_max_len_request
+
+    def blocks_per_sequence(self, context_tokens: int) -> int:
+        """Blocks one sequence of ``context_tokens`` holds, over all KV-cache groups.
+
+        Each group rounds up to whole blocks; a sliding-window group holds at most the window
+        (plus the block the window straddles), a chunked-local group at most one chunk.
+        """
+        if context_tokens < 1:
+            raise UsageError(f"context length must be at least 1 token, got {context_tokens}")
+        return sum(
+            _blocks_for_tokens(group, context_tokens, self.block_size) for group in self.kv_groups
+        )
+
+    def sequences_at(self, context_tokens: int) -> int:
+        """How many sequences of ``context_tokens`` fit at once in the usable blocks."""
+        return self.usable_blocks // self.blocks_per_sequence(context_tokens)
+
+
+def _all_full(num_layers: int) -> tuple[LayerKind, ...]:
+    full: LayerKind = "full"
+    return tuple(full for _ in range(num_layers))
+
+
+def _blocks_for_tokens(group: KvCacheGroup, tokens: int, block_size: int) -> int:
+    full = math.ceil(tokens / block_size)
+    if group.kind == "sliding" and group.window is not None:
+        return min(full, math.ceil((group.window - 1) / block_size) + 1)
+    if group.kind == "chunked" and group.window is not None:
+        return min(full, math.ceil(group.window / block_size))
+    return full
+
+
+# --- dtypes ------------------------------------------------------------------------------------
+
+
+def resolve_model_dtype(requested: str, *, checkpoint_dtype: str) -> str:
+    """The dtype vLLM runs the model in: ``auto`` takes the checkpoint's, fp32 -> bfloat16."""
+    if requested.strip().lower() != "auto":
+        dtype_bytes(requested)  # validates
+        return requested.strip().lower()
+    dtype = checkpoint_dtype.strip().lower().removeprefix("torch.")
+    if dtype_bytes(dtype) == 4:
+        # vLLM serves float32 checkpoints in 16-bit unless --dtype float32 is given.
+        return "bfloat16"
+    return dtype
+
+
+def kv_bytes_per_element(kv_cache_dtype: str, *, model_dtype: str) -> int:
+    """``B_kv``: ``auto`` means the model dtype; every fp8 variant is one byte."""
+    key = kv_cache_dtype.strip().lower()
+    if key == "auto":
+        return dtype_bytes(model_dtype)
+    if key in _FP8_KV or key.startswith("fp8"):
+        return 1
+    if key in {"int8", "int8_per_token_head"}:
+        return 1
+    try:
+        return dtype_bytes(key)
+    except UsageError:
+        raise UsageError(
+            f"unknown KV cache dtype {kv_cache_dtype!r}: use auto, bfloat16, float16, float32, "
+            "fp8, fp8_e4m3 or fp8_e5m2"
+        ) from None
+
+
+# --- per-token bytes ---------------------------------------------------------------------------
+
+
+def kv_heads_per_gpu(num_kv_heads: int, tensor_parallel: int) -> int:
+    """KV heads each GPU stores: split by TP, replicated once TP exceeds the KV heads."""
+    return max(1, num_kv_heads // tensor_parallel)
+
+
+def layer_bytes_per_token(arch: ModelArch, *, tensor_parallel: int, kv_element_bytes: int) -> int:
+    """KV bytes one token costs in one layer on one GPU."""
+    if arch.mla is not None:
+        # One latent per token, replicated on every TP rank.
+        return arch.mla.values_per_token * kv_element_bytes
+    heads = kv_heads_per_gpu(arch.num_kv_heads, tensor_parallel)
+    return 2 * heads * arch.head_dim * kv_element_bytes
+
+
+def pipeline_partition(num_layers: int, pipeline_parallel: int) -> tuple[int, ...]:
+    """Layers per pipeline stage as vLLM splits them (extra layers go to the middle stages)."""
+    per_stage = num_layers // pipeline_parallel
+    stages = [per_stage] * pipeline_parallel
+    # vLLM adds the remainder from the second-to-last stage backwards, sparing the last one,
+    # which also holds the LM head and the sampler.
+    for i in range(2, num_layers % pipeline_parallel + 2):
+        stages[-i] += 1
+    return tuple(stages)
+
+
+# --- KV-cache groups ---------------------------------------------------------------------------
+
+
+def kv_cache_groups(
+    arch: ModelArch,
+    *,
+    max_model_len: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    hybrid_allocator: bool,
+) -> tuple[tuple[KvCacheGroup, ...], int]:
+    """vLLM's KV-cache groups and the number of layers that share one block (group size).
+
+    One attention kind: one group of all layers. Several kinds: layers of each kind are split
+    into groups of ``group_size`` layers (the smaller kind's count, or the larger one's when they
+    are within 1.5x), each group with its own block table over one shared pool.
+    """
+    window_of: dict[LayerKind, int | None] = {
+        "full": None,
+        "sliding": arch.sliding_window,
+        "chunked": arch.attention_chunk_size,
+    }
+    kinds = arch.kinds if hybrid_allocator else _all_full(arch.num_layers)
+    counts: dict[LayerKind, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+
+    def group(kind: LayerKind, layers: int) -> KvCacheGroup:
+        window = window_of[kind]
+        return KvCacheGroup(
+            kind=kind,
+            window=window,
+            num_layers=layers,
+            blocks_per_max_len_request=_admission_blocks(
+                kind, window, max_model_len, block_size, max_num_batched_tokens
+            ),
+        )
+
+    if len(counts) == 1:
+        ((kind, layers),) = counts.items()
+        return (group(kind, layers),), layers
+    smallest, largest = min(counts.values()), max(counts.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups: list[KvCacheGroup] = []
+    for kind, layers in counts.items():
+        groups.extend(group(kind, group_size) for _ in range(math.ceil(layers / group_size)))
+    return tuple(groups), group_size
+
+
+def _admission_blocks(
+    kind: LayerKind, window: int | None, max_model_len: int, block_size: int, batched: int
+) -> int:
+    # vLLM's KVCacheSpec.max_memory_usage_bytes / page_size_bytes for one max-length request.
+    if kind == "sliding" and window is not None:
+        return math.ceil(min(window - 1 + batched, max_model_len) / block_size) + 1
+    if kind == "chunked" and window is not None:
+        return math.ceil(min(window + batched, max_model_len) / block_size)
+    return math.ceil(max_model_len / block_size)
+
+
+# --- weights -----------------------------------------------------------------------------------
+
+
+def param_split(arch: ModelArch) -> tuple[ParamSplit, bool]:
+    """Split the parameter count; the flag says whether it was estimated from the shape."""
+    vocab = arch.vocab_size or 0
+    embedding = vocab * arch.hidden_size
+    lm_head = 0 if arch.tie_word_embeddings else embedding
+    experts = 0
+    if arch.moe is not None:
+        moe = arch.moe
+        experts = moe.moe_layers * moe.num_experts * 3 * arch.hidden_size
+        experts *= moe.expert_intermediate_size
+    if arch.params is not None:
+        return ParamSplit(arch.params, embedding, lm_head, min(experts, arch.params)), False
+    return ParamSplit(estimate_params(arch), embedding, lm_head, experts), True
+
+
+def estimate_params(arch: ModelArch) -> int:
+    """Parameters implied by the shape alone (gated MLP, no biases): a fallback for planning."""
+    hidden, heads = arch.hidden_size, arch.num_attention_heads
+    embedding = (arch.vocab_size or DEFAULT_VOCAB_SIZE) * hidden
+    if arch.mla is not None:
+        attention = hidden * (arch.mla.values_per_token + 3 * heads * arch.head_dim)
+    else:
+        q_and_o = 2 * hidden * heads * arch.head_dim
+        attention = q_and_o + 2 * hidden * arch.num_kv_heads * arch.head_dim
+    mlp = 3 * hidden * (arch.intermediate_size or 4 * hidden)
+    dense = arch.num_layers * (attention + mlp)
+    experts = 0
+    if arch.moe is not None:
+        moe = arch.moe
+        experts = moe.moe_layers * (moe.num_experts * 3 * hidden * moe.expert_intermediate_size)
+        dense -= moe.moe_layers * mlp
+    heads_out = 0 if arch.tie_word_embeddings else embedding
+    return embedding + heads_out + dense + experts
+
+
+def stage_weights_bytes(
+    arch: ModelArch,
+    *,
+    layers: tuple[int, ...],
+    model_dtype: str,
+    quantization: str | None,
+    known_total_bytes: int | None,
+    tensor_parallel: int,
+) -> tuple[tuple[int, ...], bool]:
+    """Weights on one GPU of each pipeline stage; the flag says whether params were estimated.
+
+    The first stage holds the embedding, the last the LM head (a copy of the embedding when
+    tied and pipelined); decoder layers are split evenly. TP splits every stage evenly.
+    """
+    split, estimated = param_split(arch)
+    size = dtype_bytes(model_dtype)
+    embedding = split.embedding * size
+    lm_head = split.lm_head * size
+    if known_total_bytes is not None:
+        total, estimated = float(known_total_bytes), False
+    else:
+        fmt = weight_format(quantization if quantization is not None else arch.quantization)
+        total = weights_bytes_total(split, fmt=fmt, dtype_size=size)
+    decoder = max(0.0, total - embedding - lm_head)
+    stages = []
+    for i, stage_layers in enumerate(layers):
+        stage = decoder * stage_layers / arch.num_layers
+        if i == 0:
+            stage += embedding
+        if i == len(layers) - 1:
+            stage += lm_head if lm_head or len(layers) == 1 else embedding
+        stages.append(int(stage / tensor_parallel))
+    return tuple(stages), estimated
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def default_utilization(version: VllmVersion) -> float:
+    """vLLM's default ``--gpu-memory-utilization`` for this version."""
+    return UTILIZATION if version.at_least(0, 20) else UTILIZATION_BEFORE_0_20
+
+
+def batch_defaults(deployment: Deployment) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` as vLLM's API server picks them."""
+    large = deployment.gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in (
+        deployment.gpu_name or ""
+    )
+    seqs, batched = (1024, 8192) if large and deployment.device == "cuda" else (256, 2048)
+    return (
+        deployment.max_num_seqs or seqs,
+        deployment.max_num_batched_tokens or batched,
+    )
+
+
+def _validate(arch: ModelArch, deployment: Deployment) -> None:
+    util = deployment.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        raise UsageError(f"GPU memory utilization must be in (0, 1], got {util}")
+    tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
+    if tp < 1 or pp < 1:
+        raise UsageError(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
+    if pp > arch.num_layers:
+        raise UsageError(f"--pp {pp} exceeds the model's {arch.num_layers} layers")
+    kv = arch.num_kv_heads
+    if arch.mla is None and (tp % kv if tp > kv else kv % tp):
+        raise UsageError(
+            f"--tp {tp} and the model's {kv} KV heads do not divide each other; vLLM refuses "
+            "this: pick a TP that divides the KV heads or is a multiple of them"
+        )
+    if deployment.gpu_memory_bytes <= 0 and deployment.kv_cache_memory_bytes is None:
+        raise UsageError("GPU memory must be positive: give --gpu NAME or --gpu-mem-gib")
+    if deployment.block_size is not None and deployment.block_size < 1:
+        raise UsageError(f"--block-size must be positive, got {deployment.block_size}")
+    if deployment.max_model_len is not None and deployment.max_model_len < 1:
+        raise UsageError(f"--max-model-len must be positive, got {deployment.max_model_len}")
+    if deployment.kv_cache_memory_bytes is not None and deployment.kv_cache_memory_bytes < 0:
+        raise UsageError("--kv-cache-memory-bytes must not be negative")
+    if deployment.device == "cpu" and deployment.kv_cache_memory_bytes is None:
+        raise UsageError("the CPU backend sizes its KV cache from --kv-cache-memory-bytes; give it")
+
+
+def _block_size(arch: ModelArch, deployment: Deployment) -> int:
+    if deployment.block_size is not None:
+        return deployment.block_size
+    if deployment.device == "cpu":
+        return GPU_BLOCK_SIZE if arch.mla is not None else CPU_BLOCK_SIZE
+    return GPU_BLOCK_SIZE
+
+
+def _stage(
+    arch: ModelArch,
+    deployment: Deployment,
+    *,
+    index: int,
+    layers: int,
+    last: bool,
+    weights: int,
+    usable: int,
+    block_bytes: int,
+    vocab: int,
+    max_num_seqs: int,
+) -> StageSizing:
+    """Budget and blocks of one GPU of one pipeline stage."""
+    if deployment.kv_cache_memory_bytes is not None:
+        overhead = OverheadEstimate(0, 0, 0, source="not used")
+        budget = deployment.kv_cache_memory_bytes
+    else:
+        if deployment.overhead_bytes is not None:
+            overhead = OverheadEstimate(deployment.overhead_bytes, 0, 0, source="override")
+        else:
+            overhead = estimate_overhead(
+                vocab_size=vocab,
+                max_num_seqs=max_num_seqs,
+                is_moe=arch.moe is not None,
+                samples=last,
+                tensor_parallel=deployment.tensor_parallel,
+                layers_on_gpu=layers,
+                version=deployment.vllm_version,
+                enforce_eager=deployment.enforce_eager,
+            )
+        budget = usable - weights - overhead.total_bytes
+    blocks = max(0, budget // block_bytes)
+    return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks)
+
+
+def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult | Declined:
+    """Size the KV cache of ``arch`` under ``deployment``; :class:`Declined` if it cannot be.
+
+    Raises :class:`~exporter.errors.UsageError` for contradictory inputs (utilization outside
+    (0, 1], a TP that does not divide the KV heads, ...).
+    """
+    if arch.declined is not None:
+        return Declined(arch.name, arch.declined)
+    _validate(arch, deployment)
+    version = deployment.vllm_version
+    tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
+    assumptions: list[str] = []
+
+    model_dtype = resolve_model_dtype(deployment.dtype, checkpoint_dtype=arch.dtype)
+    kv_element = kv_bytes_per_element(deployment.kv_cache_dtype, model_dtype=model_dtype)
+    layer_bytes = layer_bytes_per_token(arch, tensor_parallel=tp, kv_element_bytes=kv_element)
+    block_size = _block_size(arch, deployment)
+    max_model_len = deployment.max_model_len or arch.max_position_embeddings
+    if max_model_len is None:
+        raise UsageError(
+            f"{arch.name}: the model does not say its context length: give --max-model-len"
+        )
+    max_num_seqs, batched = batch_defaults(deployment)
+    groups, group_size = kv_cache_groups(
+        arch,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        max_num_batched_tokens=batched,
+        hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
+    )
+
+    util = deployment.gpu_memory_utilization
+    if util is None:
+        util = default_utilization(version)
+    usable = int(deployment.gpu_memory_bytes * util)
+    layers = pipeline_partition(arch.num_layers, pp)
+    weights, params_estimated = stage_weights_bytes(
+        arch,
+        layers=layers,
+        model_dtype=model_dtype,
+        quantization=deployment.quantization,
+        known_total_bytes=deployment.weights_bytes,
+        tensor_parallel=tp,
+    )
+    if params_estimated:
+        assumptions.append("parameter count estimated from the architecture (give --params-b)")
+    vocab = arch.vocab_size
+    if vocab is None:
+        vocab = DEFAULT_VOCAB_SIZE
+        if deployment.kv_cache_memory_bytes is None and deployment.overhead_bytes is None:
+            assumptions.append(f"vocabulary unknown: assumed {vocab:,} for the sampler warm-up")
+
+    stages = tuple(
+        _stage(
+            arch,
+            deployment,
+            index=index,
+            layers=stage_layers,
+            last=index == len(layers) - 1,
+            weights=weights[index],
+            usable=usable,
+            block_bytes=block_size
+            * layer_bytes
+            * max(1, math.ceil(group_size * stage_layers / arch.num_layers)),
+            vocab=vocab,
+            max_num_seqs=max_num_seqs,
+        )
+        for index, stage_layers in enumerate(layers)
+    )
+
+    # vLLM gives every stage the block count of the smallest one.
+    limiting = min(stages, key=lambda stage: (stage.kv_blocks, stage.kv_budget_bytes))
+    return SizingResult(
+        model=arch.name,
+        attention_kind=arch.attention_kind,
+        vllm_version=version,
+        device=deployment.device,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        model_dtype=model_dtype,
+        kv_cache_dtype=deployment.kv_cache_dtype,
+        kv_bytes_per_element=kv_element,
+        kv_heads_per_gpu=1 if arch.mla is not None else kv_heads_per_gpu(arch.num_kv_heads, tp),
+        layers_per_gpu=max(layers),
+        bytes_per_token=layer_bytes * max(layers),
+        block_size=block_size,
+        gpu_memory_bytes=deployment.gpu_memory_bytes,
+        gpu_memory_utilization=util,
+        usable_bytes=usable,
+        weights_bytes=limiting.weights_bytes,
+        overhead=limiting.overhead,
+        kv_budget_bytes=limiting.kv_budget_bytes,
+        kv_budget_source=(
+            "estimate" if deployment.kv_cache_memory_bytes is None else "kv-cache-memory-bytes"
+        ),
+        block_bytes=limiting.block_bytes,
+        kv_blocks=limiting.kv_blocks,
+        kv_capacity_tokens=limiting.kv_blocks * block_size,
+        kv_groups=groups,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+        stages=stages,
+        assumptions=tuple(assumptions),
+    )
+
+
+def require_sized(outcome: SizingResult | Declined) -> SizingResult:
+    """Return the result, or raise :class:`UnsupportedModelError` with the decline reason."""
+    if isinstance(outcome, Declined):
+        raise UnsupportedModelError(f"{outcome.model}: {outcome.reason}")
+    return outcome
+
+
+# --- the inverse questions ---------------------------------------------------------------------
+
+
+def utilization_needed(
+    arch: ModelArch, *, deployment: Deployment, sequences: int, context_tokens: int
+) -> float | None:
+    """Smallest ``--gpu-memory-utilization`` (to 0.001) for ``sequences`` of ``context_tokens``.
+
+    None if even 1.0 is not enough, or if ``--kv-cache-memory-bytes`` fixes the budget.
+    """
+    if sequences < 1:
+        raise UsageError(f"number of sequences must be at least 1, got {sequences}")
+    if deployment.kv_cache_memory_bytes is not None:
+        return None
+
+    def holds(util: float) -> bool:
+        outcome = size_deployment(arch, deployment=replace(deployment, gpu_memory_utilization=util))
+        result = require_sized(outcome)
+        return result.sequences_at(context_tokens) >= sequences
+
+    if not holds(1.0):
+        return None
+    low, high = 0, 1000  # in thousandths; holds(high / 1000) is always true here
+    while high - low > 1:
+        middle = (low + high) // 2
+        if holds(middle / 1000):
+            high = middle
+        else:
+            low = middle
+    return high / 1000

@@ -1,0 +1,372 @@
+"""Read a Hugging Face ``config.json`` into a :class:`~exporter.sizing.model.ModelArch`.
+
+Sources, in the order tried: a model directory, a ``config.json`` path, or a model id looked up in
+the local Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+``~/.cache/huggingface/hub``; ``models--org--name/snapshots/<rev>/config.json``). Nothing is
+downloaded. The parsing itself (:func:`parse_model_config`) is pure and also reads the built-in
+catalogue entries.
+
+What is normalised: ``head_dim`` when given, else ``hidden_size / num_attention_heads``; a missing
+``num_key_value_heads`` means MHA; ``text_config`` nesting of vision-language models; MLA
+(``kv_lora_rank``, ``qk_rope_head_dim``); sliding windows from ``layer_types``, Gemma 2's
+alternation, Gemma 3's ``sliding_window_pattern``, Qwen2's ``use_sliding_window`` and Mistral's
+all-layer window; Llama 4's chunked local attention; ``quantization_config``; ``torch_dtype`` or
+``dtype``. State-space hybrids are recognised and declined with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from exporter.errors import ModelConfigError
+from exporter.sizing.model import LayerKind, MlaDims, ModelArch, MoeSpec
+
+# model_type values of models whose layers keep a fixed recurrent state per sequence.
+_STATE_SPACE_TYPES = {
+    "jamba",
+    "mamba",
+    "mamba2",
+    "falcon_h1",
+    "falcon_mamba",
+    "zamba",
+    "zamba2",
+    "bamba",
+    "nemotron_h",
+    "granitemoehybrid",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "lfm2",
+    "minimax",
+    "minimax_text_01",
+    "kimi_linear",
+    "plamo2",
+    "recurrent_gemma",
+}
+_STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "recurrent", "ssm"}
+_FULL_LAYER_TYPES = {"full_attention", "attention", "global", "global_attention"}
+_SLIDING_LAYER_TYPES = {"sliding_attention", "sliding_window", "local", "local_attention"}
+_CHUNKED_LAYER_TYPES = {"chunked_attention"}
+
+_STATE_REASON = (
+    "hybrid state-space model ({what}): its Mamba/linear-attention layers keep a fixed state per "
+    "sequence in a separate pool that vLLM sizes differently; the token-capacity prediction does "
+    "not apply (vLLM's own kv_cache_size_tokens can still be read from /metrics)"
+)
+
+
+def _int(config: Mapping[str, Any], key: str, *, source: str) -> int:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ModelConfigError(
+            f"{source}: config.json field {key!r} is missing or not a positive number"
+        )
+    return int(value)
+
+
+def _opt_int(config: Mapping[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return int(value)
+
+
+def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge a VLM's ``text_config`` (or ``llm_config``) over the top-level fields."""
+    nested = config.get("text_config") or config.get("llm_config") or config.get("language_config")
+    merged = {k: v for k, v in config.items() if k not in {"text_config", "vision_config"}}
+    if isinstance(nested, Mapping):
+        merged.update(nested)
+        # The wrapper's dtype and quantization apply to the whole checkpoint.
+        for key in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
+            if key in config and key not in nested:
+                merged[key] = config[key]
+    return merged
+
+
+def _compressed_tensors_format(quant: Mapping[str, Any]) -> str:
+    groups = quant.get("config_groups")
+    for group in groups.values() if isinstance(groups, Mapping) else ():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int):
+            if weights["num_bits"] == 4:
+                return "w4a16"
+            return "fp8" if str(weights.get("type", "int")) == "float" else "w8a8"
+    return "w8a8"
+
+
+def _quantization(config: Mapping[str, Any]) -> str | None:
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    if method in {"compressed-tensors", "compressed_tensors"}:
+        return _compressed_tensors_format(quant)
+    if method == "modelopt":
+        return "nvfp4" if "FP4" in str(quant.get("quant_algo", "")).upper() else "fp8"
+    if method == "bitsandbytes":
+        return "int8" if quant.get("load_in_8bit") else "int4"
+    return method or None
+
+
+def _listed_kinds(layer_types: list[Any], num_layers: int, *, source: str) -> list[LayerKind]:
+    kinds: list[LayerKind] = []
+    for entry in layer_types[:num_layers]:
+        name = str(entry)
+        if name in _SLIDING_LAYER_TYPES:
+            kinds.append("sliding")
+        elif name in _CHUNKED_LAYER_TYPES:
+            kinds.append("chunked")
+        elif name in _FULL_LAYER_TYPES:
+            kinds.append("full")
+        else:
+            raise ModelConfigError(
+                f"{source}: unknown layer type {name!r} in layer_types; known: "
+                "full_attention, sliding_attention, chunked_attention"
+            )
+    if len(kinds) != num_layers:
+        raise ModelConfigError(
+            f"{source}: layer_types lists {len(kinds)} layers but num_hidden_layers is {num_layers}"
+        )
+    return kinds
+
+
+def _patterned_kinds(config: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
+    """Per-layer kinds of models that describe their pattern instead of listing it."""
+    model_type = str(config.get("model_type", ""))
+    window = _opt_int(config, "sliding_window")
+    if model_type == "gemma2" and window:
+        # Gemma 2 alternates, starting with a sliding-window layer.
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
+    if model_type in {"gemma3", "gemma3_text", "cohere2"} and window:
+        pattern = _opt_int(config, "sliding_window_pattern") or _opt_int(
+            config, "_sliding_window_pattern"
+        )
+        pattern = pattern or (6 if model_type.startswith("gemma3") else 4)
+        return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
+    if model_type in {"llama4", "llama4_text"} and _opt_int(config, "attention_chunk_size"):
+        no_rope = config.get("no_rope_layers")
+        if isinstance(no_rope, list) and len(no_rope) >= num_layers:
+            # 1 = this layer uses RoPE = chunked local attention; 0 = global NoPE layer.
+            return ["chunked" if no_rope[i] else "full" for i in range(num_layers)]
+        interval = _opt_int(config, "no_rope_layer_interval") or 4
+        return ["full" if (i + 1) % interval == 0 else "chunked" for i in range(num_layers)]
+    if window and config.get("use_sliding_window", True) is not False:
+        # Mistral v0.1 style: every layer windowed. Qwen2 windows only the layers from
+        # max_window_layers on (and only when use_sliding_window is true).
+        first = _opt_int(config, "max_window_layers") if "use_sliding_window" in config else None
+        start = first if first is not None else 0
+        return ["sliding" if i >= start else "full" for i in range(num_layers)]
+    return ["full"] * num_layers
+
+
+def _layer_kinds(
+    config: Mapping[str, Any], num_layers: int, *, source: str
+) -> tuple[tuple[LayerKind, ...], int | None, int | None]:
+    """Per-layer attention kinds (empty when all full), the sliding window and the chunk size."""
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        kinds = _listed_kinds(layer_types, num_layers, source=source)
+    else:
+        kinds = _patterned_kinds(config, num_layers)
+    window = _opt_int(config, "sliding_window") if "sliding" in kinds else None
+    chunk = _opt_int(config, "attention_chunk_size") if "chunked" in kinds else None
+    if all(kind == "full" for kind in kinds):
+        return (), None, None
+    if "sliding" in kinds and window is None:
+        raise ModelConfigError(f"{source}: sliding-window layers but no sliding_window size")
+    return tuple(kinds), window, chunk
+
+
+def _declined(config: Mapping[str, Any]) -> str | None:
+    model_type = str(config.get("model_type", ""))
+    if model_type in _STATE_SPACE_TYPES:
+        return _STATE_REASON.format(what=model_type)
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and any(str(t) in _STATE_LAYER_TYPES for t in layer_types):
+        return _STATE_REASON.format(what="layer_types with linear/Mamba layers")
+    for key in ("layers_block_type", "hybrid_override_pattern", "attn_layer_period"):
+        if key in config:
+            return _STATE_REASON.format(what=key)
+    if "index_topk" in config or "compress_ratios" in config:
+        return (
+            "sparse-attention MLA model (DeepSeek V3.2/V4 style indexer or compressed layers): "
+            "its extra per-token indexer cache is not modelled"
+        )
+    return None
+
+
+def parse_model_config(
+    config: Mapping[str, Any], *, name: str, params: int | None = None
+) -> ModelArch:
+    """Normalise one parsed ``config.json`` mapping into a :class:`ModelArch`."""
+    if not isinstance(config, Mapping):
+        raise ModelConfigError(f"{name}: config.json must hold a JSON object")
+    text = _text_config(config)
+    declined = _declined(text) or _declined(config)
+    num_layers = _int(text, "num_hidden_layers", source=name)
+    heads = _int(text, "num_attention_heads", source=name)
+    hidden = _int(text, "hidden_size", source=name)
+    kv_heads = _opt_int(text, "num_key_value_heads") or heads
+    head_dim = _opt_int(text, "head_dim") or hidden // heads
+    mla = None
+    rank = _opt_int(text, "kv_lora_rank")
+    if rank is not None:
+        rope = _opt_int(text, "qk_rope_head_dim")
+        if rope is None:
+            raise ModelConfigError(f"{name}: MLA model (kv_lora_rank) without qk_rope_head_dim")
+        mla = MlaDims(kv_lora_rank=rank, qk_rope_head_dim=rope)
+        head_dim = _opt_int(text, "qk_nope_head_dim") or head_dim
+    kinds: tuple[LayerKind, ...] = ()
+    window: int | None = None
+    chunk: int | None = None
+    if declined is None:
+        kinds, window, chunk = _layer_kinds(text, num_layers, source=name)
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
+    return ModelArch(
+        name=name,
+        num_layers=num_layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        vocab_size=_opt_int(text, "vocab_size"),
+        intermediate_size=_opt_int(text, "intermediate_size"),
+        params=params,
+        dtype=dtype.removeprefix("torch."),
+        mla=mla,
+        layer_kinds=kinds,
+        sliding_window=window,
+        attention_chunk_size=chunk,
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        moe=_moe(text, num_layers),
+        quantization=_quantization(text),
+        max_position_embeddings=_opt_int(text, "max_position_embeddings"),
+        declined=declined,
+    )
+
+
+def _moe(config: Mapping[str, Any], num_layers: int) -> MoeSpec | None:
+    experts = (
+        _opt_int(config, "num_local_experts")
+        or _opt_int(config, "n_routed_experts")
+        or _opt_int(config, "num_experts")
+    )
+    if experts is None or experts < 2:
+        return None
+    per_token = _opt_int(config, "num_experts_per_tok") or _opt_int(config, "top_k") or 1
+    size = _opt_int(config, "moe_intermediate_size") or _opt_int(config, "intermediate_size")
+    dense = _opt_int(config, "first_k_dense_replace") or 0
+    return MoeSpec(
+        num_experts=experts,
+        experts_per_token=per_token,
+        expert_intermediate_size=size or 0,
+        moe_layers=max(0, num_layers - dense),
+    )
+
+
+# --- I/O edge ----------------------------------------------------------------------------------
+
+
+def hub_cache_dir(hf_home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache: ``HF_HUB_CACHE``, ``HF_HOME/hub`` or the default."""
+    env = os.environ if environ is None else environ
+    if hf_home is not None:
+        return hf_home / "hub"
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"])
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def find_cached_config(model_id: str, *, cache: Path) -> Path | None:
+    """``config.json`` of ``org/name`` in a hub cache (the ``main`` revision first), or None."""
+    repo = cache / ("models--" + model_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        preferred = snapshots / ref.read_text(encoding="utf-8").strip() / "config.json"
+        if preferred.is_file():
+            return preferred
+    candidates = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path} is not valid JSON ({exc}); is it a config.json?") from None
+
+
+def resolve_config_path(source: str | Path, *, hf_home: Path | None = None) -> Path:
+    """Where the ``config.json`` of ``source`` (directory, file or hub id) lives."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise ModelConfigError(f"{path} has no config.json; point --model at a model directory")
+        return config
+    if path.is_file():
+        return path
+    text = str(source)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        cache = hub_cache_dir(hf_home)
+        found = find_cached_config(text, cache=cache)
+        if found is not None:
+            return found
+        raise ModelConfigError(
+            f"model {text!r} is not in the local Hugging Face cache ({cache}); nothing is "
+            "downloaded: download it first, point --model at its directory, or use a catalogue name"
+        )
+    raise ModelConfigError(f"no model directory or config.json at {text!r}")
+
+
+def load_model_arch(source: str | Path, *, hf_home: Path | None = None) -> ModelArch:
+    """Read the architecture of a model directory, a ``config.json`` or a cached hub id."""
+    try:
+        config_path = resolve_config_path(source, hf_home=hf_home)
+    except OSError as exc:
+        # An unreadable directory (permissions, a stale mount): stat() itself fails there.
+        raise ModelConfigError(
+            f"cannot read the model at {source}: {exc.strerror or exc}; give the exporter "
+            "read access to the model directory"
+        ) from None
+    config = _read_json(config_path)
+    name = str(source)
+    return parse_model_config(config, name=name)
+
+
+def model_weights_bytes(model_dir: Path) -> int | None:
+    """Checkpoint size in bytes, or None when the directory holds no safetensors.
+
+    ``model.safetensors.index.json`` ``metadata.total_size`` when present, else the sum of the
+    ``*.safetensors`` file sizes. An unreadable directory gives None too (the sizing then
+    estimates the weights from the parameter count); a corrupt index raises ModelConfigError.
+    """
+    try:
+        return _weights_bytes(model_dir)
+    except OSError:
+        return None
+
+
+def _weights_bytes(model_dir: Path) -> int | None:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        data = _read_json(index)
+        total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
+        if isinstance(total, int | float) and not isinstance(total, bool) and total > 0:
+            return int(total)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    return sum(file.stat().st_size for file in files)

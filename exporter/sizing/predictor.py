@@ -1,0 +1,250 @@
+"""The sizing model applied to a live vLLM target: the capacity it should have.
+
+:class:`ModelPredictor` is the poller's :class:`~exporter.service.poller.Predictor`. ``load`` finds
+the model's ``config.json`` (the ``model`` setting, else the ``root`` that ``/v1/models`` reports,
+looked up as a directory or in the local Hugging Face cache, else the catalogue by name) and reads
+the checkpoint size; that is the only I/O. ``predict`` is pure: it builds a
+:class:`~exporter.sizing.model.Deployment` from what vLLM says about itself (``cache_config_info``:
+utilization, block size, KV dtype, exact KV bytes; ``/v1/models``: max_model_len; ``/version``) and
+from the GPUs NVML sees, and sizes it.
+
+GPU memory is the CUDA-visible total (NVML's total less the driver's reservation), the figure vLLM
+multiplies by ``--gpu-memory-utilization``. Tensor parallelism is the ``tensor_parallel_size``
+setting, else the number of GPUs vLLM sees divided by the pipeline stages (vLLM does not export its
+parallel config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exporter.core.views import PredictionView
+from exporter.errors import ModelConfigError, SourceError, UnsupportedModelError, UsageError
+from exporter.sizing.catalog import find_model
+from exporter.sizing.model import Declined, Deployment, ModelArch, size_deployment
+from exporter.sizing.modelconfig import load_model_arch, model_weights_bytes
+from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from exporter.core.snapshot import CacheConfig, VllmSnapshot
+    from exporter.core.views import GpuMemoryView, TargetInfo
+
+#: ModelArch fields the ``model_overrides`` setting may replace, with their types.
+OVERRIDABLE: dict[str, type] = {
+    "num_layers": int,
+    "num_attention_heads": int,
+    "num_kv_heads": int,
+    "head_dim": int,
+    "hidden_size": int,
+    "vocab_size": int,
+    "params": int,
+    "dtype": str,
+    "sliding_window": int,
+    "quantization": str,
+    "max_position_embeddings": int,
+}
+
+
+def check_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``model_overrides`` (UsageError naming the field and the fix)."""
+    checked: dict[str, Any] = {}
+    for key, value in overrides.items():
+        kind = OVERRIDABLE.get(key)
+        if kind is None:
+            known = ", ".join(sorted(OVERRIDABLE))
+            msg = f"model_overrides: unknown field {key!r}; known fields: {known}"
+            raise UsageError(msg)
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            msg = f"model_overrides: {key} must be a positive integer, got {value!r}"
+            raise UsageError(msg)
+        if kind is str and not isinstance(value, str):
+            msg = f"model_overrides: {key} must be a string, got {value!r}"
+            raise UsageError(msg)
+        checked[key] = value
+    return checked
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a path that cannot even be examined (EACCES) does."""
+    try:
+        return path.exists()
+    except OSError:
+        return True
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _first_cache_config(snapshot: VllmSnapshot) -> CacheConfig | None:
+    return next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
+
+
+def cuda_total_bytes(gpus: Sequence[GpuMemoryView]) -> float | None:
+    """Smallest CUDA-visible memory of vLLM's GPUs (the limiting one), if any was read."""
+    return min((g.cuda_total_bytes for g in gpus), default=None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loaded:
+    arch: ModelArch | None = None
+    weights_bytes: int | None = None
+    state: str = "waiting_for_target"
+    message: str = "the model is read once vLLM's /v1/models has answered"
+
+
+class ModelPredictor:
+    """Finds the model once per (re)discovery and predicts the target's KV capacity."""
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        hf_home: Path | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        tensor_parallel: int | None = None,
+        pipeline_parallel: int | None = None,
+        gpu_memory_bytes: int | None = None,
+        weights_bytes: int | None = None,
+        overhead_bytes: int | None = None,
+    ) -> None:
+        self._model = model
+        self._hf_home = hf_home
+        self._overrides = check_overrides(overrides or {})
+        self._tp = tensor_parallel
+        self._pp = pipeline_parallel or 1
+        self._gpu_memory_bytes = gpu_memory_bytes
+        self._weights_bytes = weights_bytes
+        self._overhead_bytes = overhead_bytes
+        self._loaded = _Loaded()
+
+    def load(self, info: TargetInfo) -> SourceError | None:
+        """Read the model's config.json and checkpoint size (blocking I/O)."""
+        source = self._model or info.model_root or info.model_id
+        if source is None:
+            self._loaded = _Loaded(state="model_not_found", message="vLLM names no model")
+            return SourceError("model_not_found", "vLLM's /v1/models names no model")
+        try:
+            arch = load_model_arch(source, hf_home=self._hf_home)
+        except UnsupportedModelError as exc:
+            self._loaded = _Loaded(state="model_unsupported", message=str(exc))
+            return SourceError("model_unsupported", str(exc))
+        except ModelConfigError as exc:
+            entry = find_model(str(info.model_id or source))
+            if entry is None:
+                missing = not _exists(Path(source).expanduser())
+                state = "model_not_found" if missing else "model_config_invalid"
+                self._loaded = _Loaded(state=state, message=str(exc))
+                return SourceError(state, str(exc))
+            arch = entry.arch()
+        if self._overrides:
+            arch = dataclasses.replace(arch, **self._overrides)
+        weights = None
+        directory = Path(source).expanduser()
+        if _is_dir(directory):
+            try:
+                weights = model_weights_bytes(directory)
+            except ModelConfigError:
+                weights = None  # a corrupt safetensors index: estimate from the parameters
+        self._loaded = _Loaded(arch=arch, weights_bytes=weights, state="ok", message="")
+        return None
+
+    def predict(
+        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+    ) -> PredictionView:
+        """Size the deployment vLLM describes (pure, given what ``load`` read)."""
+        loaded = self._loaded
+        if loaded.arch is None:
+            return PredictionView(state=loaded.state, message=loaded.message)
+        arch = loaded.arch
+        cache = _first_cache_config(snapshot)
+        exact = cache.kv_cache_memory_bytes if cache else None
+        memory = self._gpu_memory_bytes or cuda_total_bytes(gpus)
+        if memory is None and exact is None:
+            return PredictionView(
+                state="no_gpu_memory",
+                message="NVML reports no GPU memory: set gpu_memory_bytes (fleet mode needs it)",
+                info=self._info(arch, info, cache, None),
+            )
+        tp = self._tp or (max(1, len(gpus) // self._pp) if gpus else 1)
+        try:
+            version = parse_vllm_version(info.vllm_version) if info.vllm_version else LATEST_KNOWN
+        except UsageError:
+            version = LATEST_KNOWN
+        deployment = Deployment(
+            gpu_memory_bytes=int(memory or exact or 0),
+            gpu_memory_utilization=cache.gpu_memory_utilization if cache else None,
+            tensor_parallel=tp,
+            pipeline_parallel=self._pp,
+            kv_cache_dtype=(cache.cache_dtype if cache and cache.cache_dtype else "auto"),
+            block_size=cache.block_size if cache else None,
+            max_model_len=info.max_model_len,
+            kv_cache_memory_bytes=exact,
+            weights_bytes=self._weights_bytes or loaded.weights_bytes,
+            overhead_bytes=self._overhead_bytes,
+            gpu_name=gpus[0].name.lower() if gpus else None,
+            device="cuda" if gpus or exact is None else "cpu",
+            vllm_version=version,
+        )
+        try:
+            outcome = size_deployment(arch, deployment=deployment)
+        except UsageError as exc:
+            return PredictionView(
+                state="model_unsupported",
+                message=str(exc),
+                info=self._info(arch, info, cache, None),
+            )
+        if isinstance(outcome, Declined):
+            return PredictionView(
+                state="model_unsupported",
+                message=outcome.reason,
+                info=self._info(arch, info, cache, None),
+            )
+        labels = self._info(arch, info, cache, outcome.kv_cache_dtype, tp=tp)
+        if not outcome.fits:
+            return PredictionView(
+                state="does_not_fit",
+                message="weights and overhead exceed the GPU memory vLLM may use",
+                bytes_per_token=outcome.bytes_per_token,
+                weights_bytes=outcome.weights_bytes,
+                overhead_bytes=outcome.overhead.total_bytes,
+                info=labels,
+            )
+        return PredictionView(
+            state="ok",
+            bytes_per_token=outcome.bytes_per_token,
+            weights_bytes=outcome.weights_bytes,
+            overhead_bytes=outcome.overhead.total_bytes,
+            kv_budget_bytes=outcome.kv_budget_bytes,
+            capacity_tokens=outcome.reported_capacity_tokens,
+            info=labels,
+        )
+
+    def _info(
+        self,
+        arch: ModelArch,
+        info: TargetInfo,
+        cache: CacheConfig | None,
+        kv_dtype: str | None,
+        *,
+        tp: int | None = None,
+    ) -> dict[str, str]:
+        return {
+            "model": info.model_id or arch.name,
+            "attention": arch.attention_kind,
+            "layers": str(arch.num_layers),
+            "kv_heads": str(arch.num_kv_heads),
+            "head_dim": str(arch.head_dim),
+            "kv_dtype": kv_dtype or (cache.cache_dtype if cache and cache.cache_dtype else "auto"),
+            "tensor_parallel": str(tp or self._tp or 1),
+            "pipeline_parallel": str(self._pp),
+            "block_size": str(cache.block_size) if cache and cache.block_size else "",
+            "vllm_version": info.vllm_version or "",
+        }
