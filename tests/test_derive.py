@@ -15,6 +15,7 @@ from exporter.core.derive import (
     derive_target,
     detect_restart,
     estimate_context,
+    next_sample,
     sequences_that_fit,
 )
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
@@ -26,6 +27,14 @@ WINDOWS = WindowSettings(context_seconds=600.0, rate_seconds=60.0)
 
 # The real CPU server of the captures: 8 blocks of 128 tokens, 1,024 tokens reported.
 CPU_CACHE = CacheConfig(num_gpu_blocks=8, block_size=128, kv_cache_size_tokens=1024)
+
+
+def chain(*samples: Sample) -> list[Sample]:
+    """Samples in poll order, each with the restart since the one before detected, as polled."""
+    polled: list[Sample] = []
+    for sample in samples:
+        polled.append(next_sample(polled[-1] if polled else None, sample.t, sample.snapshot))
+    return polled
 
 
 def token_hist(bucket: int, n: int, each: float) -> Histogram:
@@ -101,7 +110,7 @@ def test_tokens_in_use_follow_the_usage_ratio_in_whole_blocks() -> None:
 
 def test_context_quantiles_come_from_requests_finished_in_the_window() -> None:
     """Twelve requests of 101 + 380 tokens: p95 is bracketed by the buckets they fell in."""
-    samples = [Sample(0.0, snap(engine(finished=0))), Sample(30.0, snap(engine(finished=12)))]
+    samples = chain(Sample(0.0, snap(engine(finished=0))), Sample(30.0, snap(engine(finished=12))))
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.context is not None
     assert e.context.basis == "window"
@@ -114,7 +123,9 @@ def test_context_quantiles_come_from_requests_finished_in_the_window() -> None:
 
 def test_context_falls_back_to_everything_since_start_when_the_window_is_empty() -> None:
     """With nothing finished in the window, the figures are vLLM's lifetime distribution."""
-    samples = [Sample(0.0, snap(engine(finished=12))), Sample(700.0, snap(engine(finished=12)))]
+    samples = chain(
+        Sample(0.0, snap(engine(finished=12))), Sample(700.0, snap(engine(finished=12)))
+    )
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.context is not None
     assert e.context.basis == "lifetime"
@@ -131,10 +142,10 @@ def test_no_finished_requests_at_all_means_no_context_and_no_headroom() -> None:
 
 def test_headroom_counts_whole_p95_sequences_in_the_free_blocks() -> None:
     """Free 384 tokens hold no p95 sequence of ~680 tokens (6 blocks); the pool holds one."""
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=0))),
         Sample(30.0, snap(engine(finished=12, usage=4 / 7))),
-    ]
+    )
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.context is not None
     blocks_per_sequence = math.ceil(e.context.quantiles[0.95] / 128)
@@ -146,10 +157,10 @@ def test_headroom_counts_whole_p95_sequences_in_the_free_blocks() -> None:
 def test_headroom_ratio_is_zero_when_not_even_one_sequence_fits() -> None:
     """A p95 longer than the pool gives a ceiling of 0 and a ratio of 0, not a division error."""
     cache = CacheConfig(num_gpu_blocks=3, block_size=128, kv_cache_size_tokens=384)
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=0, cache=cache))),
         Sample(30.0, snap(engine(finished=12, cache=cache))),
-    ]
+    )
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.p95_ceiling_sequences == 0
     assert e.p95_available_ratio == 0.0
@@ -157,10 +168,10 @@ def test_headroom_ratio_is_zero_when_not_even_one_sequence_fits() -> None:
 
 def test_preemption_rate_is_the_increase_over_the_rate_window() -> None:
     """15 preemptions over 30 seconds are 0.5 per second and 1.25 per finished request."""
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=0, preemptions=0))),
         Sample(30.0, snap(engine(finished=12, preemptions=15))),
-    ]
+    )
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.preemptions_per_second == pytest.approx(0.5)
     assert e.preemptions_per_finished_request == pytest.approx(1.25)
@@ -169,11 +180,11 @@ def test_preemption_rate_is_the_increase_over_the_rate_window() -> None:
 
 def test_preemption_rate_never_goes_negative_or_spikes_across_a_restart() -> None:
     """After a restart the counters start from zero: the rate counts only what happened."""
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=100, preemptions=900), start=1000.0)),
         Sample(10.0, snap(engine(finished=0, preemptions=0), start=2000.0)),
         Sample(20.0, snap(engine(finished=2, preemptions=1), start=2000.0)),
-    ]
+    )
     derived = derive_target(samples, windows=WINDOWS)
     (e,) = derived.engines
     assert e.preemptions_per_second == pytest.approx(1 / 20)
@@ -182,10 +193,10 @@ def test_preemption_rate_never_goes_negative_or_spikes_across_a_restart() -> Non
 
 def test_restart_is_flagged_on_the_sample_that_follows_it() -> None:
     """The latest sample after a restart carries the restart flag (to refresh model facts)."""
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=5), start=1000.0)),
         Sample(10.0, snap(engine(finished=0), start=2000.0)),
-    ]
+    )
     assert derive_target(samples, windows=WINDOWS).restarted
 
 
@@ -199,11 +210,11 @@ def test_detect_restart_sees_counters_going_down_without_a_start_time() -> None:
 
 def test_context_after_a_restart_counts_requests_of_both_lifetimes() -> None:
     """Requests finished before and after a restart within the window all count."""
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=0), start=1000.0)),
         Sample(10.0, snap(engine(finished=4), start=1000.0)),
         Sample(20.0, snap(engine(finished=3), start=2000.0)),
-    ]
+    )
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.context is not None
     assert e.context.window_requests == 7
@@ -220,10 +231,10 @@ def test_prediction_error_is_relative_to_the_actual_capacity() -> None:
 def test_prediction_stands_in_for_headroom_when_vllm_reports_no_capacity() -> None:
     """vLLM 0.8.x labels num_gpu_blocks "None": headroom uses the prediction instead."""
     cache = CacheConfig(num_gpu_blocks=None, block_size=16)
-    samples = [
+    samples = chain(
         Sample(0.0, snap(engine(finished=0, cache=cache))),
         Sample(30.0, snap(engine(finished=12, cache=cache))),
-    ]
+    )
     (e,) = derive_target(samples, windows=WINDOWS, predicted_capacity_tokens=16_000).engines
     assert e.kv_capacity_tokens is None
     assert e.kv_capacity_error_ratio is None

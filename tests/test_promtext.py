@@ -18,7 +18,7 @@ from exporter.vllm.promtext import SUFFIXES, Exposition, parse_exposition, wante
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from exporter.vllm.promtext import Sample, WantedFamilies
+    from exporter.vllm.promtext import TextSample, WantedFamilies
 
 
 def _flat(exposition: Exposition) -> list[tuple[str, dict[str, str], float, float | None]]:
@@ -410,7 +410,7 @@ def test_wanting_more_families_never_changes_the_samples_of_the_others(
     text, wanted = case
     fewer = data.draw(st.lists(st.sampled_from(wanted), unique=True)) if wanted else []
 
-    def comparable(samples: Iterable[Sample]) -> list[tuple[object, ...]]:
+    def comparable(samples: Iterable[TextSample]) -> list[tuple[object, ...]]:
         return [(*s[:3], repr(s.value), *s[4:]) for s in samples]  # repr: NaN equals NaN
 
     all_of_them = [s for s in parse_exposition(text, wanted).samples if s.family in fewer]

@@ -59,6 +59,9 @@ class Sample:
 
     t: float
     snapshot: VllmSnapshot
+    #: vLLM restarted between the previous sample and this one; set once, by
+    #: :func:`next_sample`, and read by every window that spans the two.
+    restarted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +155,15 @@ def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
     return False
 
 
-def restart_flags(samples: Sequence[Sample]) -> list[bool]:
-    """``flags[i]``: a restart happened between sample ``i - 1`` and ``i`` (``flags[0]`` False)."""
-    return [False] + [
-        detect_restart(samples[i - 1].snapshot, samples[i].snapshot) for i in range(1, len(samples))
-    ]
+def next_sample(previous: Sample | None, t: float, snapshot: VllmSnapshot) -> Sample:
+    """The sample that follows ``previous``, with a restart between the two detected once."""
+    restarted = previous is not None and detect_restart(previous.snapshot, snapshot)
+    return Sample(t, snapshot, restarted)
+
+
+def _restarts(samples: Sequence[Sample]) -> list[bool]:
+    """``flags[i]``: a restart between sample ``i - 1`` and ``i``; none before the first one."""
+    return [False] + [sample.restarted for sample in samples[1:]]
 
 
 def _tail(samples: Sequence[Sample], seconds: float) -> int:
@@ -172,7 +179,6 @@ def _tail(samples: Sequence[Sample], seconds: float) -> int:
 
 def _histogram_window(
     samples: Sequence[Sample],
-    resets: Sequence[bool],
     engine: str,
     pick: Callable[[EngineMetrics], Histogram | None],
 ) -> BucketCounts | None:
@@ -180,7 +186,7 @@ def _histogram_window(
     previous: Histogram | None = None
     pending_reset = False  # a restart seen while the histogram was absent applies to its return
     for i, sample in enumerate(samples):
-        pending_reset |= resets[i] and i > 0
+        pending_reset |= sample.restarted and i > 0
         metrics = sample.snapshot.engines.get(engine)
         current = pick(metrics) if metrics else None
         if current is None:
@@ -286,16 +292,15 @@ def _kv_state(
 def _context(
     name: str,
     samples: Sequence[Sample],
-    resets: Sequence[bool],
     *,
     seconds: float,
     max_model_len: int | None,
 ) -> ContextEstimate | None:
     """Context estimate over the window, else since vLLM started (see the module docstring)."""
     start = _tail(samples, seconds)
-    window, window_resets = samples[start:], resets[start:]
-    prompt = _histogram_window(window, window_resets, name, lambda e: e.prompt_tokens)
-    generation = _histogram_window(window, window_resets, name, lambda e: e.generation_tokens)
+    window = samples[start:]
+    prompt = _histogram_window(window, name, lambda e: e.prompt_tokens)
+    generation = _histogram_window(window, name, lambda e: e.generation_tokens)
     context = estimate_context(
         prompt,
         generation,
@@ -322,9 +327,10 @@ class _Rates:
     finished_requests_per_second: float | None = None
 
 
-def _rates(name: str, samples: Sequence[Sample], resets: Sequence[bool], seconds: float) -> _Rates:
+def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
     start = _tail(samples, seconds)
-    window, window_resets = samples[start:], resets[start:]
+    window = samples[start:]
+    window_resets = _restarts(window)
     span = window[-1].t - window[0].t
     if len(window) < 2 or span <= 0:
         return _Rates()
@@ -350,7 +356,6 @@ def _rates(name: str, samples: Sequence[Sample], resets: Sequence[bool], seconds
 def derive_engine(
     name: str,
     samples: Sequence[Sample],
-    resets: Sequence[bool],
     *,
     windows: WindowSettings,
     predicted_capacity_tokens: float | None = None,
@@ -361,9 +366,7 @@ def derive_engine(
     engine = latest.engines[name]
     engine_count = sum(1 for e in latest.engines.values() if e.cache_config is not None) or 1
     kv = _kv_state(engine, engine_count, predicted_capacity_tokens)
-    context = _context(
-        name, samples, resets, seconds=windows.context_seconds, max_model_len=max_model_len
-    )
+    context = _context(name, samples, seconds=windows.context_seconds, max_model_len=max_model_len)
 
     p95_ceiling = mean_ceiling = p95_available = p95_ratio = None
     if context is not None and kv.usable is not None:
@@ -375,7 +378,7 @@ def derive_engine(
             p95_available = sequences_that_fit(kv.free, p95, granularity)
             p95_ratio = p95_available / p95_ceiling if p95_ceiling > 0 else 0.0
 
-    rates = _rates(name, samples, resets, windows.rate_seconds)
+    rates = _rates(name, samples, windows.rate_seconds)
     error = None
     if predicted_capacity_tokens is not None and kv.capacity:
         error = (predicted_capacity_tokens - kv.capacity) / kv.capacity
@@ -420,16 +423,14 @@ def derive_target(
     """
     if not samples:
         return TargetDerived(engines=())
-    resets = restart_flags(samples)
     engines = tuple(
         derive_engine(
             name,
             samples,
-            resets,
             windows=windows,
             predicted_capacity_tokens=predicted_capacity_tokens,
             max_model_len=max_model_len,
         )
         for name in samples[-1].snapshot.engines  # in rank order, as the parser keeps them
     )
-    return TargetDerived(engines=engines, restarted=resets[-1])
+    return TargetDerived(engines=engines, restarted=len(samples) > 1 and samples[-1].restarted)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from exporter.core.derive import Sample, WindowSettings, derive_target, detect_restart
+from exporter.core.derive import Sample, WindowSettings, derive_target, next_sample
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
 from exporter.errors import ParseError, SourceError
 
@@ -290,8 +290,8 @@ class TargetPoller:
         self._record("vllm_metrics", started, None)
         self._ready = True
 
-        previous = self._window[-1].snapshot if self._window else None
-        if previous is not None and detect_restart(previous, snapshot):
+        sample = next_sample(self._window[-1] if self._window else None, now, snapshot)
+        if sample.restarted:
             self._restarts += 1
             self._needs_discovery = True
             log.info("target_restarted", target=self.target)
@@ -301,7 +301,7 @@ class TargetPoller:
             await self._load_model()
 
         previous_dropped = self._view.dropped_samples
-        self._window.append(Sample(now, snapshot))
+        self._window.append(sample)
         self._trim(now)
         gpus = await self._read_gpus(snapshot)
         prediction = (

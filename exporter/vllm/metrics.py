@@ -40,7 +40,7 @@ from exporter.vllm.promtext import parse_exposition, wanted_families
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
-    from exporter.vllm.promtext import Sample
+    from exporter.vllm.promtext import TextSample
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -138,7 +138,7 @@ class _EngineParts:
     usage: dict[str, float] = field(default_factory=dict)
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, _HistogramParts] = field(default_factory=dict)
-    cache_config: Sample | None = None
+    cache_config: TextSample | None = None
 
 
 def parse_vllm_metrics(
@@ -187,10 +187,10 @@ class _Fold:
         # `le` text -> bound: the same few dozen bounds come back in every histogram.
         self.bounds: dict[str, float] = {}
 
-    def add_all(self, samples: Iterable[Sample]) -> None:
+    def add_all(self, samples: Iterable[TextSample]) -> None:
         """Fold every sample in; raise ParseError on a malformed one."""
         family = ""
-        run: list[Sample] = []
+        run: list[TextSample] = []
         # vLLM writes each family's samples together: handle them run by run.
         for sample in samples:
             if sample[0] == family:
@@ -202,7 +202,7 @@ class _Fold:
         if run:
             self._add_run(family, run)
 
-    def _add_run(self, family: str, run: list[Sample]) -> None:
+    def _add_run(self, family: str, run: list[TextSample]) -> None:
         self.seen.add(family)
         if family in _HISTOGRAMS:
             self._add_histogram_run(family, run)
@@ -215,7 +215,7 @@ class _Fold:
                 parts = self._engine_parts(sample)
                 self.dropped += 1 if parts is None else adder(parts, sample, self.limits)
 
-    def _engine_parts(self, sample: Sample) -> _EngineParts | None:
+    def _engine_parts(self, sample: TextSample) -> _EngineParts | None:
         """The parts of the sample's engine; None (the caller counts a drop) past the cap."""
         labels = sample.labels
         engine = labels.get("engine")
@@ -234,7 +234,7 @@ class _Fold:
 
     # The hot loop: histogram buckets are most of the samples, so it only looks up the engine
     # and the histogram when the engine changes from one sample to the next.
-    def _add_histogram_run(self, family: str, run: Iterable[Sample]) -> None:
+    def _add_histogram_run(self, family: str, run: Iterable[TextSample]) -> None:
         bounds, max_buckets = self.bounds, self.limits.max_histogram_buckets
         engine: str | None = None
         histogram: _HistogramParts | None = None
@@ -277,7 +277,7 @@ class _ServerParts:
     process_start: float | None = None
     admission_rejections: float | None = None
 
-    def add(self, sample: Sample) -> None:
+    def add(self, sample: TextSample) -> None:
         if sample.family == _PROCESS_START:
             if sample.suffix == "" and self.process_start is None:
                 self.process_start = sample.value
@@ -292,21 +292,21 @@ _SERVER_FAMILIES: Final = frozenset({_PROCESS_START, _ADMISSION_REJECTIONS})
 # without `_total`) is not what vLLM writes for it: it is ignored.
 
 
-def _add_gauge(parts: _EngineParts, sample: Sample, limits: CardinalityLimits) -> int:
+def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
     if sample.suffix == "":
         target = _GAUGES[sample.family]
         parts.sums[target] = parts.sums.get(target, 0.0) + sample.value
     return 0
 
 
-def _add_counter(parts: _EngineParts, sample: Sample, limits: CardinalityLimits) -> int:
+def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
     if sample.suffix == "_total":
         target = _COUNTERS[sample.family]
         parts.sums[target] = parts.sums.get(target, 0.0) + sample.value
     return 0
 
 
-def _add_usage(parts: _EngineParts, sample: Sample, limits: CardinalityLimits) -> int:
+def _add_usage(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
     if sample.suffix == "":
         previous = parts.usage.get(sample.family)
         parts.usage[sample.family] = (
@@ -315,7 +315,7 @@ def _add_usage(parts: _EngineParts, sample: Sample, limits: CardinalityLimits) -
     return 0
 
 
-def _add_waiting_reason(parts: _EngineParts, sample: Sample, limits: CardinalityLimits) -> int:
+def _add_waiting_reason(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
     if sample.suffix != "":
         return 0
     reason = sample.labels.get("reason", "")
@@ -326,7 +326,7 @@ def _add_waiting_reason(parts: _EngineParts, sample: Sample, limits: Cardinality
     return 0
 
 
-def _add_cache_config(parts: _EngineParts, sample: Sample, limits: CardinalityLimits) -> int:
+def _add_cache_config(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
     if sample.suffix != "":
         return 0
     if parts.cache_config is not None:
@@ -335,7 +335,7 @@ def _add_cache_config(parts: _EngineParts, sample: Sample, limits: CardinalityLi
     return 0
 
 
-_ADDERS: Final[Mapping[str, Callable[[_EngineParts, Sample, CardinalityLimits], int]]] = {
+_ADDERS: Final[Mapping[str, Callable[[_EngineParts, TextSample, CardinalityLimits], int]]] = {
     **dict.fromkeys(_GAUGES, _add_gauge),
     **dict.fromkeys(_COUNTERS, _add_counter),
     **dict.fromkeys(_USAGE, _add_usage),
@@ -344,7 +344,7 @@ _ADDERS: Final[Mapping[str, Callable[[_EngineParts, Sample, CardinalityLimits], 
 }
 
 
-def _bucket_bound(sample: Sample) -> float:
+def _bucket_bound(sample: TextSample) -> float:
     le = sample.labels.get("le")
     if le is None:
         raise _error(sample, "bucket without an 'le' label")
@@ -436,7 +436,7 @@ def _histogram_error(family: str, engine: str, pieces: _HistogramParts, problem:
     )
 
 
-def _cache_config(sample: Sample, limits: CardinalityLimits) -> tuple[CacheConfig, int]:
+def _cache_config(sample: TextSample, limits: CardinalityLimits) -> tuple[CacheConfig, int]:
     """Read the capacity facts of one ``cache_config_info`` series (label values are str())."""
     labels = sample.labels
     kept = sorted(name for name in labels if name != "engine")
@@ -457,12 +457,12 @@ def _cache_config(sample: Sample, limits: CardinalityLimits) -> tuple[CacheConfi
     return config, dropped
 
 
-def _str_label(sample: Sample, name: str) -> str | None:
+def _str_label(sample: TextSample, name: str) -> str | None:
     text = sample.labels.get(name)
     return None if text is None or text == "None" else text
 
 
-def _float_label(sample: Sample, name: str) -> float | None:
+def _float_label(sample: TextSample, name: str) -> float | None:
     text = _str_label(sample, name)
     if text is None:
         return None
@@ -472,7 +472,7 @@ def _float_label(sample: Sample, name: str) -> float | None:
     return number
 
 
-def _int_label(sample: Sample, name: str) -> int | None:
+def _int_label(sample: TextSample, name: str) -> int | None:
     number = _float_label(sample, name)
     if number is None:
         return None
@@ -481,7 +481,7 @@ def _int_label(sample: Sample, name: str) -> int | None:
     return int(number)
 
 
-def _bool_label(sample: Sample, name: str) -> bool | None:
+def _bool_label(sample: TextSample, name: str) -> bool | None:
     text = _str_label(sample, name)
     if text is None:
         return None
@@ -501,7 +501,7 @@ def _parse_float(text: str) -> float | None:
         return None
 
 
-def _error(sample: Sample, problem: str) -> ParseError:
+def _error(sample: TextSample, problem: str) -> ParseError:
     return ParseError(
         f"line {sample.lineno}: malformed sample of {sample.family}: {problem} "
         "(is the target a vLLM /metrics endpoint, and the payload complete?)"

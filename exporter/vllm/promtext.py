@@ -34,7 +34,7 @@ __all__ = [
     "METRIC_TYPES",
     "SUFFIXES",
     "Exposition",
-    "Sample",
+    "TextSample",
     "WantedFamilies",
     "parse_exposition",
     "wanted_families",
@@ -69,7 +69,7 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _EXCERPT_CHARS = 80
 
 
-class Sample(NamedTuple):
+class TextSample(NamedTuple):
     """One sample of a wanted family, as written in the exposition.
 
     ``family`` is the wanted name it matched, ``suffix`` the rest of the sample name (``""``,
@@ -132,7 +132,7 @@ class Exposition:
     ``# HELP`` or ``# TYPE`` line, wanted or not, as written (0.0.4 counters end in ``_total``).
     """
 
-    samples: tuple[Sample, ...]
+    samples: tuple[TextSample, ...]
     types: Mapping[str, str]
     declared: frozenset[str]
 
@@ -155,7 +155,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             text = text[:-1]
 
     lookup = wanted.lookup
-    samples: list[Sample] = []
+    samples: list[TextSample] = []
     append = samples.append
     new_sample = tuple.__new__  # skips NamedTuple's Python-level __new__: this loop is hot
     types: dict[str, str] = {}
@@ -205,7 +205,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 if found is None:
                     continue
                 labels, value, timestamp = _parse_sample_carefully(line, pos, lineno, found)
-                append(new_sample(Sample, (*found, labels, value, timestamp, lineno)))
+                append(new_sample(TextSample, (*found, labels, value, timestamp, lineno)))
                 continue
             hit = found
         if not line.isascii():
@@ -235,11 +235,11 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                     pass
                 else:
                     # Concatenation: measured a third faster than unpacking `hit` here.
-                    append(new_sample(Sample, hit + (plain, value, None, lineno)))  # noqa: RUF005
+                    append(new_sample(TextSample, hit + (plain, value, None, lineno)))  # noqa: RUF005
                     continue
         pos = brace if brace > 0 else len(line)  # no labels: the whole line is the name
         labels, value, timestamp = _parse_sample_carefully(line, pos, lineno, hit)
-        append(new_sample(Sample, (*hit, labels, value, timestamp, lineno)))
+        append(new_sample(TextSample, (*hit, labels, value, timestamp, lineno)))
 
     return Exposition(samples=tuple(samples), types=types, declared=frozenset(declared))
 
