@@ -20,6 +20,10 @@ class ModelConfigError(UsageError):
     """A model's ``config.json`` (or the catalogue entry) cannot be used for sizing."""
 
 
+class ModelNotFoundError(ModelConfigError):
+    """No model directory, ``config.json``, cached hub id or catalogue entry has that name."""
+
+
 class UnsupportedModelError(ModelConfigError):
     """The model's attention kind is one the sizing model declines, with the reason."""
 

@@ -13,6 +13,7 @@ from exporter.gpu.model import ALL_GPUS, UuidSelector
 from exporter.gpu.recording import RecordedGpuReader
 from exporter.gpu.source import NvmlGpuSource
 from exporter.gpu.visibility import GpuVisibility
+from exporter.service.settings import load_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML = FIXTURES / "nvml"
@@ -132,9 +133,7 @@ def test_a_lost_gpu_keeps_the_other_gpus_readings() -> None:
 def test_settings_mode_without_gpus_is_a_configuration_error() -> None:
     """gpu_discovery=settings with no gpus listed is refused at start, naming the fix."""
     with pytest.raises(UsageError, match="needs the gpus setting"):
-        NvmlGpuSource.from_settings(
-            reader("tp2-vllm.json"), gpus=[], discovery="settings", proc_root=Path("/proc")
-        )
+        load_settings({"gpu_discovery": "settings"})
 
 
 def test_the_real_nvml_path_degrades_cleanly_without_a_driver() -> None:

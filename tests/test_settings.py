@@ -128,3 +128,22 @@ def test_every_flag_names_a_setting_and_serve_help_lists_it() -> None:
         assert name in Settings.model_fields
         assert flag in text
         assert f"[{env_name(name)}]" in text
+
+
+@pytest.mark.parametrize("discovery", ["auto", "settings", "all", "none"])
+def test_a_bad_gpu_list_is_refused_at_start_whatever_the_discovery_mode(discovery: str) -> None:
+    """The gpus setting is checked with the other settings, not later by whichever uses it."""
+    with pytest.raises(UsageError, match=r"invalid setting gpus \(HEADROOM_GPUS\).*'gpu0'"):
+        load_settings({"gpus": "gpu0", "gpu_discovery": discovery})
+
+
+def test_model_overrides_are_checked_with_the_settings() -> None:
+    """Unknown override fields and non-positive values fail at start, naming field and fix."""
+    with pytest.raises(UsageError, match=r"unknown field 'kv_heads'; known fields: .*num_kv_heads"):
+        load_settings({"model_overrides": {"kv_heads": 8}})
+    with pytest.raises(UsageError, match="num_layers must be a positive integer, got 0"):
+        load_settings({"model_overrides": {"num_layers": 0}})
+    with pytest.raises(UsageError, match="dtype must be a string, got 16"):
+        load_settings({"model_overrides": {"dtype": 16}})
+    settings = load_settings({"model_overrides": {"num_kv_heads": 8, "dtype": "bfloat16"}})
+    assert settings.model_overrides == {"num_kv_heads": 8, "dtype": "bfloat16"}

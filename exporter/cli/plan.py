@@ -13,14 +13,14 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from exporter.errors import ModelConfigError, UsageError
+from exporter.errors import ModelConfigError, ModelNotFoundError, UsageError
 from exporter.sizing.catalog import (
     find_gpu,
-    find_model,
     gpus,
     models,
     unknown_model_error,
 )
+from exporter.sizing.lookup import find_model_arch
 from exporter.sizing.model import (
     Deployment,
     MlaDims,
@@ -29,7 +29,6 @@ from exporter.sizing.model import (
     require_sized,
     size_deployment,
 )
-from exporter.sizing.modelconfig import load_model_arch, model_weights_bytes, resolve_config_path
 from exporter.sizing.overhead import GIB
 from exporter.sizing.plan import what_ifs, what_it_needs
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
@@ -140,22 +139,13 @@ def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
         return _explicit_arch(args), None
     if any(flag not in {"params_b", "kv_lora_rank"} for flag in shape_given):
         raise UsageError("give --model or the explicit shape (--layers...), not both")
-    weights: int | None = None
-    entry = find_model(args.model)
-    if entry is not None:
-        arch = entry.arch()
-    else:
-        try:
-            config = resolve_config_path(args.model)
-        except ModelConfigError as exc:
-            if "not in the local Hugging Face cache" in str(exc) or "no model directory" in str(
-                exc
-            ):
-                raise unknown_model_error(args.model) from None
-            raise
-        arch = load_model_arch(config)
-        arch = replace(arch, name=args.model)
-        weights = model_weights_bytes(config.parent)
+    try:
+        found = find_model_arch(args.model)
+    except ModelNotFoundError:
+        raise unknown_model_error(args.model) from None
+    if found.weights_error is not None:
+        raise ModelConfigError(found.weights_error)
+    arch, weights = found.arch, found.weights_bytes
     if args.kv_lora_rank is not None and arch.mla is None:
         raise UsageError(
             f"--kv-lora-rank is an MLA field, but {arch.name} uses {arch.attention_kind}"

@@ -30,6 +30,7 @@ from exporter.gpu.model import (
     NvmlUnavailable,
     UuidSelector,
 )
+from exporter.validation import first_problem
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -379,57 +380,8 @@ class _Document(_Model):
 
 _DOCUMENT: Final = TypeAdapter(_Document)
 
-#: Pydantic error types whose own wording is more precise than the field's description.
-_BY_ERROR_TYPE: Final = {
-    "model_type": "a JSON object",
-    "model_attributes_type": "a JSON object",
-    "dict_type": "a JSON object",
-    "finite_number": "a finite number",
-}
-
 
 def _describe(exc: ValidationError) -> str:
-    """``where must be what`` for the first error, with the field's own description."""
-    error = exc.errors(include_url=False)[0]
-    loc = tuple(error["loc"])
-    kind = error["type"]
-    if kind == "reserved":
-        loc, expected = (*loc, "reserved"), _WHOLE
-    else:
-        expected = _BY_ERROR_TYPE.get(kind) or _field_description(loc) or error["msg"]
-    if kind in ("enum", "literal_error"):
-        expected = f"{expected} (got {error['input']!r})"
-    return f"{_path(loc) or 'the document'} must be {expected}"
-
-
-def _field_description(loc: tuple[int | str, ...]) -> str | None:
-    """The description of the field at ``loc`` (walking models and list items)."""
-    model: type[BaseModel] | None = _Document
-    description = None
-    for part in loc:
-        if isinstance(part, int) or model is None:
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        description = field.description
-        model = _model_in(field.annotation)
-    return description
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model a field holds, directly, in a list, or beside None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
+    """``where must be what`` for the first problem, from the fields' descriptions."""
+    where, expected = first_problem(exc, _Document, custom={"reserved": ("reserved", _WHOLE)})
+    return f"{where or 'the document'} must be {expected}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.errors import SourceError, UsageError
+from exporter.errors import SourceError
 from exporter.gpu.memory import gpu_views
 from exporter.gpu.model import ALL_GPUS
 from exporter.gpu.visibility import discover_gpu_visibility, parse_gpu_selectors
@@ -48,11 +48,8 @@ class NvmlGpuSource:
     def from_settings(
         cls, reader: GpuReader, *, gpus: Sequence[str], discovery: str, proc_root: Path
     ) -> NvmlGpuSource:
-        """Build from the ``gpus``/``gpu_discovery``/``proc_root`` settings (UsageError if bad)."""
+        """Build from the gpus, gpu_discovery and proc_root settings (Settings checked them)."""
         explicit = parse_gpu_selectors(gpus) if gpus and discovery in ("auto", "settings") else ()
-        if discovery == "settings" and not explicit:
-            msg = "gpu_discovery=settings needs the gpus setting (GPU UUIDs or indices)"
-            raise UsageError(msg)
         return cls(reader, explicit=explicit, allow_all=discovery == "all", proc_root=proc_root)
 
     def read(

@@ -114,9 +114,7 @@ def parse_selector(token: str) -> GpuSelector | None:
     return None
 
 
-def parse_gpu_selectors(
-    entries: Sequence[str], *, setting: str = "gpus"
-) -> tuple[GpuSelector, ...]:
+def parse_gpu_selectors(entries: Sequence[str]) -> tuple[GpuSelector, ...]:
     """The GPUs listed in settings (entries already split on commas), without duplicates.
 
     Raises :class:`GpuSelectorError` naming the first bad entry; ``all`` is refused here because
@@ -127,21 +125,21 @@ def parse_gpu_selectors(
         entry = raw.strip()
         if entry.lower() == "all":
             msg = (
-                f"{setting}: 'all' is not a GPU list; to read every GPU NVML sees, set "
-                f"gpu_discovery=all instead"
+                "'all' is not a GPU list; to read every GPU NVML sees, set "
+                "gpu_discovery=all instead"
             )
             raise GpuSelectorError(msg)
         selector = parse_selector(entry)
         if selector is None:
             msg = (
-                f"{setting}: {entry!r} is not a GPU: use GPU UUIDs (GPU-…, MIG-…, as "
-                f"nvidia-smi -L prints them) or NVML indices such as 0,1"
+                f"{entry!r} is not a GPU: use GPU UUIDs (GPU-…, MIG-…, as "
+                "nvidia-smi -L prints them) or NVML indices such as 0,1"
             )
             raise GpuSelectorError(msg)
         if selector not in selectors:
             selectors.append(selector)
     if not selectors:
-        msg = f"{setting} is empty: list GPU UUIDs or indices, or leave it unset"
+        msg = "gpus is empty: list GPU UUIDs or indices, or leave it unset"
         raise GpuSelectorError(msg)
     return tuple(selectors)
 

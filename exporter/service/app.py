@@ -151,7 +151,6 @@ async def serve(
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     async with httpx.AsyncClient(limits=limits, trust_env=False, follow_redirects=False) as http:
         predictor_for = parts.predictor or default_predictor
-        predictor_for(settings)  # a bad model_overrides setting fails here, before listening
         # NVML only beside one vLLM: a fleet exporter sees none of its targets' GPUs.
         gpus = None
         if settings.mode is Mode.SIDECAR:

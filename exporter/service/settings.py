@@ -18,7 +18,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from exporter.errors import UsageError
+from exporter.gpu.visibility import GpuSelectorError, parse_gpu_selectors
 from exporter.service.allowlist import AllowlistError, parse_allowlist
+from exporter.sizing.overrides import overrides_problem
 
 ENV_PREFIX = "HEADROOM_"
 
@@ -241,6 +243,24 @@ class Settings(BaseSettings):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
 
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_list(cls, value: list[str]) -> list[str]:
+        if value:
+            try:
+                parse_gpu_selectors(value)
+            except GpuSelectorError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("model_overrides")
+    @classmethod
+    def _overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = overrides_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @field_validator("probe_allowlist")
     @classmethod
     def _allowlist_entries(cls, value: list[str]) -> list[str]:
@@ -259,6 +279,12 @@ class Settings(BaseSettings):
             msg = (
                 f"proc_root ({env_name('proc_root')}) {str(self.proc_root)!r} is not a directory; "
                 "point it at /proc (with a process namespace shared with vLLM in Kubernetes)"
+            )
+            raise ValueError(msg)
+        if self.gpu_discovery is GpuDiscovery.SETTINGS and not self.gpus:
+            msg = (
+                f"gpu_discovery=settings needs the gpus setting ({env_name('gpus')}): "
+                "GPU UUIDs or indices"
             )
             raise ValueError(msg)
         if self.poll_timeout_seconds > self.poll_interval_seconds:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter.errors import ModelConfigError
+from exporter.errors import ModelConfigError, ModelNotFoundError
 from exporter.sizing.model import LayerKind, MlaDims, ModelArch, MoeSpec
 
 # model_type values of models whose layers keep a fixed recurrent state per sequence.
@@ -309,7 +309,22 @@ def _read_json(path: Path) -> Any:
 
 
 def resolve_config_path(source: str | Path, *, hf_home: Path | None = None) -> Path:
-    """Where the ``config.json`` of ``source`` (directory, file or hub id) lives."""
+    """Where the ``config.json`` of ``source`` (directory, file or hub id) lives.
+
+    Raises :class:`ModelNotFoundError` when nothing is there, :class:`ModelConfigError` when a
+    directory is there without a ``config.json`` or cannot be examined.
+    """
+    try:
+        return _config_path(source, hf_home)
+    except OSError as exc:
+        # An unreadable directory (permissions, a stale mount): stat() itself fails there.
+        raise ModelConfigError(
+            f"cannot read the model at {source}: {exc.strerror or exc}; give the exporter "
+            "read access to the model directory"
+        ) from None
+
+
+def _config_path(source: str | Path, hf_home: Path | None) -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         config = path / "config.json"
@@ -324,26 +339,21 @@ def resolve_config_path(source: str | Path, *, hf_home: Path | None = None) -> P
         found = find_cached_config(text, cache=cache)
         if found is not None:
             return found
-        raise ModelConfigError(
+        raise ModelNotFoundError(
             f"model {text!r} is not in the local Hugging Face cache ({cache}); nothing is "
             "downloaded: download it first, point --model at its directory, or use a catalogue name"
         )
-    raise ModelConfigError(f"no model directory or config.json at {text!r}")
+    raise ModelNotFoundError(f"no model directory or config.json at {text!r}")
 
 
 def load_model_arch(source: str | Path, *, hf_home: Path | None = None) -> ModelArch:
     """Read the architecture of a model directory, a ``config.json`` or a cached hub id."""
-    try:
-        config_path = resolve_config_path(source, hf_home=hf_home)
-    except OSError as exc:
-        # An unreadable directory (permissions, a stale mount): stat() itself fails there.
-        raise ModelConfigError(
-            f"cannot read the model at {source}: {exc.strerror or exc}; give the exporter "
-            "read access to the model directory"
-        ) from None
-    config = _read_json(config_path)
-    name = str(source)
-    return parse_model_config(config, name=name)
+    return read_model_config(resolve_config_path(source, hf_home=hf_home), name=str(source))
+
+
+def read_model_config(config_path: Path, *, name: str) -> ModelArch:
+    """Read and parse one ``config.json`` (ModelConfigError when it cannot be used)."""
+    return parse_model_config(_read_json(config_path), name=name)
 
 
 def model_weights_bytes(model_dir: Path) -> int | None:

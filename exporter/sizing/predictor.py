@@ -17,70 +17,28 @@ parallel config).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.reasons import ModelReason, PredictionState
 from exporter.core.views import PredictionView
-from exporter.errors import ModelConfigError, SourceError, UnsupportedModelError, UsageError
-from exporter.sizing.catalog import find_model
+from exporter.errors import (
+    ModelConfigError,
+    ModelNotFoundError,
+    SourceError,
+    UnsupportedModelError,
+    UsageError,
+)
+from exporter.sizing.lookup import find_model_arch
 from exporter.sizing.model import Declined, Deployment, ModelArch, size_deployment
-from exporter.sizing.modelconfig import load_model_arch, model_weights_bytes
+from exporter.sizing.overrides import check_overrides
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from pathlib import Path
 
     from exporter.core.snapshot import CacheConfig, VllmSnapshot
     from exporter.core.views import GpuMemoryView, TargetInfo
-
-#: ModelArch fields the ``model_overrides`` setting may replace, with their types.
-OVERRIDABLE: dict[str, type] = {
-    "num_layers": int,
-    "num_attention_heads": int,
-    "num_kv_heads": int,
-    "head_dim": int,
-    "hidden_size": int,
-    "vocab_size": int,
-    "params": int,
-    "dtype": str,
-    "sliding_window": int,
-    "quantization": str,
-    "max_position_embeddings": int,
-}
-
-
-def check_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate ``model_overrides`` (UsageError naming the field and the fix)."""
-    checked: dict[str, Any] = {}
-    for key, value in overrides.items():
-        kind = OVERRIDABLE.get(key)
-        if kind is None:
-            known = ", ".join(sorted(OVERRIDABLE))
-            msg = f"model_overrides: unknown field {key!r}; known fields: {known}"
-            raise UsageError(msg)
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            msg = f"model_overrides: {key} must be a positive integer, got {value!r}"
-            raise UsageError(msg)
-        if kind is str and not isinstance(value, str):
-            msg = f"model_overrides: {key} must be a string, got {value!r}"
-            raise UsageError(msg)
-        checked[key] = value
-    return checked
-
-
-def _exists(path: Path) -> bool:
-    """Whether ``path`` exists; a path that cannot even be examined (EACCES) does."""
-    try:
-        return path.exists()
-    except OSError:
-        return True
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return path.is_dir()
-    except OSError:
-        return False
 
 
 def _first_cache_config(snapshot: VllmSnapshot) -> CacheConfig | None:
@@ -96,7 +54,7 @@ def cuda_total_bytes(gpus: Sequence[GpuMemoryView]) -> float | None:
 class _Loaded:
     arch: ModelArch | None = None
     weights_bytes: int | None = None
-    state: str = "waiting_for_target"
+    state: str = PredictionState.WAITING_FOR_TARGET
     message: str = "the model is read once vLLM's /v1/models has answered"
 
 
@@ -126,35 +84,35 @@ class ModelPredictor:
         self._loaded = _Loaded()
 
     def load(self, info: TargetInfo) -> SourceError | None:
-        """Read the model's config.json and checkpoint size (blocking I/O)."""
+        """Find the model and read its config.json and checkpoint size (blocking I/O)."""
         source = self._model or info.model_root or info.model_id
         if source is None:
-            self._loaded = _Loaded(state="model_not_found", message="vLLM names no model")
-            return SourceError("model_not_found", "vLLM's /v1/models names no model")
+            return self._failed(ModelReason.MODEL_NOT_FOUND, "vLLM's /v1/models names no model")
         try:
-            arch = load_model_arch(source, hf_home=self._hf_home)
+            found = find_model_arch(
+                source,
+                hf_home=self._hf_home,
+                also_known_as=(info.model_id,),
+                catalogue_if_unusable=True,
+            )
+        except ModelNotFoundError as exc:
+            return self._failed(ModelReason.MODEL_NOT_FOUND, str(exc))
         except UnsupportedModelError as exc:
-            self._loaded = _Loaded(state="model_unsupported", message=str(exc))
-            return SourceError("model_unsupported", str(exc))
+            return self._failed(ModelReason.MODEL_UNSUPPORTED, str(exc))
         except ModelConfigError as exc:
-            entry = find_model(str(info.model_id or source))
-            if entry is None:
-                missing = not _exists(Path(source).expanduser())
-                state = "model_not_found" if missing else "model_config_invalid"
-                self._loaded = _Loaded(state=state, message=str(exc))
-                return SourceError(state, str(exc))
-            arch = entry.arch()
+            return self._failed(ModelReason.MODEL_CONFIG_INVALID, str(exc))
+        arch = found.arch
         if self._overrides:
             arch = dataclasses.replace(arch, **self._overrides)
-        weights = None
-        directory = Path(source).expanduser()
-        if _is_dir(directory):
-            try:
-                weights = model_weights_bytes(directory)
-            except ModelConfigError:
-                weights = None  # a corrupt safetensors index: estimate from the parameters
-        self._loaded = _Loaded(arch=arch, weights_bytes=weights, state="ok", message="")
+        # A corrupt safetensors index leaves the weights to be estimated from the parameters.
+        self._loaded = _Loaded(
+            arch=arch, weights_bytes=found.weights_bytes, state=PredictionState.OK
+        )
         return None
+
+    def _failed(self, reason: ModelReason, message: str) -> SourceError:
+        self._loaded = _Loaded(state=reason, message=message)
+        return SourceError(reason, message)
 
     def predict(
         self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
@@ -169,7 +127,7 @@ class ModelPredictor:
         memory = self._gpu_memory_bytes or cuda_total_bytes(gpus)
         if memory is None and exact is None:
             return PredictionView(
-                state="no_gpu_memory",
+                state=PredictionState.NO_GPU_MEMORY,
                 message="NVML reports no GPU memory: set gpu_memory_bytes (fleet mode needs it)",
                 info=self._info(arch, info, cache, None),
             )
@@ -197,20 +155,20 @@ class ModelPredictor:
             outcome = size_deployment(arch, deployment=deployment)
         except UsageError as exc:
             return PredictionView(
-                state="model_unsupported",
+                state=PredictionState.MODEL_UNSUPPORTED,
                 message=str(exc),
                 info=self._info(arch, info, cache, None),
             )
         if isinstance(outcome, Declined):
             return PredictionView(
-                state="model_unsupported",
+                state=PredictionState.MODEL_UNSUPPORTED,
                 message=outcome.reason,
                 info=self._info(arch, info, cache, None),
             )
         labels = self._info(arch, info, cache, outcome.kv_cache_dtype, tp=tp)
         if not outcome.fits:
             return PredictionView(
-                state="does_not_fit",
+                state=PredictionState.DOES_NOT_FIT,
                 message="weights and overhead exceed the GPU memory vLLM may use",
                 bytes_per_token=outcome.bytes_per_token,
                 weights_bytes=outcome.weights_bytes,
@@ -218,7 +176,7 @@ class ModelPredictor:
                 info=labels,
             )
         return PredictionView(
-            state="ok",
+            state=PredictionState.OK,
             bytes_per_token=outcome.bytes_per_token,
             weights_bytes=outcome.weights_bytes,
             overhead_bytes=outcome.overhead.total_bytes,
