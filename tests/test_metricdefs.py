@@ -160,3 +160,27 @@ def test_fleet_mode_exposes_probe_metrics_and_target_metrics_on_probe(
 def test_every_metric_is_documented_with_a_source(name: str) -> None:
     """HELP says what the number is, and the docs say where it comes from."""
     assert METRICS[name].source, name
+
+
+def test_every_field_in_the_table_exists_on_its_row_type() -> None:
+    """A value is read from its row by the attribute the table names: a typo fails here."""
+    from exporter.core.derive import EngineDerived
+    from exporter.core.views import GpuMemoryView, PredictionView, SourceHealth, TargetView
+    from exporter.service.collector import ExporterView
+    from exporter.service.metricdefs import ROWS, Row
+
+    types: dict[Row, type] = {
+        Row.ENGINE: EngineDerived,
+        Row.PREDICTION: PredictionView,
+        Row.GPU: GpuMemoryView,
+        Row.SOURCE: SourceHealth,
+        Row.TARGET: TargetView,
+        Row.EXPORTER: ExporterView,
+    }
+    for row, defs in ROWS.items():
+        for d in defs:
+            assert d.field is not None
+            assert hasattr(types[row], d.field), f"{d.name}: {types[row].__name__}.{d.field}"
+    collected = {d.name for defs in ROWS.values() for d in defs}
+    written_by_the_guard = {"headroom_collector_success", "headroom_collector_duration_seconds"}
+    assert collected | written_by_the_guard == set(METRICS)

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from exporter.core.derive import Sample, WindowSettings, derive_target
+from exporter.core.reasons import PredictionState
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import ParseError, SourceError, UsageError
+from exporter.service.metricdefs import Row, check_values
 from exporter.sizing.catalog import find_gpu
 from exporter.sizing.overhead import GIB
 from exporter.sizing.predictor import ModelPredictor
@@ -90,44 +92,33 @@ def _total(values: list[float | None]) -> float | None:
 
 
 def to_json(report: CheckReport) -> dict[str, Any]:
-    """The ``--json`` object (stable keys; absent figures are ``null``)."""
+    """The ``--json`` object (stable keys; absent figures are ``null``).
+
+    The derived figures take their keys from the metric table (``check_key``), the same table
+    the exporter's gauges come from; the rest are vLLM's own counters and the target's facts.
+    """
     engines = report.engines
     metrics = report.snapshot.engines
     engine_objects = []
     for e in engines:
         raw = metrics[e.engine]
-        context = e.context
         engine_objects.append(
             {
                 "engine": e.engine,
                 "model_name": e.model_name,
-                "kv_capacity_tokens": e.kv_capacity_tokens,
-                "kv_capacity_predicted_tokens": e.kv_capacity_predicted_tokens,
-                "kv_capacity_error_ratio": e.kv_capacity_error_ratio,
-                "kv_blocks": e.kv_blocks,
-                "kv_block_size_tokens": e.kv_block_size_tokens,
-                "kv_usable_tokens": e.kv_usable_tokens,
-                "kv_tokens_used": e.kv_used_tokens,
-                "kv_tokens_free": e.kv_free_tokens,
-                "kv_usage_ratio": e.kv_usage_ratio,
-                "num_requests_running": e.requests_running,
-                "num_requests_waiting": e.requests_waiting,
-                "num_requests_waiting_by_reason": dict(e.requests_waiting_by_reason),
+                **check_values(Row.ENGINE, e),
                 "num_preemptions": raw.preemptions_total,
                 "num_requests_finished": raw.requests_finished_total,
                 "context_tokens": (
                     {
-                        "p50": context.quantiles.get(0.5),
-                        "p95": context.quantiles.get(0.95),
-                        "p99": context.quantiles.get(0.99),
-                        "mean": context.mean,
+                        "p50": e.context_p50_tokens,
+                        "p95": e.context_p95_tokens,
+                        "p99": e.context_p99_tokens,
+                        "mean": e.context_mean_tokens,
                     }
-                    if context is not None
+                    if e.context is not None
                     else None
                 ),
-                "p95_ceiling_sequences": e.p95_ceiling_sequences,
-                "mean_ceiling_sequences": e.mean_ceiling_sequences,
-                "p95_available_sequences": e.p95_available_sequences,
             }
         )
     p = report.prediction
@@ -146,10 +137,7 @@ def to_json(report: CheckReport) -> dict[str, Any]:
         "prediction": {
             "state": p.state,
             "message": p.message,
-            "bytes_per_token": p.bytes_per_token,
-            "weights_bytes": p.weights_bytes,
-            "overhead_bytes": p.overhead_bytes,
-            "kv_budget_bytes": p.kv_budget_bytes,
+            **check_values(Row.PREDICTION, p),
             "kv_capacity_tokens": p.capacity_tokens,
             "inputs": dict(p.info),
         },
@@ -163,8 +151,12 @@ def _fmt(value: float | None, unit: str = "", *, digits: int = 0) -> str:
     return f"{text} {unit}".rstrip()
 
 
+def _gib(value: float | None) -> str:
+    return _fmt((value or 0) / GIB, "GiB", digits=2)
+
+
 def render(report: CheckReport) -> str:
-    """The human report: one block per engine, then the prediction."""
+    """The human report, one block per engine, then the prediction: the ``--json`` figures."""
     data = to_json(report)
     lines = [
         f"{report.source}",
@@ -172,50 +164,49 @@ def render(report: CheckReport) -> str:
         f"(metrics look like {data['vllm_version_guess']})",
         "",
     ]
-    for e in report.engines:
-        raw = report.snapshot.engines[e.engine]
-        lines.append(f"engine {e.engine} ({e.model_name or 'unnamed'})")
-        usage = f"{e.kv_usage_ratio:.1%}" if e.kv_usage_ratio is not None else "n/a"
+    for e in data["engines"]:
+        lines.append(f"engine {e['engine']} ({e['model_name'] or 'unnamed'})")
+        ratio = e["kv_usage_ratio"]
+        usage = f"{ratio:.1%}" if ratio is not None else "n/a"
         lines += [
-            f"  KV capacity            {_fmt(e.kv_capacity_tokens, 'tokens')}"
-            f" ({_fmt(e.kv_blocks, 'blocks')} of {_fmt(e.kv_block_size_tokens)}, usable "
-            f"{_fmt(e.kv_usable_tokens)})",
-            f"  in use                 {_fmt(e.kv_used_tokens, 'tokens')} ({usage}),"
-            f" free {_fmt(e.kv_free_tokens, 'tokens')}",
-            f"  requests               {_fmt(e.requests_running)} running,"
-            f" {_fmt(e.requests_waiting)} waiting",
-            f"  preemptions            {_fmt(raw.preemptions_total)} since start,"
-            f" {_fmt(raw.requests_finished_total)} requests finished",
+            f"  KV capacity            {_fmt(e['kv_capacity_tokens'], 'tokens')}"
+            f" ({_fmt(e['kv_blocks'], 'blocks')} of {_fmt(e['kv_block_size_tokens'])}, usable "
+            f"{_fmt(e['kv_usable_tokens'])})",
+            f"  in use                 {_fmt(e['kv_tokens_used'], 'tokens')} ({usage}),"
+            f" free {_fmt(e['kv_tokens_free'], 'tokens')}",
+            f"  requests               {_fmt(e['num_requests_running'])} running,"
+            f" {_fmt(e['num_requests_waiting'])} waiting",
+            f"  preemptions            {_fmt(e['num_preemptions'])} since start,"
+            f" {_fmt(e['num_requests_finished'])} requests finished",
         ]
-        if e.context is not None:
-            q = e.context.quantiles
+        context = e["context_tokens"]
+        if context is not None:
             lines.append(
-                f"  context since start    p50 {_fmt(q.get(0.5))}, p95 {_fmt(q.get(0.95))},"
-                f" p99 {_fmt(q.get(0.99))}, mean {_fmt(e.context.mean)} tokens"
+                f"  context since start    p50 {_fmt(context['p50'])}, p95 {_fmt(context['p95'])},"
+                f" p99 {_fmt(context['p99'])}, mean {_fmt(context['mean'])} tokens"
             )
             lines.append(
-                f"  sequences that fit     {_fmt(e.p95_ceiling_sequences)} at p95,"
-                f" {_fmt(e.mean_ceiling_sequences)} at mean; {_fmt(e.p95_available_sequences)}"
-                " more p95 sequences fit now"
+                f"  sequences that fit     {_fmt(e['p95_ceiling_sequences'])} at p95,"
+                f" {_fmt(e['mean_ceiling_sequences'])} at mean;"
+                f" {_fmt(e['p95_available_sequences'])} more p95 sequences fit now"
             )
         else:
             lines.append("  context since start    no finished requests yet")
-        if e.kv_capacity_error_ratio is not None:
+        if e["kv_capacity_error_ratio"] is not None:
             lines.append(
-                f"  predicted capacity     {_fmt(e.kv_capacity_predicted_tokens, 'tokens')}"
-                f" ({e.kv_capacity_error_ratio:+.1%} against vLLM's)"
+                f"  predicted capacity     {_fmt(e['kv_capacity_predicted_tokens'], 'tokens')}"
+                f" ({e['kv_capacity_error_ratio']:+.1%} against vLLM's)"
             )
         lines.append("")
-    p = report.prediction
-    if p.state == "ok":
+    p = data["prediction"]
+    if p["state"] == PredictionState.OK:
         lines.append(
-            f"prediction: {_fmt(p.bytes_per_token, 'bytes')} per token per GPU, weights "
-            f"{_fmt((p.weights_bytes or 0) / GIB, 'GiB', digits=2)}, overhead "
-            f"{_fmt((p.overhead_bytes or 0) / GIB, 'GiB', digits=2)}, KV budget "
-            f"{_fmt((p.kv_budget_bytes or 0) / GIB, 'GiB', digits=2)}"
+            f"prediction: {_fmt(p['bytes_per_token'], 'bytes')} per token per GPU, weights "
+            f"{_gib(p['weights_bytes'])}, overhead {_gib(p['overhead_bytes'])}, KV budget "
+            f"{_gib(p['kv_budget_bytes'])}"
         )
     else:
-        lines.append(f"prediction: unavailable ({p.state}) {p.message}".rstrip())
+        lines.append(f"prediction: unavailable ({p['state']}) {p['message']}".rstrip())
     return "\n".join(lines) + "\n"
 
 

@@ -114,6 +114,35 @@ class EngineDerived:
     requests_waiting: float | None = None
     requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
 
+    def context_quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the context length, if estimated."""
+        return self.context.quantiles.get(q) if self.context is not None else None
+
+    @property
+    def context_p50_tokens(self) -> float | None:
+        """Median context length."""
+        return self.context_quantile(0.5)
+
+    @property
+    def context_p95_tokens(self) -> float | None:
+        """95th percentile context length."""
+        return self.context_quantile(0.95)
+
+    @property
+    def context_p99_tokens(self) -> float | None:
+        """99th percentile context length."""
+        return self.context_quantile(0.99)
+
+    @property
+    def context_mean_tokens(self) -> float | None:
+        """Mean context length (exact from the histograms' sums)."""
+        return self.context.mean if self.context is not None else None
+
+    @property
+    def context_window_requests(self) -> float | None:
+        """Requests the context figures are drawn from (0: since vLLM started)."""
+        return self.context.window_requests if self.context is not None else None
+
 
 @dataclass(frozen=True, slots=True)
 class TargetDerived:

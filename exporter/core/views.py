@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from exporter.core.reasons import PredictionState, Source
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -68,6 +70,11 @@ class PredictionView:
     #: Labels of ``headroom_sizing_info``; empty when the architecture is unknown.
     info: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def state_flags(self) -> dict[str, float]:
+        """1 for the current state and 0 for every other: the one-hot ``state`` gauge."""
+        return {state: 1.0 if state == self.state else 0.0 for state in PredictionState}
+
 
 @dataclass(frozen=True, slots=True)
 class TargetInfo:
@@ -95,3 +102,9 @@ class TargetView:
     window_samples: int = 0
     #: Samples of the latest payload the parser's cardinality caps dropped.
     dropped_samples: int = 0
+
+    @property
+    def up(self) -> bool:
+        """Whether the latest read of vLLM's ``/metrics`` succeeded."""
+        health = self.sources.get(Source.VLLM_METRICS)
+        return health is not None and health.up

@@ -1,8 +1,12 @@
 """Prometheus collectors: fresh metric families from the current views on every scrape.
 
 ``target_families`` and ``exporter_families`` are pure functions from plain views to metric
-families (the kube-state-metrics pattern). :class:`GuardedCollector` runs named family builders
-for a registry and never raises: a builder that fails is logged and reported as
+families (the kube-state-metrics pattern), filled from the metric table
+(:mod:`exporter.service.metricdefs`): each definition names the row object and the field its
+value comes from, and labels are read by name, so no family is listed twice.
+
+:class:`GuardedCollector` runs named family builders for a registry and never raises: a builder
+that fails is logged and reported as
 ``headroom_collector_success{collector} 0`` instead of failing the whole exposition (one
 raising collector makes ``generate_latest`` fail for everything).
 """
@@ -11,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -22,54 +27,16 @@ from prometheus_client.core import (
     Metric,
 )
 
-from exporter.core.derive import CONTEXT_QUANTILES
-from exporter.core.reasons import SOURCE_REASONS, PredictionState
-from exporter.service.metricdefs import Kind, MetricDef, metric
+from exporter.core.reasons import SOURCE_REASONS
+from exporter.service.metricdefs import ROWS, Kind, MetricDef, Row, metric
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator
 
     from exporter.core.derive import EngineDerived
-    from exporter.core.views import TargetView
+    from exporter.core.views import GpuMemoryView, SourceHealth, TargetView
 
 log = structlog.get_logger(__name__)
-
-
-class _Families:
-    """Collects samples per metric definition, then builds the families in definition order."""
-
-    def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
-
-    def family(self, name: str) -> Metric:
-        found = self._families.get(name)
-        if found is not None:
-            return found
-        d = metric(name)
-        built = _new_family(d)
-        self._families[name] = built
-        return built
-
-    def add(self, name: str, value: float | None, labels: Sequence[str] = ()) -> None:
-        """Add a sample; ``None`` and NaN values are left out (absent, never NaN)."""
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return
-        family = self.family(name)
-        if not isinstance(family, GaugeMetricFamily | CounterMetricFamily):
-            msg = f"{name} is not a gauge or counter"
-            raise TypeError(msg)
-        family.add_metric(list(labels), float(value))
-
-    def add_info(self, name: str, labels: Mapping[str, str]) -> None:
-        family = self.family(name)
-        if not isinstance(family, InfoMetricFamily):
-            msg = f"{name} is not an info metric"
-            raise TypeError(msg)
-        d = metric(name)
-        family.add_metric([], {k: labels.get(k, "") for k in d.labels})
-
-    def families(self) -> list[Metric]:
-        return [f for f in self._families.values() if f.samples]
 
 
 def _new_family(d: MetricDef) -> Metric:
@@ -80,38 +47,75 @@ def _new_family(d: MetricDef) -> Metric:
     return GaugeMetricFamily(d.name, d.help, labels=d.labels)
 
 
-def _engine_samples(out: _Families, e: EngineDerived) -> None:
-    labels = (e.engine, e.model_name)
-    out.add("headroom_kv_capacity_tokens", e.kv_capacity_tokens, labels)
-    out.add("headroom_kv_capacity_predicted_tokens", e.kv_capacity_predicted_tokens, labels)
-    out.add("headroom_kv_capacity_prediction_error_ratio", e.kv_capacity_error_ratio, labels)
-    out.add("headroom_kv_blocks", e.kv_blocks, labels)
-    out.add("headroom_kv_block_size_tokens", e.kv_block_size_tokens, labels)
-    out.add("headroom_kv_usable_tokens", e.kv_usable_tokens, labels)
-    out.add("headroom_kv_used_tokens", e.kv_used_tokens, labels)
-    out.add("headroom_kv_free_tokens", e.kv_free_tokens, labels)
-    out.add("headroom_kv_usage_ratio", e.kv_usage_ratio, labels)
-    if e.context is not None:
-        names = {
-            0.5: "headroom_context_length_p50_tokens",
-            0.95: "headroom_context_length_p95_tokens",
-            0.99: "headroom_context_length_p99_tokens",
-        }
-        for q in CONTEXT_QUANTILES:
-            out.add(names[q], e.context.quantiles.get(q), labels)
-        out.add("headroom_context_length_mean_tokens", e.context.mean, labels)
-        out.add("headroom_context_window_requests", e.context.window_requests, labels)
-    out.add("headroom_p95_ceiling_sequences", e.p95_ceiling_sequences, labels)
-    out.add("headroom_mean_ceiling_sequences", e.mean_ceiling_sequences, labels)
-    out.add("headroom_p95_available_sequences", e.p95_available_sequences, labels)
-    out.add("headroom_p95_available_ratio", e.p95_available_ratio, labels)
-    out.add("headroom_preemptions_per_second", e.preemptions_per_second, labels)
-    out.add("headroom_preemptions_per_finished_request", e.preemptions_per_finished_request, labels)
-    out.add("headroom_finished_requests_per_second", e.finished_requests_per_second, labels)
-    out.add("headroom_requests_running", e.requests_running, labels)
-    out.add("headroom_requests_waiting", e.requests_waiting, labels)
-    for reason, count in sorted(e.requests_waiting_by_reason.items()):
-        out.add("headroom_requests_waiting_by_reason", count, (*labels, reason))
+def _is_number(value: object) -> bool:
+    # Absent figures are left out, never exported as NaN.
+    return isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value))
+
+
+class _Families:
+    """The families of one scrape, filled from the metric table row by row."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def fill(self, row: Row, source: object, labels: Mapping[str, str] | None = None) -> None:
+        """Add the samples of every metric read from ``row`` for one row object.
+
+        ``labels`` gives the row's label values by label name. A field holding a mapping adds
+        one sample per key (sorted), the key being the value of the metric's last label; an
+        info metric's mapping is its labels.
+        """
+        given = labels or {}
+        for d in ROWS[row]:
+            value = getattr(source, d.field or "")
+            if d.kind is Kind.INFO:
+                if value:
+                    self._info(d, value)
+                continue
+            if isinstance(value, Mapping):
+                for key in sorted(value):
+                    self._add(d, value[key], [*(given[n] for n in d.labels[:-1]), str(key)])
+            else:
+                self._add(d, value, [given[n] for n in d.labels])
+
+    def _family(self, d: MetricDef) -> Metric:
+        found = self._families.get(d.name)
+        if found is None:
+            found = self._families[d.name] = _new_family(d)
+        return found
+
+    def _add(self, d: MetricDef, value: object, labels: list[str]) -> None:
+        if not _is_number(value):
+            return
+        family = self._family(d)
+        if not isinstance(family, GaugeMetricFamily | CounterMetricFamily):
+            msg = f"{d.name} is not a gauge or counter"
+            raise TypeError(msg)
+        family.add_metric(labels, float(value))  # type: ignore[arg-type]
+
+    def _info(self, d: MetricDef, values: Mapping[str, str]) -> None:
+        family = self._family(d)
+        if not isinstance(family, InfoMetricFamily):
+            msg = f"{d.name} is not an info metric"
+            raise TypeError(msg)
+        family.add_metric([], {k: values.get(k, "") for k in d.labels})
+
+    def families(self) -> list[Metric]:
+        return [f for f in self._families.values() if f.samples]
+
+
+def _engine_labels(engine: EngineDerived) -> dict[str, str]:
+    return {"engine": engine.engine, "model_name": engine.model_name}
+
+
+def _gpu_labels(gpu: GpuMemoryView) -> dict[str, str]:
+    return {"gpu": gpu.index, "uuid": gpu.uuid}
+
+
+def _with_every_reason(source: str, health: SourceHealth) -> SourceHealth:
+    """Error counts with every reason of the source from 0 (``rate()`` sees the first one)."""
+    errors = {**dict.fromkeys(SOURCE_REASONS.get(source, ()), 0), **health.errors}
+    return replace(health, errors=errors)
 
 
 def target_families(view: TargetView) -> list[Metric]:
@@ -119,43 +123,13 @@ def target_families(view: TargetView) -> list[Metric]:
     out = _Families()
     if view.derived is not None:
         for engine in view.derived.engines:
-            _engine_samples(out, engine)
-
-    p = view.prediction
-    out.add("headroom_kv_bytes_per_token", p.bytes_per_token)
-    out.add("headroom_predicted_weights_bytes", p.weights_bytes)
-    out.add("headroom_predicted_overhead_bytes", p.overhead_bytes)
-    out.add("headroom_predicted_kv_budget_bytes", p.kv_budget_bytes)
-    if p.info:
-        out.add_info("headroom_sizing_info", p.info)
-    for state in PredictionState:
-        out.add("headroom_prediction_state", 1.0 if state == p.state else 0.0, (state,))
-
+            out.fill(Row.ENGINE, engine, _engine_labels(engine))
+    out.fill(Row.PREDICTION, view.prediction)
     for gpu in view.gpus:
-        labels = (gpu.index, gpu.uuid)
-        out.add("headroom_gpu_memory_total_bytes", gpu.total_bytes, labels)
-        out.add("headroom_gpu_memory_used_bytes", gpu.used_bytes, labels)
-        out.add("headroom_gpu_memory_free_bytes", gpu.free_bytes, labels)
-        out.add("headroom_gpu_memory_vllm_bytes", gpu.vllm_bytes, labels)
-        out.add("headroom_gpu_memory_foreign_bytes", gpu.foreign_bytes, labels)
-        out.add("headroom_gpu_memory_vllm_predicted_bytes", gpu.vllm_predicted_bytes, labels)
-        out.add("headroom_gpu_memory_unexplained_bytes", gpu.unexplained_bytes, labels)
-
-    metrics_health = view.sources.get("vllm_metrics")
-    out.add("headroom_target_up", 1.0 if metrics_health and metrics_health.up else 0.0)
+        out.fill(Row.GPU, gpu, _gpu_labels(gpu))
     for source, health in sorted(view.sources.items()):
-        out.add("headroom_source_up", 1.0 if health.up else 0.0, (source,))
-        out.add(
-            "headroom_source_last_success_timestamp_seconds", health.last_success_time, (source,)
-        )
-        out.add("headroom_source_duration_seconds", health.duration_seconds, (source,))
-        reasons = set(SOURCE_REASONS.get(source, ())) | set(health.errors)
-        for reason in sorted(reasons):
-            count = health.errors.get(reason, 0)
-            out.add("headroom_source_errors_total", count, (source, reason))
-    out.add("headroom_target_restarts_total", view.restarts_total)
-    out.add("headroom_window_samples", view.window_samples)
-    out.add("headroom_dropped_samples", view.dropped_samples)
+        out.fill(Row.SOURCE, _with_every_reason(source, health), {"source": source})
+    out.fill(Row.TARGET, view)
     return out.families()
 
 
@@ -171,16 +145,16 @@ class ExporterView:
     probe_targets: int | None = None
     probe_evictions: int | None = None
 
+    @property
+    def build_info(self) -> dict[str, str]:
+        """The labels of ``headroom_build_info``."""
+        return {"version": self.version, "mode": self.mode}
+
 
 def exporter_families(view: ExporterView) -> list[Metric]:
     """The exporter's own metric families (pure)."""
     out = _Families()
-    out.add_info("headroom_build_info", {"version": view.version, "mode": view.mode})
-    out.add("headroom_poll_interval_seconds", view.poll_interval_seconds)
-    for outcome, count in sorted(view.probe_requests.items()):
-        out.add("headroom_probe_requests_total", count, (outcome,))
-    out.add("headroom_probe_targets", view.probe_targets)
-    out.add("headroom_probe_evictions_total", view.probe_evictions)
+    out.fill(Row.EXPORTER, view)
     return out.families()
 
 

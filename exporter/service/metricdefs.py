@@ -1,12 +1,15 @@
 """Every metric vllm-headroom exposes: name, type, labels, help text and source.
 
-This table is the single source of truth. The collectors build their families from it (so a
-name cannot drift), ``docs/metrics.md`` is generated from it, and a test proves that the real
-exposition contains exactly these names.
+This table is the single source of truth. The collectors fill their families from it, reading
+each value from the row object by the attribute named here and each label by its name (so
+neither a name nor a field can drift), ``check --json`` takes its keys from it,
+``docs/metrics.md`` is generated from it, and a test proves that the real exposition contains
+exactly these names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -28,9 +31,29 @@ class Scope(StrEnum):
     EXPORTER = "exporter"
 
 
+class Row(StrEnum):
+    """What a metric's samples are read from: one object per sample set, labels by name."""
+
+    #: One :class:`~exporter.core.derive.EngineDerived` per vLLM engine (``engine``,
+    #: ``model_name``).
+    ENGINE = "engine"
+    #: The target's :class:`~exporter.core.views.PredictionView`.
+    PREDICTION = "prediction"
+    #: One :class:`~exporter.core.views.GpuMemoryView` per GPU (``gpu``, ``uuid``).
+    GPU = "gpu"
+    #: One :class:`~exporter.core.views.SourceHealth` per source (``source``).
+    SOURCE = "source"
+    #: The :class:`~exporter.core.views.TargetView` itself.
+    TARGET = "target"
+    #: The exporter's own state (:class:`~exporter.service.collector.ExporterView`).
+    EXPORTER = "exporter"
+    #: Written by the guarded collector around every builder.
+    COLLECTOR = "collector"
+
+
 @dataclass(frozen=True, slots=True)
 class MetricDef:
-    """One exposed metric family."""
+    """One exposed metric family, and where its samples come from."""
 
     name: str
     kind: Kind
@@ -39,6 +62,13 @@ class MetricDef:
     scope: Scope = Scope.TARGET
     #: Shown in docs/metrics.md: where the number comes from.
     source: str = ""
+    #: The object the samples are read from.
+    row: Row = Row.TARGET
+    #: The attribute of the row holding the value. A mapping gives one sample per key, the key
+    #: being the last label's value; an info metric's mapping holds its labels.
+    field: str | None = None
+    #: The key of the figure in ``check --json`` (engine objects and the prediction), if shown.
+    check_key: str | None = None
 
 
 ENGINE = ("engine", "model_name")
@@ -54,6 +84,9 @@ _DEFS: tuple[MetricDef, ...] = (
         ENGINE,
         source="vllm:cache_config_info kv_cache_size_tokens, else num_gpu_blocks x block_size "
         "(num_gpu_blocks divided over data-parallel engines)",
+        row=Row.ENGINE,
+        field="kv_capacity_tokens",
+        check_key="kv_capacity_tokens",
     ),
     MetricDef(
         "headroom_kv_capacity_predicted_tokens",
@@ -61,6 +94,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "KV-cache capacity the sizing model predicts for this engine, in vLLM's own terms.",
         ENGINE,
         source="sizing model over the model's config.json, GPU memory and cache_config_info",
+        row=Row.ENGINE,
+        field="kv_capacity_predicted_tokens",
+        check_key="kv_capacity_predicted_tokens",
     ),
     MetricDef(
         "headroom_kv_capacity_prediction_error_ratio",
@@ -68,6 +104,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "(predicted - actual) / actual KV-cache capacity.",
         ENGINE,
         source="headroom_kv_capacity_predicted_tokens and headroom_kv_capacity_tokens",
+        row=Row.ENGINE,
+        field="kv_capacity_error_ratio",
+        check_key="kv_capacity_error_ratio",
     ),
     MetricDef(
         "headroom_kv_blocks",
@@ -75,6 +114,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "KV-cache blocks of this engine, including vLLM's reserved null block.",
         ENGINE,
         source="vllm:cache_config_info num_gpu_blocks / engines",
+        row=Row.ENGINE,
+        field="kv_blocks",
+        check_key="kv_blocks",
     ),
     MetricDef(
         "headroom_kv_block_size_tokens",
@@ -82,6 +124,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Tokens per KV-cache block.",
         ENGINE,
         source="vllm:cache_config_info block_size",
+        row=Row.ENGINE,
+        field="kv_block_size_tokens",
+        check_key="kv_block_size_tokens",
     ),
     MetricDef(
         "headroom_kv_usable_tokens",
@@ -89,6 +134,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "KV-cache tokens running requests can hold: capacity less the reserved null block.",
         ENGINE,
         source="capacity x (blocks - 1) / blocks",
+        row=Row.ENGINE,
+        field="kv_usable_tokens",
+        check_key="kv_usable_tokens",
     ),
     MetricDef(
         "headroom_kv_used_tokens",
@@ -96,6 +144,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "KV-cache tokens held by running requests, in whole blocks.",
         ENGINE,
         source="vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before 0.9.2) x usable tokens",
+        row=Row.ENGINE,
+        field="kv_used_tokens",
+        check_key="kv_tokens_used",
     ),
     MetricDef(
         "headroom_kv_free_tokens",
@@ -103,6 +154,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "KV-cache tokens free for new or growing requests (evictable prefix cache counts as free).",
         ENGINE,
         source="usable - used tokens",
+        row=Row.ENGINE,
+        field="kv_free_tokens",
+        check_key="kv_tokens_free",
     ),
     MetricDef(
         "headroom_kv_usage_ratio",
@@ -110,6 +164,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Fraction of the usable KV-cache blocks held by running requests (0 to 1).",
         ENGINE,
         source="vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc before 0.9.2",
+        row=Row.ENGINE,
+        field="kv_usage_ratio",
+        check_key="kv_usage_ratio",
     ),
     # --- Real traffic -----------------------------------------------------------------------
     MetricDef(
@@ -118,6 +175,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Median context length (prompt + output tokens) of requests finished in the window.",
         ENGINE,
         source="bucket deltas of vllm:request_prompt_tokens + vllm:request_generation_tokens",
+        row=Row.ENGINE,
+        field="context_p50_tokens",
     ),
     MetricDef(
         "headroom_context_length_p95_tokens",
@@ -126,6 +185,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "window; since vLLM started when none finished in it.",
         ENGINE,
         source="bucket deltas of vllm:request_prompt_tokens + vllm:request_generation_tokens",
+        row=Row.ENGINE,
+        field="context_p95_tokens",
     ),
     MetricDef(
         "headroom_context_length_p99_tokens",
@@ -134,6 +195,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "window.",
         ENGINE,
         source="bucket deltas of vllm:request_prompt_tokens + vllm:request_generation_tokens",
+        row=Row.ENGINE,
+        field="context_p99_tokens",
     ),
     MetricDef(
         "headroom_context_length_mean_tokens",
@@ -141,6 +204,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Mean context length (prompt + output tokens) of requests finished in the window (exact).",
         ENGINE,
         source="_sum / _count deltas of the per-request token histograms",
+        row=Row.ENGINE,
+        field="context_mean_tokens",
     ),
     MetricDef(
         "headroom_context_window_requests",
@@ -148,6 +213,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Requests finished within the context window (0: context figures are since vLLM started).",
         ENGINE,
         source="vllm:request_prompt_tokens_count delta",
+        row=Row.ENGINE,
+        field="context_window_requests",
     ),
     # --- Concurrency and headroom -----------------------------------------------------------
     MetricDef(
@@ -156,6 +223,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Sequences of p95 context length the usable KV cache holds at once.",
         ENGINE,
         source="usable tokens // (ceil(p95 / block_size) x block_size)",
+        row=Row.ENGINE,
+        field="p95_ceiling_sequences",
+        check_key="p95_ceiling_sequences",
     ),
     MetricDef(
         "headroom_mean_ceiling_sequences",
@@ -163,6 +233,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Sequences of mean context length the usable KV cache holds at once.",
         ENGINE,
         source="usable tokens // (ceil(mean / block_size) x block_size)",
+        row=Row.ENGINE,
+        field="mean_ceiling_sequences",
+        check_key="mean_ceiling_sequences",
     ),
     MetricDef(
         "headroom_p95_available_sequences",
@@ -170,6 +243,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Headroom: how many more sequences of p95 context length fit in the free KV cache now.",
         ENGINE,
         source="free tokens // (ceil(p95 / block_size) x block_size)",
+        row=Row.ENGINE,
+        field="p95_available_sequences",
+        check_key="p95_available_sequences",
     ),
     MetricDef(
         "headroom_p95_available_ratio",
@@ -177,6 +253,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Headroom as a fraction of the p95 ceiling (0: full, 1: empty).",
         ENGINE,
         source="headroom_p95_available_sequences / headroom_p95_ceiling_sequences",
+        row=Row.ENGINE,
+        field="p95_available_ratio",
     ),
     MetricDef(
         "headroom_preemptions_per_second",
@@ -184,6 +262,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Preemptions per second over the rate window (reset-aware).",
         ENGINE,
         source="increase of vllm:num_preemptions_total",
+        row=Row.ENGINE,
+        field="preemptions_per_second",
     ),
     MetricDef(
         "headroom_preemptions_per_finished_request",
@@ -191,6 +271,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Preemptions per finished request over the rate window; absent when none finished.",
         ENGINE,
         source="increase of vllm:num_preemptions_total / increase of vllm:request_success_total",
+        row=Row.ENGINE,
+        field="preemptions_per_finished_request",
     ),
     MetricDef(
         "headroom_finished_requests_per_second",
@@ -198,6 +280,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Requests finished per second over the rate window.",
         ENGINE,
         source="increase of vllm:request_success_total (all finished reasons)",
+        row=Row.ENGINE,
+        field="finished_requests_per_second",
     ),
     MetricDef(
         "headroom_requests_running",
@@ -205,6 +289,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Requests in vLLM's running batch.",
         ENGINE,
         source="vllm:num_requests_running",
+        row=Row.ENGINE,
+        field="requests_running",
+        check_key="num_requests_running",
     ),
     MetricDef(
         "headroom_requests_waiting",
@@ -212,6 +299,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Requests waiting in vLLM's queue.",
         ENGINE,
         source="vllm:num_requests_waiting",
+        row=Row.ENGINE,
+        field="requests_waiting",
+        check_key="num_requests_waiting",
     ),
     MetricDef(
         "headroom_requests_waiting_by_reason",
@@ -219,6 +309,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "Requests waiting in vLLM's queue, by reason (vLLM 0.20+).",
         (*ENGINE, "reason"),
         source="vllm:num_requests_waiting_by_reason",
+        row=Row.ENGINE,
+        field="requests_waiting_by_reason",
+        check_key="num_requests_waiting_by_reason",
     ),
     # --- Sizing chain (per GPU of this target) ----------------------------------------------
     MetricDef(
@@ -226,24 +319,36 @@ _DEFS: tuple[MetricDef, ...] = (
         Kind.GAUGE,
         "KV-cache bytes one token costs on one GPU (all layers, K and V, this GPU's share).",
         source="sizing model: 2 x layers x kv_heads_per_gpu x head_dim x dtype bytes (MLA: latent)",
+        row=Row.PREDICTION,
+        field="bytes_per_token",
+        check_key="bytes_per_token",
     ),
     MetricDef(
         "headroom_predicted_weights_bytes",
         Kind.GAUGE,
         "Model weights per GPU, as the sizing model counts them.",
         source="model.safetensors index / file sizes, else parameters x bytes per parameter",
+        row=Row.PREDICTION,
+        field="weights_bytes",
+        check_key="weights_bytes",
     ),
     MetricDef(
         "headroom_predicted_overhead_bytes",
         Kind.GAUGE,
         "Activation peak and non-torch memory per GPU, as the sizing model estimates them.",
         source="sizing model overhead estimate (docs/sizing.md)",
+        row=Row.PREDICTION,
+        field="overhead_bytes",
+        check_key="overhead_bytes",
     ),
     MetricDef(
         "headroom_predicted_kv_budget_bytes",
         Kind.GAUGE,
         "KV-cache memory per GPU the sizing model predicts vLLM allocates.",
         source="total x gpu_memory_utilization - weights - overhead, or kv_cache_memory_bytes",
+        row=Row.PREDICTION,
+        field="kv_budget_bytes",
+        check_key="kv_budget_bytes",
     ),
     MetricDef(
         "headroom_sizing_info",
@@ -262,6 +367,8 @@ _DEFS: tuple[MetricDef, ...] = (
             "vllm_version",
         ),
         source="config.json, /v1/models, /version, vllm:cache_config_info and settings",
+        row=Row.PREDICTION,
+        field="info",
     ),
     MetricDef(
         "headroom_prediction_state",
@@ -269,6 +376,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "1 for the current state of the capacity prediction: ok, or why it is missing.",
         ("state",),
         source="model discovery and the sizing model",
+        row=Row.PREDICTION,
+        field="state_flags",
     ),
     # --- GPU memory (NVML) ------------------------------------------------------------------
     MetricDef(
@@ -277,6 +386,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Memory of a GPU vLLM uses.",
         GPU,
         source="NVML nvmlDeviceGetMemoryInfo",
+        row=Row.GPU,
+        field="total_bytes",
     ),
     MetricDef(
         "headroom_gpu_memory_used_bytes",
@@ -284,6 +395,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Memory in use on a GPU vLLM uses, by every process.",
         GPU,
         source="NVML nvmlDeviceGetMemoryInfo",
+        row=Row.GPU,
+        field="used_bytes",
     ),
     MetricDef(
         "headroom_gpu_memory_free_bytes",
@@ -291,6 +404,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Memory free on a GPU vLLM uses.",
         GPU,
         source="NVML nvmlDeviceGetMemoryInfo",
+        row=Row.GPU,
+        field="free_bytes",
     ),
     MetricDef(
         "headroom_gpu_memory_vllm_bytes",
@@ -298,6 +413,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Memory used on a GPU by vLLM's own processes.",
         GPU,
         source="NVML running compute processes matched to vLLM's PIDs",
+        row=Row.GPU,
+        field="vllm_bytes",
     ),
     MetricDef(
         "headroom_gpu_memory_foreign_bytes",
@@ -306,6 +423,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "absent when NVML's processes cannot be matched to vLLM's PIDs.",
         GPU,
         source="NVML used memory - memory of vLLM's processes (matched by PID)",
+        row=Row.GPU,
+        field="foreign_bytes",
     ),
     MetricDef(
         "headroom_gpu_memory_unexplained_bytes",
@@ -314,6 +433,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "another process, or vLLM outgrowing its budget.",
         GPU,
         source="NVML used memory - total x vllm:cache_config_info gpu_memory_utilization",
+        row=Row.GPU,
+        field="unexplained_bytes",
     ),
     MetricDef(
         "headroom_gpu_memory_vllm_predicted_bytes",
@@ -321,6 +442,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Memory vLLM is predicted to claim on a GPU: total x gpu_memory_utilization.",
         GPU,
         source="NVML total memory and vllm:cache_config_info gpu_memory_utilization",
+        row=Row.GPU,
+        field="vllm_predicted_bytes",
     ),
     # --- Health of the sources --------------------------------------------------------------
     MetricDef(
@@ -328,6 +451,8 @@ _DEFS: tuple[MetricDef, ...] = (
         Kind.GAUGE,
         "1 if the last poll of vLLM's /metrics succeeded, else 0.",
         source="the poller",
+        row=Row.TARGET,
+        field="up",
     ),
     MetricDef(
         "headroom_source_up",
@@ -336,6 +461,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "vllm_version, model_config, nvml).",
         SOURCE,
         source="the poller",
+        row=Row.SOURCE,
+        field="up",
     ),
     MetricDef(
         "headroom_source_last_success_timestamp_seconds",
@@ -343,6 +470,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Unix time of the last successful read of a source.",
         SOURCE,
         source="the poller",
+        row=Row.SOURCE,
+        field="last_success_time",
     ),
     MetricDef(
         "headroom_source_errors_total",
@@ -350,6 +479,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Failed reads of a source, by reason.",
         (*SOURCE, "reason"),
         source="the poller",
+        row=Row.SOURCE,
+        field="errors",
     ),
     MetricDef(
         "headroom_source_duration_seconds",
@@ -357,12 +488,16 @@ _DEFS: tuple[MetricDef, ...] = (
         "How long the last read of a source took.",
         SOURCE,
         source="the poller",
+        row=Row.SOURCE,
+        field="duration_seconds",
     ),
     MetricDef(
         "headroom_target_restarts_total",
         Kind.COUNTER,
         "vLLM restarts detected (process start time changed or counters went down).",
         source="the poller",
+        row=Row.TARGET,
+        field="restarts_total",
     ),
     MetricDef(
         "headroom_dropped_samples",
@@ -370,12 +505,16 @@ _DEFS: tuple[MetricDef, ...] = (
         "Samples of the last vLLM payload dropped by the parser's cardinality caps (label "
         "explosion guard); 0 for any sane vLLM.",
         source="the parser",
+        row=Row.TARGET,
+        field="dropped_samples",
     ),
     MetricDef(
         "headroom_window_samples",
         Kind.GAUGE,
         "Samples of the target held for the windows.",
         source="the poller",
+        row=Row.TARGET,
+        field="window_samples",
     ),
     # --- The exporter itself ----------------------------------------------------------------
     MetricDef(
@@ -385,6 +524,8 @@ _DEFS: tuple[MetricDef, ...] = (
         ("version", "mode"),
         Scope.EXPORTER,
         source="the package",
+        row=Row.EXPORTER,
+        field="build_info",
     ),
     MetricDef(
         "headroom_poll_interval_seconds",
@@ -392,6 +533,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "How often the sidecar polls its target (the cadence of the windows' samples).",
         scope=Scope.EXPORTER,
         source="settings",
+        row=Row.EXPORTER,
+        field="poll_interval_seconds",
     ),
     MetricDef(
         "headroom_collector_success",
@@ -400,6 +543,7 @@ _DEFS: tuple[MetricDef, ...] = (
         ("collector",),
         Scope.EXPORTER,
         source="the exposition",
+        row=Row.COLLECTOR,
     ),
     MetricDef(
         "headroom_collector_duration_seconds",
@@ -408,6 +552,7 @@ _DEFS: tuple[MetricDef, ...] = (
         ("collector",),
         Scope.EXPORTER,
         source="the exposition",
+        row=Row.COLLECTOR,
     ),
     MetricDef(
         "headroom_probe_requests_total",
@@ -417,6 +562,8 @@ _DEFS: tuple[MetricDef, ...] = (
         ("outcome",),
         Scope.EXPORTER,
         source="fleet mode",
+        row=Row.EXPORTER,
+        field="probe_requests",
     ),
     MetricDef(
         "headroom_probe_targets",
@@ -424,6 +571,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "Targets whose windows fleet mode remembers.",
         scope=Scope.EXPORTER,
         source="fleet mode",
+        row=Row.EXPORTER,
+        field="probe_targets",
     ),
     MetricDef(
         "headroom_probe_evictions_total",
@@ -431,10 +580,27 @@ _DEFS: tuple[MetricDef, ...] = (
         "Targets forgotten because of the bound on remembered targets or their age.",
         scope=Scope.EXPORTER,
         source="fleet mode",
+        row=Row.EXPORTER,
+        field="probe_evictions",
     ),
 )
 
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+#: The metrics read from each kind of row object, in table order.
+ROWS: dict[Row, tuple[MetricDef, ...]] = {
+    row: tuple(d for d in _DEFS if d.row is row and d.field is not None) for row in Row
+}
+
+
+def check_values(row: Row, source: object) -> dict[str, object]:
+    """The ``check --json`` figures of one row object, keyed as the table says."""
+    values: dict[str, object] = {}
+    for d in ROWS[row]:
+        if d.check_key is not None:
+            value = getattr(source, d.field or "")
+            values[d.check_key] = dict(value) if isinstance(value, Mapping) else value
+    return values
 
 
 def metric(name: str) -> MetricDef:
