@@ -1,7 +1,7 @@
 """Accuracy of the sizing model on real vLLM start-ups, side by side with the naive method.
 
-Reads ``shared/data/kv-calibration/observations.csv`` and predicts each row's KV-cache tokens from
-what a user knows before deploying: the architecture (the built-in catalogue, by the row's
+Reads ``benchmarks/data/kv-calibration/observations.csv`` and predicts each row's KV-cache tokens
+from what a user knows before deploying: the architecture (the built-in catalogue, by the row's
 ``arch_model``), parameters, quantization, GPU memory, TP/PP, utilization, dtypes, block size,
 max_model_len and vLLM version. Never the logged weights, activation or non-torch memory.
 
@@ -36,7 +36,7 @@ from exporter.sizing.overhead import GIB
 from exporter.sizing.weights import dtype_bytes, weight_format
 from exporter.vllm.version import parse_vllm_version
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "kv-calibration"
+DATA = Path(__file__).resolve().parent / "data" / "kv-calibration"
 NAIVE_OVERHEAD_BYTES = 4 * 10**9
 
 

@@ -22,9 +22,8 @@ from pathlib import Path
 #: The real vLLM 0.32.0 capture the synthetic payload is built from.
 REAL_CAPTURE = (
     Path(__file__).resolve().parents[1]
-    / ".."
-    / "shared"
-    / "data"
+    / "tests"
+    / "fixtures"
     / "vllm-metrics"
     / "vllm-0.32.0-cpu-after-load.prom"
 )

@@ -2,9 +2,9 @@
 
 Runs, on this machine and in one run:
 
-- a static vLLM-like HTTP server (Python's ``http.server`` over a directory holding the real
-  vLLM 0.32 capture as ``metrics``, plus ``v1/models`` and ``version``), listening on all of
-  127.0.0.0/8 so that 200 targets can be 200 loopback addresses;
+- the fake vLLM of ``exporter.testing`` serving the real vLLM 0.32 capture (and
+  ``/v1/models``, ``/version``), listening on all of 127.0.0.0/8 so that 200 targets can be
+  200 loopback addresses (in this process: its CPU is not the exporter's);
 - **sidecar, 1 target**: ``vllm-headroom serve`` polling it every 5 s;
 - **fleet, 200 targets**: ``vllm-headroom serve --mode fleet``, probed for each of the 200
   targets every 5 s by a driver thread (what Prometheus would do);
@@ -22,30 +22,22 @@ poll for one target, peak RSS under 80 MB for one target.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from exporter.testing.fakevllm import FakeVllm, VllmState
+from exporter.testing.processes import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parents[1]
-CAPTURE = ROOT.parent / "shared" / "data" / "vllm-metrics" / "vllm-0.32.0-cpu-after-load.prom"
+CAPTURE = ROOT / "tests" / "fixtures" / "vllm-metrics" / "vllm-0.32.0-cpu-after-load.prom"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PEER = "import prometheus_client, httpx, pydantic_settings, structlog, time\ntime.sleep(3600)\n"
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -62,34 +54,10 @@ def peak_rss_bytes(pid: int) -> int:
     return 0
 
 
-def wait_http(url: str, timeout: float = 20.0) -> None:
-    """Wait until ``url`` answers."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-        except httpx.HTTPError:
-            time.sleep(0.1)
-        else:
-            return
-    raise SystemExit(f"{url} did not answer within {timeout:.0f}s")
-
-
-def static_vllm(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the static vLLM-like server on all loopback addresses."""
-    (directory / "v1").mkdir()
-    shutil.copy(CAPTURE, directory / "metrics")
-    models = {"data": [{"id": "tiny", "root": "/nonexistent/tiny", "max_model_len": 512}]}
-    (directory / "v1" / "models").write_text(json.dumps(models))
-    (directory / "version").write_text(json.dumps({"version": "0.32.0"}))
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "0.0.0.0", "-d", str(directory)],  # noqa: S104
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_http(f"http://127.0.0.1:{port}/version")
-    return server, port
+def fake_vllm() -> FakeVllm:
+    """The fake vLLM serving the real 0.32 capture on every loopback address."""
+    state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
+    return FakeVllm(state=state, payload=CAPTURE.read_bytes(), host="0.0.0.0")  # noqa: S104
 
 
 def exporter(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -151,47 +119,41 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=200, help="targets in the fleet scenario")
     args = parser.parse_args()
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.seconds:.0f} s each")
-    with tempfile.TemporaryDirectory() as tmp:
-        server, port = static_vllm(Path(tmp))
+    with fake_vllm() as server:
+        port = server.port
+        peer = subprocess.Popen([sys.executable, "-c", PEER])
         try:
-            peer = subprocess.Popen([sys.executable, "-c", PEER])
-            try:
-                peer_share, peer_rss = measure(peer, min(args.seconds, 5.0))
-            finally:
-                peer.kill()
-                peer.wait()
-            report("peer (idle imports)", peer_share, peer_rss, peer_rss)
-
-            sidecar, _ = exporter(["--target", f"http://127.0.0.1:{port}", "--poll-interval", "5"])
-            try:
-                share, rss = measure(sidecar, args.seconds)
-            finally:
-                sidecar.terminate()
-                sidecar.wait()
-            report("sidecar, 1 target", share, rss, peer_rss)
-            print(
-                f"  goals: < 1% of one core ({'met' if share < 0.01 else 'NOT met'}), "
-                f"< 80 MB peak RSS ({'met' if rss < 80e6 else 'NOT met'})"
-            )
-
-            targets = [
-                f"http://127.0.{1 + i // 250}.{1 + i % 250}:{port}" for i in range(args.targets)
-            ]
-            fleet, url = exporter(["--mode", "fleet", "--probe-allowlist", "127.0.0.0/8"])
-            stop = threading.Event()
-            driver = threading.Thread(target=probe_driver, args=(url, targets, stop, 5.0))
-            driver.start()
-            try:
-                share, rss = measure(fleet, args.seconds)
-            finally:
-                stop.set()
-                driver.join()
-                fleet.terminate()
-                fleet.wait()
-            report(f"fleet, {args.targets} targets", share, rss, peer_rss)
+            peer_share, peer_rss = measure(peer, min(args.seconds, 5.0))
         finally:
-            server.terminate()
-            server.wait()
+            peer.kill()
+            peer.wait()
+        report("peer (idle imports)", peer_share, peer_rss, peer_rss)
+
+        sidecar, _ = exporter(["--target", f"http://127.0.0.1:{port}", "--poll-interval", "5"])
+        try:
+            share, rss = measure(sidecar, args.seconds)
+        finally:
+            sidecar.terminate()
+            sidecar.wait()
+        report("sidecar, 1 target", share, rss, peer_rss)
+        print(
+            f"  goals: < 1% of one core ({'met' if share < 0.01 else 'NOT met'}), "
+            f"< 80 MB peak RSS ({'met' if rss < 80e6 else 'NOT met'})"
+        )
+
+        targets = [f"http://127.0.{1 + i // 250}.{1 + i % 250}:{port}" for i in range(args.targets)]
+        fleet, url = exporter(["--mode", "fleet", "--probe-allowlist", "127.0.0.0/8"])
+        stop = threading.Event()
+        driver = threading.Thread(target=probe_driver, args=(url, targets, stop, 5.0))
+        driver.start()
+        try:
+            share, rss = measure(fleet, args.seconds)
+        finally:
+            stop.set()
+            driver.join()
+            fleet.terminate()
+            fleet.wait()
+        report(f"fleet, {args.targets} targets", share, rss, peer_rss)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """Soak: hours of sidecar life, compressed, against a fake vLLM that restarts and misbehaves.
 
 The real exporter process (``python -m exporter serve``) polls the reliability suite's fake
-vLLM (``tests/reliability/faultserver.py``) with every duration of production divided by
+vLLM (``exporter/testing/fakevllm.py``) with every duration of production divided by
 ``--speedup``: a 5 s poll interval, 15 s Prometheus scrapes, 600 s and 60 s windows become
 50 ms, 150 ms, 6 s and 0.6 s at the default 100x. The windows are scaled too, so the exporter
 holds as many samples as in production and its memory is comparable. The fake vLLM goes
@@ -34,11 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.reliability.faultserver import Fault, FaultyVllm  # noqa: E402
-from tests.reliability.harness import ExporterProcess, Stats, reset_peak_rss  # noqa: E402
+from exporter.testing.fakevllm import FakeVllm, Fault
+from exporter.testing.processes import ExporterProcess, Stats, reset_peak_rss
 
 MIB = 1024 * 1024
 
@@ -94,7 +91,7 @@ class Run:
     restarts: int = 0
 
 
-def apply(vllm: FaultyVllm, action: str, run: Run) -> None:
+def apply(vllm: FakeVllm, action: str, run: Run) -> None:
     """Make the fake vLLM do ``action`` (a fault, ``none``, or a restart)."""
     run.actions += 1
     if action.startswith("restart:"):
@@ -121,9 +118,7 @@ def scrape_loop(exporter: ExporterProcess, every: float, stop: threading.Event, 
             run.failures.append(outcome)
 
 
-def drive(
-    vllm: FaultyVllm, exporter: ExporterProcess, run: Run, *, args: argparse.Namespace
-) -> None:
+def drive(vllm: FakeVllm, exporter: ExporterProcess, run: Run, *, args: argparse.Namespace) -> None:
     """Play the schedule for ``args.duration`` wall seconds, sampling the exporter each second."""
     speedup = args.speedup
     started = time.monotonic()
@@ -267,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     poll = POLL / args.speedup
     run = Run()
-    with FaultyVllm() as vllm:
+    with FakeVllm() as vllm:
         exporter = ExporterProcess(
             {
                 "HEADROOM_TARGET": vllm.url,

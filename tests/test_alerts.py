@@ -29,20 +29,21 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from tests import paths
 from tests.promql import PromQLSyntaxError, metric_names, number_literals
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 RULES = REPO / "alerts" / "vllm-headroom.rules.yml"
 RULE_FILES = sorted((REPO / "alerts").glob("*.yml"))
 UNIT_TESTS = sorted((REPO / "tests" / "alerts").glob("*.yml"))
 RUNBOOKS = REPO / "docs" / "runbooks"
 DASHBOARD_FILES = sorted((REPO / "dashboards").glob("vllm-headroom-*.json"))
 GOLDENS = sorted((REPO / "tests" / "golden" / "exposition").glob("*.prom"))
-#: ``../shared`` beside the repository: the real vLLM captures (read-only fixtures).
-CAPTURES = sorted((REPO.parent / "shared" / "data" / "vllm-metrics").glob("*.prom"))
+#: The real vLLM captures (tests/fixtures/vllm-metrics).
+CAPTURES = sorted(paths.CAPTURES.glob("*.prom"))
 
 THRESHOLD_GROUP = "vllm-headroom-thresholds"
 THRESHOLD_PREFIX = "headroom:threshold:"
@@ -253,7 +254,7 @@ def test_unit_tests_cover_restart_v0_names_idle_and_data_parallel_engines() -> N
 def test_every_metric_name_the_rules_read_exists_in_real_exposition() -> None:
     """Each name a rule or annotation reads is in our goldens, the vLLM captures, or recorded."""
     assert GOLDENS, "no golden expositions"
-    assert CAPTURES, "no vLLM captures in ../shared/data/vllm-metrics"
+    assert CAPTURES, "no vLLM captures in tests/fixtures/vllm-metrics"
     ours, vllms = _exposed_names(GOLDENS), _exposed_names(CAPTURES)
     unknown: dict[str, set[str]] = {}
     for _, rule in _rules(DOCUMENT):

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -36,14 +35,18 @@ from dashboards.widgets import (
     stat_panel,
     threshold_steps,
 )
+from tests import paths
 from tests.conftest import CAPTURES
 from tests.promql import metric_names
 
-ROOT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    from pathlib import Path
+
+ROOT = paths.REPO
 DASHBOARDS = ROOT / "dashboards"
 RULES = ROOT / "alerts" / "vllm-headroom.rules.yml"
 RUNBOOKS = ROOT / "docs" / "runbooks"
-GOLDEN = Path(__file__).parent / "golden" / "exposition"
+GOLDEN = paths.GOLDEN / "exposition"
 UIDS = {"vllm-headroom-fleet", "vllm-headroom-instance"}
 
 #: Series Prometheus itself synthesises (not exposed by any target): the alert state series and

@@ -50,8 +50,9 @@ from exporter.gpu.recording import (
     replay_sample,
     sample_from_snapshot,
 )
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+FIXTURES = paths.NVML
 GiB, MiB = 2**30, 2**20
 UUID_A = "GPU-3f8a2c1e-7b4d-4e9a-8c2f-5d6e7f809a1b"
 UUID_B = "GPU-9c1d4e2f-3a5b-4c6d-8e7f-0a1b2c3d4e5f"
@@ -1133,7 +1134,7 @@ def test_the_recorder_script_writes_a_recording_the_replayer_reads(tmp_path: Pat
     import subprocess
 
     out = tmp_path / "capture.json"
-    script = Path(__file__).parents[1] / "scripts" / "record-nvml.py"
+    script = paths.REPO / "scripts" / "record-nvml.py"
     done = subprocess.run(
         [sys.executable, str(script), "--samples", "2", "--interval", "0", "--out", str(out)],
         capture_output=True,

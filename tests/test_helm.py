@@ -40,11 +40,12 @@ from kubernetes_validate.utils import all_versions, latest_version
 import exporter
 from exporter.service.allowlist import AllowlistError, parse_allowlist
 from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
+from tests import paths
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 CHART = REPO / "helm" / "vllm-headroom"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RULES_FILE = REPO / "alerts" / "vllm-headroom.rules.yml"

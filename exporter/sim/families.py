@@ -1,6 +1,6 @@
 """The vLLM 0.32.0 metric families the simulated engine serves: names, HELP texts and buckets.
 
-Everything here is copied from a real exposition (``shared/data/vllm-metrics/
+Everything here is copied from a real exposition (``tests/fixtures/vllm-metrics/
 vllm-0.32.0-cpu-after-load.prom``) so that the demo's ``/metrics`` is indistinguishable in shape
 from a real vLLM 0.32.0 V1 server: the same ``vllm:`` family names, types, label names, HELP texts
 and histogram bucket boundaries. ``tests/test_sim_exposition.py`` proves it against the capture.

@@ -10,7 +10,7 @@ The KV pool is sized the way vLLM does it (DESIGN section 3)::
     num_gpu_blocks = floor(kv_budget / (block_size x bytes_per_token))
 
 with the memory figures that a real vLLM 0.19 logged for exactly this model on an H100 80GB
-(``shared/data/kv-calibration/observations.csv``, rows S18 and S24: 79.19 GiB visible, weights
+(``benchmarks/data/kv-calibration/observations.csv``, rows S18 and S24: 79.19 GiB visible, weights
 14.99 GiB, activation peak 1.89 GiB, non-torch 0.25 GiB). At 0.92 that is a 55.72 GiB (59.8 GB)
 budget, 28,531 blocks, 456,496 tokens: a realistic pool, not a toy one. ``kv_cache_memory_bytes``
 replaces the budget with an exact number, as vLLM's ``--kv-cache-memory-bytes`` does.

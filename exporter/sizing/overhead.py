@@ -3,7 +3,7 @@
 vLLM sizes the KV cache as ``total x utilization - weights - activation peak - non-torch memory``
 (and, from 0.21 on, minus the CUDA-graph pool). This module estimates those three terms from a
 few interpretable constants, fitted once on the real start-up logs in
-``shared/data/kv-calibration/observations.csv`` (vLLM 0.11 to 0.19, H100) and explained in
+``benchmarks/data/kv-calibration/observations.csv`` (vLLM 0.11 to 0.19, H100) and explained in
 ``docs/sizing.md``. What drives each term:
 
 - Activation peak: vLLM's start-up profile ends with a sampler warm-up over ``max_num_seqs``

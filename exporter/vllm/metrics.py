@@ -1,7 +1,7 @@
 """Turn one vLLM ``/metrics`` payload into a :class:`~exporter.core.snapshot.VllmSnapshot`.
 
 Pure: text in, plain data out. The rules (DESIGN section 4, and the real captures in
-``shared/data/vllm-metrics/``):
+``tests/fixtures/vllm-metrics/``):
 
 - Only the families below are parsed (:data:`WANTED`); every other line is skipped unparsed.
 - One :class:`~exporter.core.snapshot.EngineMetrics` per ``engine`` label value; ``"0"`` for series

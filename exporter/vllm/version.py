@@ -70,7 +70,7 @@ class _Clue:
 
 
 # Presence of a family (as a 0.0.4 TYPE line names it). Sources: DESIGN section 4 and the
-# capture headers in shared/data/vllm-metrics/ (the 0.32.0 capture already has
+# capture headers in tests/fixtures/vllm-metrics/ (the 0.32.0 capture already has
 # admission_rejections_total, which DESIGN dates to 0.33: the capture wins).
 _FAMILY_CLUES: Final[Mapping[str, _Clue]] = {
     "vllm:admission_rejections_total": _Clue(low=(0, 32)),

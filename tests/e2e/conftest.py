@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
-from harness import (
+
+from tests.e2e.harness import (
     REFERENCE_KV_CACHE_MEMORY_BYTES,
     REFERENCE_MAX_MODEL_LEN,
     MissingResourceError,

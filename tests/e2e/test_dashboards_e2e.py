@@ -28,15 +28,16 @@ import json
 import math
 import os
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from harness import (
+
+from dashboards.templating import expand
+from exporter.testing.fakevllm import FakeVllm
+from tests import paths
+from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
     ProcessGroup,
     PrometheusServer,
@@ -47,17 +48,16 @@ from harness import (
     wait_until,
 )
 
-from dashboards.templating import expand
-
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
+    from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.REPO
 DASHBOARDS = ROOT / "dashboards"
 RULES = ROOT / "alerts" / "vllm-headroom.rules.yml"
 SIDECAR = ROOT / "tests" / "golden" / "exposition" / "sidecar.prom"
 BURST = ROOT / "tests" / "fixtures" / "vllm-cpu" / "burst"
-CAPTURES = ROOT.parent / "shared" / "data" / "vllm-metrics"
+CAPTURES = paths.CAPTURES
 V0_CAPTURE = CAPTURES / "04_v0.6.4-0.6.6_V0_test-fixture.prom"
 V1_HOST, V0_HOST = "127.0.0.1", "127.0.0.2"
 
@@ -97,30 +97,6 @@ V0_PROOF = {
 }
 
 
-class _Payloads(ThreadingHTTPServer):
-    """Serves ``/metrics`` from a callable of the scrape count (a replay, or a static file)."""
-
-    daemon_threads = True
-    payload: Callable[[int], bytes]
-    scrapes = 0
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Payloads
-
-    def do_GET(self) -> None:
-        body = self.server.payload(self.server.scrapes)
-        self.server.scrapes += 1
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Stay quiet."""
-
-
 def _replay(files: Sequence[Path]) -> Callable[[int], bytes]:
     """One recorded payload per scrape, then the last one for ever (vLLM back to idle)."""
     payloads = [path.read_bytes() for path in files]
@@ -148,7 +124,7 @@ def prometheus(
     prometheus_factory: Callable[..., PrometheusServer],
 ) -> Iterator[tuple[PrometheusServer, dict[str, str], float]]:
     """Prometheus scraping both pods; yields it, host -> sidecar instance, and the start time."""
-    servers: list[_Payloads] = []
+    servers: list[FakeVllm] = []
     pods = {
         V1_HOST: _replay(sorted(BURST.glob("*.prom"))),
         V0_HOST: _growing(V0_CAPTURE),
@@ -157,11 +133,9 @@ def prometheus(
     vllms: list[str] = []
     for host, vllm_payload in pods.items():
         for payload, into in ((lambda _: SIDECAR.read_bytes(), "sidecar"), (vllm_payload, "vllm")):
-            pod_server = _Payloads((host, free_port()), _Handler)
-            pod_server.payload = payload
-            threading.Thread(target=pod_server.serve_forever, daemon=True).start()
+            pod_server = FakeVllm(host=host, payload=payload)
             servers.append(pod_server)
-            address = f"{host}:{pod_server.server_address[1]}"
+            address = f"{host}:{pod_server.port}"
             if into == "sidecar":
                 sidecars[host] = address
             else:
@@ -184,8 +158,7 @@ def prometheus(
         yield server, sidecars, started
     finally:
         for payload_server in servers:
-            payload_server.shutdown()
-            payload_server.server_close()
+            payload_server.close()
 
 
 def _boards() -> dict[str, dict[str, Any]]:

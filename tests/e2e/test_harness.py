@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from harness import (
+
+from tests.e2e.harness import (
     REFERENCE_MAX_MODEL_LEN,
     REFERENCE_MODEL_NAME,
     VLLM_VERSION,

@@ -22,13 +22,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import yaml
-from harness import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.service.metricdefs import METRICS, Scope
+from tests import paths
+from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
     BackgroundBurst,
     Completion,
@@ -41,14 +44,12 @@ from harness import (
     sample_value,
     wait_until,
 )
-from prometheus_client.parser import text_string_to_metric_families
-
-from exporter.service.metricdefs import METRICS, Scope
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.REPO
 RULES = ROOT / "alerts" / "vllm-headroom.rules.yml"
 ALERT = "VllmHeadroomPreemptionSpike"
 #: The test configuration: what a Helm value ``prometheusRule.alerts.<name>.for`` would set.

@@ -1,6 +1,6 @@
 """Fixtures of the reliability suite: the fake vLLM, the exporter as a process, the figures.
 
-The suite runs the real exporter (``python -m exporter serve``) against :class:`FaultyVllm`
+The suite runs the real exporter (``python -m exporter serve``) against :class:`FakeVllm`
 on loopback and judges it from outside: ``/metrics`` and ``/-/healthy`` over HTTP, its file
 descriptors, threads and memory through ``/proc``, every line it logs. Faults that only a seam
 can inject (a fake NVML library) run the same ``serve()`` in-process.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .faultserver import FaultyVllm
+from exporter.testing.fakevllm import FakeVllm
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -50,7 +50,7 @@ def figures() -> Iterator[Figures]:
 
 
 @pytest.fixture
-def faulty_vllm() -> Iterator[FaultyVllm]:
+def fake_vllm() -> Iterator[FakeVllm]:
     """A fake vLLM 0.32 on a free loopback port, healthy until told otherwise."""
-    with FaultyVllm() as server:
+    with FakeVllm() as server:
         yield server

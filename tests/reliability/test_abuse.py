@@ -27,9 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.service.allowlist import never_probed
-
-from .faultserver import Fault, FaultyVllm
-from .harness import ExporterProcess, Stats, quiet_stats, reset_peak_rss
+from exporter.testing.fakevllm import FakeVllm, Fault
+from exporter.testing.processes import ExporterProcess, Stats, quiet_stats, reset_peak_rss
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -205,7 +204,7 @@ def connect_flood(url: str) -> Callable[[threading.Event], None]:
 class Rig:
     """The fake vLLM and the exporter polling it."""
 
-    vllm: FaultyVllm
+    vllm: FakeVllm
     exporter: ExporterProcess
     baseline: Stats
 
@@ -213,7 +212,7 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Rig]:
     """One sidecar (0.5 s polls) watching one fake vLLM, for the HTTP abuse tests."""
-    vllm = FaultyVllm()
+    vllm = FakeVllm()
     exporter = ExporterProcess(
         {
             "HEADROOM_TARGET": vllm.url,
@@ -281,9 +280,9 @@ def test_abused_exporter_logged_only_json(rig: Rig) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[ExporterProcess, FaultyVllm]]:
+def fleet() -> Iterator[tuple[ExporterProcess, FakeVllm]]:
     """A fleet exporter allowing loopback and, deliberately broad, every IPv6 address."""
-    vllm = FaultyVllm()
+    vllm = FakeVllm()
     exporter = ExporterProcess(
         {
             "HEADROOM_MODE": "fleet",
@@ -332,7 +331,7 @@ def probe_counts(exporter: ExporterProcess) -> dict[str, float]:
 
 
 def test_probe_targets_outside_the_allowlist_are_refused_and_counted(
-    fleet: tuple[ExporterProcess, FaultyVllm],
+    fleet: tuple[ExporterProcess, FakeVllm],
 ) -> None:
     """Metadata addresses in every spelling, other schemes, credentials: refused, each counted."""
     exporter, _ = fleet
@@ -352,7 +351,7 @@ def test_probe_targets_outside_the_allowlist_are_refused_and_counted(
 
 
 def test_concurrent_refusals_are_counted_exactly(
-    fleet: tuple[ExporterProcess, FaultyVllm],
+    fleet: tuple[ExporterProcess, FakeVllm],
 ) -> None:
     """8 threads x 25 refused probes: the counter says 200 more, not fewer."""
     exporter, _ = fleet
@@ -372,7 +371,7 @@ def test_concurrent_refusals_are_counted_exactly(
 
 
 def test_remembered_probe_targets_are_bounded(
-    fleet: tuple[ExporterProcess, FaultyVllm], figures: Figures
+    fleet: tuple[ExporterProcess, FakeVllm], figures: Figures
 ) -> None:
     """60 distinct allowed targets with probe_max_targets=5: 5 remembered, 55 evicted."""
     exporter, vllm = fleet
@@ -459,13 +458,13 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 def test_tls_serves_and_a_stalled_handshake_blocks_no_one(
-    faulty_vllm: FaultyVllm, tmp_path: Path, figures: Figures
+    fake_vllm: FakeVllm, tmp_path: Path, figures: Figures
 ) -> None:
     """HTTPS with a self-signed cert works; 200 clients stalling their handshake block no one."""
     cert, key = self_signed(tmp_path)
     with ExporterProcess(
         {
-            "HEADROOM_TARGET": faulty_vllm.url,
+            "HEADROOM_TARGET": fake_vllm.url,
             "HEADROOM_TLS_CERT_FILE": str(cert),
             "HEADROOM_TLS_KEY_FILE": str(key),
         }
@@ -519,7 +518,7 @@ def test_the_bearer_token_never_appears_in_logs_or_answers(tmp_path: Path) -> No
     token = "tok-" + secrets.token_hex(16)
     seen: list[str] = []
     with (
-        FaultyVllm(token=token) as vllm,
+        FakeVllm(token=token) as vllm,
         ExporterProcess(
             {
                 "HEADROOM_TARGET": vllm.url,
@@ -565,7 +564,7 @@ def test_the_bearer_token_never_appears_in_logs_or_answers(tmp_path: Path) -> No
 
 
 def test_credentials_in_a_probe_target_are_refused_and_not_logged(
-    fleet: tuple[ExporterProcess, FaultyVllm],
+    fleet: tuple[ExporterProcess, FakeVllm],
 ) -> None:
     """/probe?target=http://user:SECRET@host: 400, and the secret appears in no log line."""
     exporter, vllm = fleet

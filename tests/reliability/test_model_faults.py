@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -26,12 +25,15 @@ from structlog.testing import capture_logs
 
 from exporter.core.views import PredictionView, TargetInfo, TargetView
 from exporter.sizing.predictor import ModelPredictor
+from exporter.testing.fakevllm import FakeVllm, VllmState
+from exporter.testing.processes import ExporterProcess, Scrape
+from tests import paths
 
-from .faultserver import FaultyVllm, VllmState
-from .harness import ExporterProcess, Scrape, mock_vllm_poller
+from .harness import mock_vllm_poller
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
+    from pathlib import Path
 
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
     from .conftest import Figures
 
-TINY_LLAMA = Path(__file__).resolve().parents[1] / "fixtures" / "configs" / "tiny-llama"
+TINY_LLAMA = paths.CONFIGS / "tiny-llama"
 POLL_SECONDS = 0.5
 #: Without the capabilities that bypass file permissions, root is bound by them like anyone.
 AS_UNPRIVILEGED_ROOT = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
@@ -55,9 +57,9 @@ def predicted(scrape: Scrape) -> bool:
 
 
 @pytest.fixture
-def faulty_vllm() -> Iterator[FaultyVllm]:
+def fake_vllm() -> Iterator[FakeVllm]:
     """The fake vLLM serving a model the built-in catalogue does not know (no fallback)."""
-    with FaultyVllm(state=VllmState(model="acme-private-7b", root="/models/acme")) as server:
+    with FakeVllm(state=VllmState(model="acme-private-7b", root="/models/acme")) as server:
         yield server
 
 
@@ -71,12 +73,12 @@ def model_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def sidecar(faulty_vllm: FaultyVllm, model_dir: Path) -> Iterator[ExporterProcess]:
+def sidecar(fake_vllm: FakeVllm, model_dir: Path) -> Iterator[ExporterProcess]:
     """The exporter predicting from ``model_dir``, healthy at the start."""
     prefix = AS_UNPRIVILEGED_ROOT if os.geteuid() == 0 else []
     exporter = ExporterProcess(
         {
-            "HEADROOM_TARGET": faulty_vllm.url,
+            "HEADROOM_TARGET": fake_vllm.url,
             "HEADROOM_MODEL": str(model_dir),
             "HEADROOM_GPU_MEMORY_BYTES": str(80 * 1024**3),
             "HEADROOM_POLL_INTERVAL_SECONDS": str(POLL_SECONDS),
@@ -93,7 +95,7 @@ def sidecar(faulty_vllm: FaultyVllm, model_dir: Path) -> Iterator[ExporterProces
 
 def break_and_repair(
     exporter: ExporterProcess,
-    vllm: FaultyVllm,
+    vllm: FakeVllm,
     *,
     name: str,
     state: str,
@@ -135,12 +137,12 @@ def break_and_repair(
 
 
 def test_an_unreadable_model_directory_is_data_not_a_crash(
-    sidecar: ExporterProcess, faulty_vllm: FaultyVllm, model_dir: Path, figures: Figures
+    sidecar: ExporterProcess, fake_vllm: FakeVllm, model_dir: Path, figures: Figures
 ) -> None:
     """A model directory the exporter may not read: model_config_invalid, then read once allowed."""
     break_and_repair(
         sidecar,
-        faulty_vllm,
+        fake_vllm,
         name="unreadable_directory",
         state="model_config_invalid",
         reason="model_config_invalid",
@@ -153,14 +155,14 @@ def test_an_unreadable_model_directory_is_data_not_a_crash(
 
 
 def test_a_corrupt_config_json_is_data_and_its_repair_is_picked_up(
-    sidecar: ExporterProcess, faulty_vllm: FaultyVllm, model_dir: Path, figures: Figures
+    sidecar: ExporterProcess, fake_vllm: FakeVllm, model_dir: Path, figures: Figures
 ) -> None:
     """config.json that is not JSON: model_config_invalid; a fixed file is read by itself."""
     config = model_dir / "config.json"
     good = config.read_text()
     break_and_repair(
         sidecar,
-        faulty_vllm,
+        fake_vllm,
         name="corrupt_config_json",
         state="model_config_invalid",
         reason="model_config_invalid",
@@ -171,7 +173,7 @@ def test_a_corrupt_config_json_is_data_and_its_repair_is_picked_up(
 
 
 def test_an_unsupported_architecture_is_declined_with_its_state(
-    sidecar: ExporterProcess, faulty_vllm: FaultyVllm, model_dir: Path, figures: Figures
+    sidecar: ExporterProcess, fake_vllm: FakeVllm, model_dir: Path, figures: Figures
 ) -> None:
     """A hybrid state-space config (Jamba): prediction model_unsupported, vLLM's figures kept."""
     config = model_dir / "config.json"
@@ -179,7 +181,7 @@ def test_an_unsupported_architecture_is_declined_with_its_state(
     jamba = json.loads(good) | {"model_type": "jamba", "architectures": ["JambaForCausalLM"]}
     break_and_repair(
         sidecar,
-        faulty_vllm,
+        fake_vllm,
         name="unsupported_architecture",
         state="model_unsupported",
         reason=None,

@@ -24,8 +24,9 @@ from exporter.gpu.model import IndexSelector
 from exporter.gpu.nvml import NvmlGpuReader
 from exporter.gpu.source import NvmlGpuSource
 from exporter.service.app import Components
+from exporter.testing.processes import ExporterThread, Scrape
 
-from .harness import InProcessExporter, Scrape, mock_vllm_poller
+from .harness import mock_vllm_poller
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,9 +36,9 @@ if TYPE_CHECKING:
     from exporter.errors import SourceError
     from exporter.service.poller import GpuSource
     from exporter.service.settings import Settings
+    from exporter.testing.fakevllm import FakeVllm
 
     from .conftest import Figures
-    from .faultserver import FaultyVllm
 
 GIB = 1024**3
 UUIDS = ("GPU-00000000-0000-4000-8000-000000000000", "GPU-11111111-1111-4111-8111-111111111111")
@@ -156,11 +157,11 @@ def nvml_up(scrape: Scrape) -> bool:
 class Sidecar:
     """The in-process exporter and the fake NVML it reads."""
 
-    exporter: InProcessExporter
+    exporter: ExporterThread
     nvml: FakeNvml
 
 
-def start_sidecar(vllm: FaultyVllm, nvml: object, tmp_path: Path) -> InProcessExporter:
+def start_sidecar(vllm: FakeVllm, nvml: object, tmp_path: Path) -> ExporterThread:
     """The exporter in-process, reading GPUs 0 and 1 through ``nvml`` (a fake or None)."""
 
     def gpu_source(_: Settings) -> GpuSource:
@@ -171,7 +172,7 @@ def start_sidecar(vllm: FaultyVllm, nvml: object, tmp_path: Path) -> InProcessEx
             reader, explicit=(IndexSelector(0), IndexSelector(1)), proc_root=tmp_path
         )
 
-    return InProcessExporter(
+    return ExporterThread(
         {
             "target": vllm.url,
             "poll_interval_seconds": 0.3,
@@ -184,10 +185,10 @@ def start_sidecar(vllm: FaultyVllm, nvml: object, tmp_path: Path) -> InProcessEx
 
 
 @pytest.fixture
-def sidecar(faulty_vllm: FaultyVllm, tmp_path: Path) -> Iterator[Sidecar]:
+def sidecar(fake_vllm: FakeVllm, tmp_path: Path) -> Iterator[Sidecar]:
     """A healthy sidecar over a fake NVML with two GPUs."""
     nvml = FakeNvml()
-    exporter = start_sidecar(faulty_vllm, nvml, tmp_path)
+    exporter = start_sidecar(fake_vllm, nvml, tmp_path)
     try:
         exporter.wait_for(lambda s: nvml_up(s) and s.value("headroom_target_up") == 1.0)
         yield Sidecar(exporter, nvml)
@@ -233,12 +234,12 @@ def check_fault(
 
 
 def test_nvml_initialisation_failing_at_start_is_reported_and_retried(
-    faulty_vllm: FaultyVllm, tmp_path: Path, figures: Figures
+    fake_vllm: FakeVllm, tmp_path: Path, figures: Figures
 ) -> None:
     """nvmlInit failing (driver not loaded): nvml down, vLLM's side up; NVML is retried."""
     nvml = FakeNvml(init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     baseline = resources()
-    exporter = start_sidecar(faulty_vllm, nvml, tmp_path)
+    exporter = start_sidecar(fake_vllm, nvml, tmp_path)
     try:
         down, _ = exporter.wait_for(lambda s: s.errors("nvml", "driver_not_loaded") >= 2)
         assert down.value("headroom_target_up") == 1.0
@@ -351,7 +352,7 @@ def test_a_hung_nvml_call_does_not_stop_the_polls_of_vllm(
 
 
 def test_the_nvml_library_missing_is_reported_and_picked_up_once_installed(
-    faulty_vllm: FaultyVllm,
+    fake_vllm: FakeVllm,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     figures: Figures,
@@ -359,7 +360,7 @@ def test_the_nvml_library_missing_is_reported_and_picked_up_once_installed(
     """No pynvml module: nvml down with module_missing; once importable, GPUs come back."""
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     baseline = resources()
-    exporter = start_sidecar(faulty_vllm, None, tmp_path)
+    exporter = start_sidecar(fake_vllm, None, tmp_path)
     try:
         down, _ = exporter.wait_for(lambda s: s.errors("nvml", "module_missing") > 0)
         assert down.value("headroom_target_up") == 1.0

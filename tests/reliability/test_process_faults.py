@@ -13,9 +13,10 @@ from structlog.testing import capture_logs
 
 from exporter.core.views import TargetView
 from exporter.service.poller import TargetPoller
+from exporter.testing.fakevllm import Fault
+from exporter.testing.processes import ExporterProcess, quiet_stats
 
-from .faultserver import Fault
-from .harness import ExporterProcess, mock_vllm_poller, quiet_stats
+from .harness import mock_vllm_poller
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -23,9 +24,9 @@ if TYPE_CHECKING:
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView, PredictionView, TargetInfo
     from exporter.errors import SourceError
+    from exporter.testing.fakevllm import FakeVllm
 
     from .conftest import Figures
-    from .faultserver import FaultyVllm
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -38,19 +39,19 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_a_poll_ends_the_process_cleanly_within_a_second(
-    faulty_vllm: FaultyVllm, sig: signal.Signals, figures: Figures
+    fake_vllm: FakeVllm, sig: signal.Signals, figures: Figures
 ) -> None:
     """A signal while a poll hangs on vLLM: exit 0 within a second, logged, no traceback."""
-    faulty_vllm.set_fault(Fault.HANG)
+    fake_vllm.set_fault(Fault.HANG)
     with ExporterProcess(
         {
-            "HEADROOM_TARGET": faulty_vllm.url,
+            "HEADROOM_TARGET": fake_vllm.url,
             "HEADROOM_POLL_INTERVAL_SECONDS": "10",
             "HEADROOM_POLL_TIMEOUT_SECONDS": "10",
         }
     ) as exporter:
         # The first poll is in flight: the fake vLLM holds its request without answering.
-        wait_until(lambda: faulty_vllm.counts.requests.get("/metrics", 0) >= 1)
+        wait_until(lambda: fake_vllm.counts.requests.get("/metrics", 0) >= 1)
         time.sleep(0.2)
         started = time.monotonic()
         exporter.proc.send_signal(sig)
@@ -64,12 +65,12 @@ def test_a_signal_during_a_poll_ends_the_process_cleanly_within_a_second(
 
 
 def test_many_concurrent_scrapes_while_polling_all_get_whole_expositions(
-    faulty_vllm: FaultyVllm, figures: Figures
+    fake_vllm: FakeVllm, figures: Figures
 ) -> None:
     """16 scrapers x 25 scrapes during 0.1 s polls: every answer 200, complete, consistent."""
     with ExporterProcess(
         {
-            "HEADROOM_TARGET": faulty_vllm.url,
+            "HEADROOM_TARGET": fake_vllm.url,
             "HEADROOM_POLL_INTERVAL_SECONDS": "0.1",
             "HEADROOM_POLL_TIMEOUT_SECONDS": "0.1",
         }
@@ -99,13 +100,13 @@ def test_many_concurrent_scrapes_while_polling_all_get_whole_expositions(
                     if not complete:
                         problems.append(scrape.text[-500:])
 
-        polls_before = faulty_vllm.counts.requests.get("/metrics", 0)
+        polls_before = fake_vllm.counts.requests.get("/metrics", 0)
         threads = [threading.Thread(target=scraper) for _ in range(16)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(120)
-        polls = faulty_vllm.counts.requests.get("/metrics", 0) - polls_before
+        polls = fake_vllm.counts.requests.get("/metrics", 0) - polls_before
         assert problems == []
         assert len(latencies) == 16 * 25
         assert polls > 0, "polling stopped while scraped"

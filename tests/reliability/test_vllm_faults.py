@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .faultserver import HUGE_BYTES, Fault, FaultyVllm
-from .harness import ExporterProcess, Scrape, Stats, quiet_stats, reset_peak_rss
+from exporter.testing.fakevllm import HUGE_BYTES, FakeVllm, Fault
+from exporter.testing.processes import ExporterProcess, Scrape, Stats, quiet_stats, reset_peak_rss
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -32,7 +32,7 @@ MIB = 1024 * 1024
 class Rig:
     """The fake vLLM, the exporter polling it, and the exporter's resources at the start."""
 
-    vllm: FaultyVllm
+    vllm: FakeVllm
     exporter: ExporterProcess
     baseline: Stats
 
@@ -49,7 +49,7 @@ def healthy(scrape: Scrape) -> bool:
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Rig]:
     """One exporter (0.5 s polls, short windows) watching one fake vLLM, healthy at the start."""
-    vllm = FaultyVllm()
+    vllm = FakeVllm()
     exporter = ExporterProcess(
         {
             "HEADROOM_TARGET": vllm.url,

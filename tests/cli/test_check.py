@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from exporter.cli.main import main
+from tests import paths
 
 if TYPE_CHECKING:
-    from tests.conftest import StaticVllm
+    from pathlib import Path
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
-TINY = Path(__file__).parent / "fixtures" / "configs" / "tiny-llama"
+    from exporter.testing.fakevllm import FakeVllm
+
+CAPTURES = paths.CAPTURES
+TINY = paths.CONFIGS / "tiny-llama"
 STABLE_KEYS = {
     "kv_capacity_tokens",
     "kv_tokens_used",
@@ -100,7 +102,7 @@ def test_a_file_without_vllm_metrics_is_refused(
 
 
 def test_a_live_server_is_read_with_its_models_and_version(
-    static_vllm: StaticVllm, capsys: pytest.CaptureFixture[str]
+    static_vllm: FakeVllm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Against a URL, check reads /metrics, /v1/models and /version."""
     result = run_json(capsys, static_vllm.url)
@@ -117,7 +119,7 @@ def test_an_unreachable_url_is_one_line_with_the_reason(capsys: pytest.CaptureFi
 
 def _documented_keys(section: str) -> set[str]:
     """The keys of one table of docs/cli.md, by the line that precedes the table."""
-    lines = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text().splitlines()
+    lines = (paths.DOCS / "cli.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(section))
     keys: set[str] = set()
     for line in lines[start + 1 :]:

@@ -8,7 +8,6 @@ serve exactly the captured series and, values aside, exactly the captured lines.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -33,12 +32,12 @@ from exporter.sim.traffic import (
     TrafficPhase,
     TrafficProfile,
 )
+from tests import paths
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CAPTURE = SHARED / "data" / "vllm-metrics" / "vllm-0.32.0-cpu-after-load.prom"
+CAPTURE = paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom"
 STARTED_AT = 1_795_952_129.62
 
 #: Histograms whose bounds do not depend on max_model_len.

@@ -14,8 +14,9 @@ from exporter.sizing.modelconfig import (
     model_weights_bytes,
     parse_model_config,
 )
+from tests import paths
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CONFIGS = paths.CONFIGS
 
 
 def test_llama_reads_head_dim_and_gqa() -> None:

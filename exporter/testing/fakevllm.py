@@ -1,13 +1,16 @@
-"""A misbehaving vLLM on loopback: real sockets, one switchable fault at a time.
+"""One fake vLLM for tests, benchmarks and scripts: real sockets, or an httpx transport.
 
-:class:`FaultyVllm` answers ``/metrics``, ``/v1/models`` and ``/version`` like vLLM 0.32 (a
-payload built from the real capture's non-vLLM lines and vLLM families whose counters advance
-on every scrape, as under traffic), until a test switches it to a :class:`Fault`. It is a raw
-socket server, not ``http.server``, so that it can misbehave at the byte level: stop listening,
-accept and never answer, answer one byte at a time, declare more than it sends, or stream a
-200 MB body generated on the fly (never held in memory).
+:class:`FakeVllm` answers ``/metrics``, ``/v1/models`` and ``/version`` like vLLM 0.32. By
+default its ``/metrics`` is rendered from a :class:`VllmState` whose counters advance on every
+scrape, as under traffic; a ``payload`` (fixed bytes, or a function of the scrape number) serves
+real captures instead. A test can switch it to a :class:`Fault`: it is a raw socket server, not
+``http.server``, so it can misbehave at the byte level (stop listening, accept and never answer,
+answer one byte at a time, declare more than it sends, stream a 200 MB body generated on the fly,
+never held in memory). :meth:`FakeVllm.transport` answers the same way through
+``httpx.MockTransport``, for tests that drive a poller without sockets.
 
-Used by the reliability suite (``tests/reliability``) and by the soak (``scripts/soak.py``).
+The non-vLLM lines that open every rendered payload (``python_*``, ``process_*``) are copied
+from a real vLLM 0.32.0 capture (``tests/fixtures/vllm-metrics/vllm-0.32.0-cpu-after-load.prom``).
 """
 
 from __future__ import annotations
@@ -20,20 +23,12 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+import httpx
 
-#: The real vLLM 0.32 capture whose non-vLLM lines (python_gc, process_*) open every payload.
-CAPTURE = (
-    Path(__file__).resolve().parents[3]
-    / "shared"
-    / "data"
-    / "vllm-metrics"
-    / "vllm-0.32.0-cpu-after-load.prom"
-)
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterator
 
 #: What the HUGE fault streams: 200 MB (decimal, as the issue says).
 HUGE_BYTES = 200_000_000
@@ -106,19 +101,42 @@ class VllmState:
         )
 
 
-def _preamble() -> str:
-    """The capture's python_* and process_* lines, without process_start_time_seconds."""
-    keep: list[str] = []
-    for line in CAPTURE.read_text().splitlines():
-        name = (
-            line.split(" ", 3)[2] if line.startswith("#") else line.split("{", 1)[0].split(" ")[0]
-        )
-        if name.startswith(("python_", "process_")) and "process_start_time" not in name:
-            keep.append(line)
-    return "\n".join(keep) + "\n"
-
-
-_PREAMBLE = _preamble()
+_PREAMBLE = (
+    "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+    "# TYPE python_gc_objects_collected_total counter\n"
+    'python_gc_objects_collected_total{generation="0"} 14844.0\n'
+    'python_gc_objects_collected_total{generation="1"} 1913.0\n'
+    'python_gc_objects_collected_total{generation="2"} 603.0\n'
+    "# HELP python_gc_objects_uncollectable_total Uncollectable objects found during GC\n"
+    "# TYPE python_gc_objects_uncollectable_total counter\n"
+    'python_gc_objects_uncollectable_total{generation="0"} 0.0\n'
+    'python_gc_objects_uncollectable_total{generation="1"} 0.0\n'
+    'python_gc_objects_uncollectable_total{generation="2"} 0.0\n'
+    "# HELP python_gc_collections_total Number of times this generation was collected\n"
+    "# TYPE python_gc_collections_total counter\n"
+    'python_gc_collections_total{generation="0"} 1531.0\n'
+    'python_gc_collections_total{generation="1"} 139.0\n'
+    'python_gc_collections_total{generation="2"} 10.0\n'
+    "# HELP python_info Python platform information\n"
+    "# TYPE python_info gauge\n"
+    'python_info{implementation="CPython",major="3",minor="11",patchlevel="7",'
+    'version="3.11.7"} 1.0\n'
+    "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+    "# TYPE process_virtual_memory_bytes gauge\n"
+    "process_virtual_memory_bytes 2.199523328e+09\n"
+    "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+    "# TYPE process_resident_memory_bytes gauge\n"
+    "process_resident_memory_bytes 6.37792256e+08\n"
+    "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+    "# TYPE process_cpu_seconds_total counter\n"
+    "process_cpu_seconds_total 10.9\n"
+    "# HELP process_open_fds Number of open file descriptors.\n"
+    "# TYPE process_open_fds gauge\n"
+    "process_open_fds 34.0\n"
+    "# HELP process_max_fds Maximum number of open file descriptors.\n"
+    "# TYPE process_max_fds gauge\n"
+    "process_max_fds 20000.0\n"
+)
 
 _PROMPT_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 
@@ -219,34 +237,63 @@ class Counts:
     authorizations: set[str] | None = None
 
 
-class FaultyVllm:
-    """The fake vLLM server: ``url``, ``state`` (mutable), ``set_fault()``, ``close()``."""
+class FakeVllm:
+    """The fake vLLM server: ``url``, ``state`` (mutable), ``set_fault()``, ``close()``.
+
+    ``payload`` replaces the rendered ``/metrics``: bytes, or a function of the number of
+    ``/metrics`` requests answered before (a replay of captures). ``host`` may be ``0.0.0.0``
+    to answer on every loopback address (:meth:`url_for` names one of them). With
+    ``listen=False`` no socket is opened: only :meth:`transport` answers.
+    """
 
     def __init__(
-        self, *, state: VllmState | None = None, token: str | None = None, host: str = "127.0.0.1"
+        self,
+        *,
+        state: VllmState | None = None,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        payload: bytes | Callable[[int], bytes] | None = None,
+        listen: bool = True,
     ) -> None:
         self.state = state or VllmState()
+        #: Replaces the rendered ``/metrics`` (see the class docstring).
+        self.payload = payload
         #: When set, requests without ``Authorization: Bearer <token>`` get 401.
         self.token = token
         self.counts = Counts(requests={}, authorizations=set())
         self._fault = Fault.NONE
         self._cond = threading.Condition()
         self._closing = False
-        self._sock: socket.socket | None = self._bind(host, 0)
         self.host = host
-        self.port = int(self._sock.getsockname()[1])
-        self._listening = threading.Event()
-        self._listening.set()
         self._handlers: set[threading.Thread] = set()
         self._connections: set[socket.socket] = set()
         self._rendered: tuple[VllmState, bytes] | None = None
-        self._thread = threading.Thread(target=self._accept_loop, name="faulty-vllm", daemon=True)
-        self._thread.start()
+        self._sock: socket.socket | None = None
+        self.port = 0
+        self._thread: threading.Thread | None = None
+        if listen:  # without: only :meth:`transport` answers
+            self._sock = self._bind(host, 0)
+            self.port = int(self._sock.getsockname()[1])
+            self._thread = threading.Thread(target=self._accept_loop, name="fake-vllm", daemon=True)
+            self._thread.start()
 
     @property
     def url(self) -> str:
         """Base URL of the server."""
-        return f"http://{self.host}:{self.port}"
+        return self.url_for("127.0.0.1" if self.host == "0.0.0.0" else self.host)  # noqa: S104
+
+    def url_for(self, address: str) -> str:
+        """Base URL of the server on ``address`` (one of the addresses it listens on)."""
+        return f"http://{address}:{self.port}"
+
+    def transport(self) -> httpx.MockTransport:
+        """The same answers through ``httpx.MockTransport``, without sockets.
+
+        Faults at the HTTP level apply (``REFUSE`` raises a connection error, ``HANG`` a
+        timeout, ``HUGE`` streams its 200 MB); those that need a socket (``SLOW``,
+        ``TRUNCATED``) answer normally.
+        """
+        return httpx.MockTransport(self._handle)
 
     @property
     def fault(self) -> Fault:
@@ -258,6 +305,8 @@ class FaultyVllm:
         with self._cond:
             self._fault = fault
             self._cond.notify_all()
+        if self._thread is None:
+            return  # no socket to switch
         want = fault is not Fault.REFUSE
         deadline = time.monotonic() + 5
         while (self._sock is not None) != want and time.monotonic() < deadline:
@@ -276,11 +325,12 @@ class FaultyVllm:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
         for thread in list(self._handlers):
             thread.join(5)
 
-    def __enter__(self) -> FaultyVllm:
+    def __enter__(self) -> FakeVllm:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -367,21 +417,54 @@ class FaultyVllm:
             return self._facts(conn, path, fault)
         if path != "/metrics":
             return _send(conn, 404, b"Not Found", "text/plain")
+        body = self._metrics_body(fault)
+        answer = _METRICS_ANSWERS.get(fault, FakeVllm._plain)
+        return answer(self, conn, body)
+
+    def _metrics_body(self, fault: Fault) -> bytes:
+        """The ``/metrics`` payload for this request (the state advances under traffic)."""
+        served = self.counts.requests.get("/metrics", 1) - 1
+        if self.payload is not None:
+            return self.payload if isinstance(self.payload, bytes) else self.payload(served)
         if fault is Fault.NONE or fault is Fault.MODELS_DOWN:
             self.state = self.state.advanced()
         explosion = fault is Fault.EXPLOSION
-        body = self._render(replace(self.state, engines=2000) if explosion else None)
-        answer = _METRICS_ANSWERS.get(fault, FaultyVllm._plain)
-        return answer(self, conn, body)
+        return self._render(replace(self.state, engines=2000) if explosion else None)
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
+        """One request through :meth:`transport`."""
+        path = request.url.path
+        fault = self._fault
+        self.counts.requests[path] = self.counts.requests.get(path, 0) + 1
+        auth = request.headers.get("authorization")
+        if auth is not None and self.counts.authorizations is not None:
+            self.counts.authorizations.add(auth)
+        if fault is Fault.REFUSE:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        if fault is Fault.HANG:
+            raise httpx.ReadTimeout("the fake vLLM never answered", request=request)
+        if fault is Fault.HTTP_500:
+            return httpx.Response(500, text="Internal Server Error")
+        if self.token is not None and auth != f"Bearer {self.token}":
+            return httpx.Response(401, json={"error": "Unauthorized"})
+        if path in ("/v1/models", "/version"):
+            status, body, kind = self._facts_answer(path, fault)
+            return httpx.Response(status, content=body, headers={"content-type": kind})
+        if path != "/metrics":
+            return httpx.Response(404, text="Not Found")
+        return _transport_answer(fault, self._metrics_body(fault))
 
     def _facts(self, conn: socket.socket, path: str, fault: Fault) -> bool:
+        """/v1/models or /version over the socket."""
+        return _send(conn, *self._facts_answer(path, fault))
+
+    def _facts_answer(self, path: str, fault: Fault) -> tuple[int, bytes, str]:
         """/v1/models or /version (503 while the MODELS_DOWN fault is in force)."""
         if fault is Fault.MODELS_DOWN:
-            return _send(conn, 503, b"model loading", "text/plain")
+            return 503, b"model loading", "text/plain"
         if path == "/v1/models":
-            return _send(conn, 200, render_models(self.state), "application/json")
-        body = json.dumps({"version": self.state.version}).encode()
-        return _send(conn, 200, body, "application/json")
+            return 200, render_models(self.state), "application/json"
+        return 200, json.dumps({"version": self.state.version}).encode(), "application/json"
 
     def _render(self, state: VllmState | None) -> bytes:
         """The payload of ``state`` (default: the current state), the last one cached."""
@@ -407,8 +490,7 @@ class FaultyVllm:
         return _send(conn, 200, b'{"detail": "Not Found"}', "application/json")
 
     def _malformed(self, conn: socket.socket, body: bytes) -> bool:
-        broken = body + b'vllm:num_requests_running{engine="0",model_name="tiny" 1\n'
-        return _send(conn, 200, broken, TEXT)
+        return _send(conn, 200, body + _BROKEN_LINE, TEXT)
 
     def _garbage(self, conn: socket.socket, _body: bytes) -> bool:
         return _send(conn, 200, bytes(range(256)) * 64, TEXT)
@@ -444,16 +526,41 @@ class FaultyVllm:
 
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
+#: A sample line without its closing brace, in a family the sidecar reads.
+_BROKEN_LINE = b'vllm:num_requests_running{engine="0",model_name="tiny" 1\n'
 
-_METRICS_ANSWERS: dict[Fault, Callable[[FaultyVllm, socket.socket, bytes], bool]] = {
-    Fault.HTML: FaultyVllm._html,
-    Fault.JSON: FaultyVllm._json,
-    Fault.MALFORMED: FaultyVllm._malformed,
-    Fault.GARBAGE: FaultyVllm._garbage,
-    Fault.TRUNCATED: FaultyVllm._truncated,
-    Fault.SLOW: FaultyVllm._slow,
-    Fault.HUGE: FaultyVllm._huge,
-    Fault.GZIP_BOMB: FaultyVllm._gzip_bomb,
+
+def _transport_answer(fault: Fault, body: bytes) -> httpx.Response:
+    """``/metrics`` through the transport, as the socket server answers it under ``fault``."""
+    headers = {"content-type": TEXT}
+    broken: dict[Fault, Callable[[], httpx.Response]] = {
+        Fault.HTML: lambda: httpx.Response(200, text="<!DOCTYPE html><html>Sign in</html>"),
+        Fault.JSON: lambda: httpx.Response(200, json={"detail": "Not Found"}),
+        Fault.MALFORMED: lambda: httpx.Response(200, content=body + _BROKEN_LINE, headers=headers),
+        Fault.GARBAGE: lambda: httpx.Response(200, content=bytes(range(256)) * 64, headers=headers),
+        Fault.HUGE: lambda: httpx.Response(200, content=_stream(HUGE_BYTES), headers=headers),
+        Fault.GZIP_BOMB: lambda: httpx.Response(
+            200, content=gzip_bomb(), headers={**headers, "content-encoding": "gzip"}
+        ),
+    }
+    answer = broken.get(fault)
+    return answer() if answer is not None else httpx.Response(200, content=body, headers=headers)
+
+
+async def _stream(total: int) -> AsyncIterator[bytes]:
+    for chunk in stream_lines(total):
+        yield chunk
+
+
+_METRICS_ANSWERS: dict[Fault, Callable[[FakeVllm, socket.socket, bytes], bool]] = {
+    Fault.HTML: FakeVllm._html,
+    Fault.JSON: FakeVllm._json,
+    Fault.MALFORMED: FakeVllm._malformed,
+    Fault.GARBAGE: FakeVllm._garbage,
+    Fault.TRUNCATED: FakeVllm._truncated,
+    Fault.SLOW: FakeVllm._slow,
+    Fault.HUGE: FakeVllm._huge,
+    Fault.GZIP_BOMB: FakeVllm._gzip_bomb,
 }
 
 
@@ -494,10 +601,11 @@ def _send(conn: socket.socket, status: int, body: bytes, content_type: str) -> b
 
 
 __all__ = [
-    "CAPTURE",
     "HUGE_BYTES",
+    "TEXT",
+    "Counts",
+    "FakeVllm",
     "Fault",
-    "FaultyVllm",
     "VllmState",
     "gzip_bomb",
     "render_metrics",

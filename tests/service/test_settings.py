@@ -8,6 +8,7 @@ import pytest
 
 from exporter.errors import UsageError
 from exporter.service.settings import DEFAULT_PORT, Mode, load_settings
+from tests import paths
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -104,11 +105,9 @@ def test_secret_values_are_never_echoed_in_errors(monkeypatch: pytest.MonkeyPatc
 
 def test_docs_configuration_md_is_generated_from_the_settings() -> None:
     """docs/configuration.md lists every setting as `make docs` generates it."""
-    from pathlib import Path
-
     from exporter.service.settings import render_configuration_markdown
 
-    docs = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    docs = paths.DOCS / "configuration.md"
     assert docs.read_text() == render_configuration_markdown()
 
 

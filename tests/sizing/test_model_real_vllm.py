@@ -10,7 +10,6 @@ Gemma-2 hybrid and MLA models included, and refuse what vLLM refused.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +17,9 @@ import pytest
 from exporter.sizing.model import Deployment, SizingResult, size_deployment
 from exporter.sizing.modelconfig import parse_model_config
 from exporter.vllm.version import parse_vllm_version
+from tests import paths
 
-CASES = Path(__file__).parent / "fixtures" / "vllm-cpu" / "architectures"
+CASES = paths.VLLM_CPU / "architectures"
 SUMMARY: dict[str, Any] = json.loads((CASES / "summary.json").read_text())
 
 

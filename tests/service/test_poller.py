@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -14,43 +13,26 @@ from structlog.testing import capture_logs
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import SourceError
 from exporter.service.poller import TargetPoller
+from exporter.testing.fakevllm import FakeVllm, Fault, VllmState, render_models
 from exporter.vllm.client import VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
+from tests import paths
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
+CAPTURES = paths.CAPTURES
 AFTER_LOAD = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
 IDLE = (CAPTURES / "vllm-0.32.0-cpu-idle.prom").read_bytes()
-MODELS = {
-    "object": "list",
-    "data": [{"id": "tiny", "object": "model", "root": "/models/tiny", "max_model_len": 512}],
-}
 
 
-class FakeVllm:
-    """A scriptable vLLM HTTP API behind httpx.MockTransport."""
-
-    def __init__(self) -> None:
-        self.metrics: bytes | Callable[[], httpx.Response] = AFTER_LOAD
-        self.calls: dict[str, int] = {}
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        self.calls[path] = self.calls.get(path, 0) + 1
-        if path == "/metrics":
-            if callable(self.metrics):
-                return self.metrics()
-            return httpx.Response(200, content=self.metrics, headers={"content-type": "text/plain"})
-        if path == "/v1/models":
-            return httpx.Response(200, json=MODELS)
-        if path == "/version":
-            return httpx.Response(200, json={"version": "0.32.0"})
-        return httpx.Response(404)
+def fake_vllm() -> FakeVllm:
+    """The fake vLLM serving the real 0.32 capture, answering through httpx's transport."""
+    state = VllmState(model="tiny", root="/models/tiny", max_model_len=512)
+    return FakeVllm(state=state, payload=AFTER_LOAD, listen=False)
 
 
 class Clock:
@@ -67,7 +49,7 @@ def poll(fake: FakeVllm, clock: Clock, times: int = 1, **kwargs: object) -> Targ
     """Make a poller over the fake API and poll it ``times``, 5 s apart."""
 
     async def go() -> TargetPoller:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
             client = VllmClient(
                 "http://vllm:8000", client=http, timeout_seconds=2.0, max_bytes=1 << 20
             )
@@ -89,7 +71,7 @@ def poll(fake: FakeVllm, clock: Clock, times: int = 1, **kwargs: object) -> Targ
 
 def test_a_successful_poll_publishes_derived_figures_and_target_facts() -> None:
     """The real 0.32 capture gives the 1,024-token pool and the model facts of /v1/models."""
-    poller = poll(FakeVllm(), Clock())
+    poller = poll(fake_vllm(), Clock())
     view = poller.view
     assert poller.ready
     assert view.derived is not None
@@ -103,38 +85,28 @@ def test_a_successful_poll_publishes_derived_figures_and_target_facts() -> None:
 
 def test_discovery_runs_once_not_on_every_poll() -> None:
     """/v1/models and /version are read at start, not every few seconds."""
-    fake = FakeVllm()
+    fake = fake_vllm()
     poll(fake, Clock(), times=3)
-    assert fake.calls["/metrics"] == 3
-    assert fake.calls["/v1/models"] == 1
-    assert fake.calls["/version"] == 1
-
-
-def refused() -> httpx.Response:
-    """A connection refused by the target."""
-    raise httpx.ConnectError("[Errno 111] Connection refused")
+    assert fake.counts.requests["/metrics"] == 3
+    assert fake.counts.requests["/v1/models"] == 1
+    assert fake.counts.requests["/version"] == 1
 
 
 @pytest.mark.parametrize(
-    ("metrics", "reason"),
+    ("fault", "reason"),
     [
-        (refused, "connection_refused"),
-        (lambda: httpx.Response(500, text="boom"), "http_5xx"),
-        (lambda: httpx.Response(200, text="<html>login</html>"), "not_metrics"),
-        (lambda: httpx.Response(200, json={"error": "x"}), "not_metrics"),
-        (lambda: httpx.Response(200, content=b"x" * (2 << 20)), "too_large"),
-        (
-            lambda: httpx.Response(200, text='vllm:num_requests_running{engine="0" 1\n'),
-            "parse_error",
-        ),
+        (Fault.REFUSE, "connection_refused"),
+        (Fault.HTTP_500, "http_5xx"),
+        (Fault.HTML, "not_metrics"),
+        (Fault.JSON, "not_metrics"),
+        (Fault.HUGE, "too_large"),
+        (Fault.MALFORMED, "parse_error"),
     ],
 )
-def test_a_failing_target_becomes_data_not_an_exception(
-    metrics: Callable[[], httpx.Response], reason: str
-) -> None:
+def test_a_failing_target_becomes_data_not_an_exception(fault: Fault, reason: str) -> None:
     """Each failure marks vllm_metrics down with a bounded reason and publishes no stale figures."""
-    fake = FakeVllm()
-    fake.metrics = metrics
+    fake = fake_vllm()
+    fake.set_fault(fault)
     poller = poll(fake, Clock(), times=2)
     health = poller.view.sources["vllm_metrics"]
     assert not health.up
@@ -145,19 +117,19 @@ def test_a_failing_target_becomes_data_not_an_exception(
 
 def test_a_failure_is_logged_once_per_change_of_state() -> None:
     """Three refused polls log one warning; the recovery logs one info line."""
-    fake = FakeVllm()
-    fake.metrics = refused
+    fake = fake_vllm()
+    fake.set_fault(Fault.REFUSE)
     clock = Clock()
 
     async def go() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
             client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
             poller = TargetPoller(
                 "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
             )
             for _ in range(3):
                 await poller.poll_once()
-            fake.metrics = AFTER_LOAD
+            fake.set_fault(Fault.NONE)
             await poller.poll_once()
 
     with capture_logs() as logs:
@@ -168,7 +140,7 @@ def test_a_failure_is_logged_once_per_change_of_state() -> None:
 
 def test_a_restart_is_counted_and_triggers_rediscovery() -> None:
     """A new process start time counts a restart and re-reads /v1/models and /version."""
-    fake = FakeVllm()
+    fake = fake_vllm()
     clock = Clock()
     restarted = AFTER_LOAD.replace(
         b"process_start_time_seconds 1.", b"process_start_time_seconds 2."
@@ -176,46 +148,46 @@ def test_a_restart_is_counted_and_triggers_rediscovery() -> None:
     assert restarted != AFTER_LOAD
 
     async def go() -> TargetPoller:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
             client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
             poller = TargetPoller(
                 "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
             )
             await poller.poll_once()
             clock.now += 5
-            fake.metrics = restarted
+            fake.payload = restarted
             await poller.poll_once()
             return poller
 
     poller = asyncio.run(go())
     assert poller.view.restarts_total == 1
-    assert fake.calls["/v1/models"] == 2
+    assert fake.counts.requests["/v1/models"] == 2
 
 
 def test_recovery_after_an_outage_rereads_the_target_facts() -> None:
     """vLLM may come back as another model: discovery runs again after an outage."""
-    fake = FakeVllm()
+    fake = fake_vllm()
     clock = Clock()
 
     async def go() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handle)) as http:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
             client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
             poller = TargetPoller(
                 "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
             )
             await poller.poll_once()
-            fake.metrics = refused
+            fake.set_fault(Fault.REFUSE)
             await poller.poll_once()
-            fake.metrics = AFTER_LOAD
+            fake.set_fault(Fault.NONE)
             await poller.poll_once()
 
     asyncio.run(go())
-    assert fake.calls["/v1/models"] == 2
+    assert fake.counts.requests["/v1/models"] == 2
 
 
 def test_the_window_keeps_one_sample_older_than_the_longest_window() -> None:
     """Samples older than the windows are dropped, keeping one baseline before them."""
-    poller = poll(FakeVllm(), Clock(), times=200)  # 1000 s of polls, windows of 600 s
+    poller = poll(fake_vllm(), Clock(), times=200)  # 1000 s of polls, windows of 600 s
     # 121 samples within [now - 600 s, now] at a 5 s cadence, and the baseline before them.
     assert poller.view.window_samples == 600 // 5 + 1 + 1
 
@@ -239,7 +211,7 @@ class StubPredictor:
 def test_the_predictor_loads_after_discovery_and_feeds_the_derivation() -> None:
     """The model is loaded with the discovered root; its capacity becomes the predicted gauge."""
     predictor = StubPredictor()
-    poller = poll(FakeVllm(), Clock(), predictor=predictor)
+    poller = poll(fake_vllm(), Clock(), predictor=predictor)
     assert [i.model_root for i in predictor.loaded] == ["/models/tiny"]
     assert poller.view.derived is not None
     assert poller.view.derived.engines[0].kv_capacity_error_ratio == 0.0
@@ -250,14 +222,10 @@ def test_the_bearer_token_is_sent_and_never_exposed() -> None:
     """The configured token goes in the Authorization header of every request."""
     from pydantic import SecretStr
 
-    seen: list[str] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers.get("authorization", ""))
-        return FakeVllm().handle(request)
+    fake = FakeVllm(token="tok", listen=False)  # noqa: S106 - a test token
 
     async def go() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
             client = VllmClient(
                 "http://v:1",
                 client=http,
@@ -268,7 +236,7 @@ def test_the_bearer_token_is_sent_and_never_exposed() -> None:
             await client.fetch_metrics()
 
     asyncio.run(go())
-    assert seen == ["Bearer tok"]
+    assert fake.counts.authorizations == {"Bearer tok"}
 
 
 def test_models_document_shapes_are_checked() -> None:
@@ -278,4 +246,4 @@ def test_models_document_shapes_are_checked() -> None:
     with pytest.raises(SourceError) as caught:
         parse_models(json.loads('{"data": []}'))
     assert caught.value.reason == "invalid_response"
-    assert parse_models(MODELS).max_model_len == 512
+    assert parse_models(json.loads(render_models(VllmState()))).max_model_len == 512

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -11,62 +9,18 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.service.app import Components, serve, server_url
-from exporter.service.settings import load_settings
+from exporter.testing.processes import ExporterThread
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from exporter.service.httpserver import ExporterServer
-    from tests.conftest import StaticVllm
-
-
-class Running:
-    """An exporter running in a background thread until stopped."""
-
-    def __init__(
-        self, overrides: dict[str, object], *, components: Components | None = None
-    ) -> None:
-        self.components = components
-        self.settings = load_settings({"listen_address": "127.0.0.1", "port": 0, **overrides})
-        self._started = threading.Event()
-        self.url = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self.exit_code: int | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self._started.wait(10), "the exporter did not start"
-
-    def _run(self) -> None:
-        async def main() -> int:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-
-            def started(server: ExporterServer) -> None:
-                self.url = server_url(server)
-                self._started.set()
-
-            return await serve(
-                self.settings, components=self.components, started=started, stop=self._stop
-            )
-
-        self.exit_code = asyncio.run(main())
-
-    def stop(self) -> float:
-        """Stop the exporter; return how long it took."""
-        begin = time.monotonic()
-        assert self._loop is not None
-        assert self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-        return time.monotonic() - begin
+    from exporter.testing.fakevllm import FakeVllm
 
 
 @pytest.fixture
-def sidecar(static_vllm: StaticVllm) -> Iterator[Running]:
+def sidecar(static_vllm: FakeVllm) -> Iterator[ExporterThread]:
     """The exporter in sidecar mode watching the static vLLM, polling every 0.2 s."""
-    running = Running(
+    running = ExporterThread(
         {"target": static_vllm.url, "poll_interval_seconds": 0.2, "poll_timeout_seconds": 0.2}
     )
     try:
@@ -75,24 +29,14 @@ def sidecar(static_vllm: StaticVllm) -> Iterator[Running]:
         running.stop()
 
 
-def wait_ready(url: str) -> None:
-    """Wait until /-/ready answers 200."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if httpx.get(f"{url}/-/ready").status_code == 200:
-            return
-        time.sleep(0.05)
-    pytest.fail("the exporter never became ready")
-
-
 def families(text: str) -> dict[str, str]:
     """Exposed family name -> type."""
     return {f.name: f.type for f in text_string_to_metric_families(text)}
 
 
-def test_metrics_carry_derived_gauges_of_the_target(sidecar: Running) -> None:
+def test_metrics_carry_derived_gauges_of_the_target(sidecar: ExporterThread) -> None:
     """/metrics serves capacity, usage and health of the watched vLLM."""
-    wait_ready(sidecar.url)
+    sidecar.wait_ready()
     response = httpx.get(f"{sidecar.url}/metrics")
     assert response.status_code == 200
     text = response.text
@@ -105,9 +49,9 @@ def test_metrics_carry_derived_gauges_of_the_target(sidecar: Running) -> None:
     assert "process_resident_memory_bytes" in found
 
 
-def test_readiness_waits_for_the_first_successful_poll(static_vllm: StaticVllm) -> None:
+def test_readiness_waits_for_the_first_successful_poll(static_vllm: FakeVllm) -> None:
     """/-/ready is 503 while the target never answered, /-/healthy is 200 all along."""
-    running = Running(
+    running = ExporterThread(
         {"target": "http://127.0.0.1:9", "poll_interval_seconds": 0.2, "poll_timeout_seconds": 0.2}
     )
     try:
@@ -123,32 +67,32 @@ def test_readiness_waits_for_the_first_successful_poll(static_vllm: StaticVllm) 
         running.stop()
 
 
-def test_the_landing_page_links_the_endpoints(sidecar: Running) -> None:
+def test_the_landing_page_links_the_endpoints(sidecar: ExporterThread) -> None:
     """/ is an HTML page linking /metrics and the health endpoints."""
     page = httpx.get(f"{sidecar.url}/").text
     for link in ("/metrics", "/-/healthy", "/-/ready"):
         assert f'href="{link}"' in page
 
 
-def test_unknown_paths_and_methods_are_refused_cleanly(sidecar: Running) -> None:
+def test_unknown_paths_and_methods_are_refused_cleanly(sidecar: ExporterThread) -> None:
     """A wrong path is 404 and a POST is 405, never a traceback."""
     assert httpx.get(f"{sidecar.url}/nope").status_code == 404
     assert httpx.post(f"{sidecar.url}/metrics").status_code == 405
     assert httpx.get(f"{sidecar.url}/probe?target=x").status_code == 404
 
 
-def test_stop_is_clean_and_quick(static_vllm: StaticVllm) -> None:
+def test_stop_is_clean_and_quick(static_vllm: FakeVllm) -> None:
     """Stopping the exporter (what SIGTERM does) ends it within a second with exit code 0."""
-    running = Running({"target": static_vllm.url, "poll_interval_seconds": 5})
-    wait_ready(running.url)
+    running = ExporterThread({"target": static_vllm.url, "poll_interval_seconds": 5})
+    running.wait_ready()
     took = running.stop()
     assert took < 1.0
     assert running.exit_code == 0
 
 
-def test_fleet_mode_probes_allowed_targets_and_refuses_others(static_vllm: StaticVllm) -> None:
+def test_fleet_mode_probes_allowed_targets_and_refuses_others(static_vllm: FakeVllm) -> None:
     """/probe serves an allowed target's gauges and answers 403 for one outside the list."""
-    running = Running({"mode": "fleet", "probe_allowlist": "127.0.0.0/8"})
+    running = ExporterThread({"mode": "fleet", "probe_allowlist": "127.0.0.0/8"})
     try:
         allowed = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
         assert allowed.status_code == 200

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from exporter.errors import ModelConfigError, ModelNotFoundError
 from exporter.sizing.lookup import find_model_arch
+from tests import paths
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+if TYPE_CHECKING:
+    from pathlib import Path
+
+CONFIGS = paths.CONFIGS
 
 
 def model_dir(tmp_path: Path, name: str, config: str = "tiny-llama") -> Path:

@@ -26,9 +26,10 @@ from exporter.core.snapshot import Histogram, VllmSnapshot
 from exporter.errors import ParseError
 from exporter.vllm.metrics import CardinalityLimits, parse_vllm_metrics
 from exporter.vllm.version import guess_vllm_version
+from tests import paths
 
-CAPTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vllm-metrics"
-GOLDEN = Path(__file__).resolve().parent / "golden" / "vllm-metrics"
+CAPTURES = paths.CAPTURES
+GOLDEN = paths.GOLDEN / "vllm-metrics"
 UPDATE_GOLDEN = os.environ.get("HEADROOM_UPDATE_GOLDEN") == "1"
 
 ALL_CAPTURES = sorted(path.name for path in CAPTURES.glob("*.prom"))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from exporter.cli.main import main
+from tests import paths
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CONFIGS = paths.CONFIGS
 WORKED = [
     "plan",
     "--model",

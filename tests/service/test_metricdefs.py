@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -27,15 +26,16 @@ from exporter.gpu.source import NvmlGpuSource
 from exporter.gpu.visibility import GpuVisibility
 from exporter.service.app import Components
 from exporter.service.metricdefs import METRICS, Kind, Scope, render_markdown
-from tests.test_serve import Running, wait_ready
+from exporter.testing.processes import ExporterThread
+from tests import paths
 
 if TYPE_CHECKING:
-    from tests.conftest import StaticVllm
+    from exporter.testing.fakevllm import FakeVllm
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden" / "exposition"
-NVML = Path(__file__).parent / "fixtures" / "nvml"
-TINY = Path(__file__).parent / "fixtures" / "configs" / "tiny-llama"
+ROOT = paths.REPO
+GOLDEN = paths.GOLDEN / "exposition"
+NVML = paths.NVML
+TINY = paths.CONFIGS / "tiny-llama"
 NAME = re.compile(r"^headroom_[a-z0-9_]+$")
 UNITS = ("_bytes", "_seconds", "_ratio", "_tokens", "_sequences", "_total", "_info")
 #: Names without a base unit, each for a reason: counts of things and states.
@@ -113,9 +113,9 @@ def _recorded_gpus(_settings: object) -> NvmlGpuSource:
     return NvmlGpuSource(reader, allow_all=True, discover=lambda **_: visibility)
 
 
-def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: StaticVllm) -> None:
+def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: FakeVllm) -> None:
     """Sidecar mode with every source up exposes every target and exporter metric, no other."""
-    running = Running(
+    running = ExporterThread(
         {
             "target": static_vllm.url,
             "poll_interval_seconds": 0.2,
@@ -126,7 +126,7 @@ def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: StaticVllm
         components=Components(gpu_source=_recorded_gpus),
     )
     try:
-        wait_ready(running.url)
+        running.wait_ready()
         time.sleep(0.6)  # a few polls: rates need two samples
         text = httpx.get(f"{running.url}/metrics").text
     finally:
@@ -136,10 +136,12 @@ def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: StaticVllm
 
 
 def test_fleet_mode_exposes_probe_metrics_and_target_metrics_on_probe(
-    static_vllm: StaticVllm,
+    static_vllm: FakeVllm,
 ) -> None:
     """In fleet mode /metrics has the exporter's own metrics and /probe the target's."""
-    running = Running({"mode": "fleet", "probe_allowlist": "127.0.0.0/8", "model": str(TINY)})
+    running = ExporterThread(
+        {"mode": "fleet", "probe_allowlist": "127.0.0.0/8", "model": str(TINY)}
+    )
     try:
         for _ in range(2):
             probe = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,9 +11,13 @@ from exporter.core.views import GpuMemoryView, TargetInfo
 from exporter.errors import UsageError
 from exporter.sizing.predictor import ModelPredictor
 from exporter.vllm.metrics import parse_vllm_metrics
+from tests import paths
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-metrics"
+if TYPE_CHECKING:
+    from pathlib import Path
+
+CONFIGS = paths.CONFIGS
+CAPTURES = paths.CAPTURES
 GIB = 1024**3
 H100_CUDA_BYTES = int(79.19 * GIB)
 

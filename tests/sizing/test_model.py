@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -25,8 +24,9 @@ from exporter.sizing.model import (
 )
 from exporter.sizing.modelconfig import load_model_arch
 from exporter.vllm.version import VllmVersion
+from tests import paths
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CONFIGS = paths.CONFIGS
 GB = 10**9
 GIB = 2**30
 

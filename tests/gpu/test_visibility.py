@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import given
@@ -31,8 +31,12 @@ from exporter.gpu.visibility import (
     scan_processes,
     vllm_process_tree,
 )
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures"
+if TYPE_CHECKING:
+    from pathlib import Path
+
+FIXTURES = paths.FIXTURES
 PROC = FIXTURES / "proc"
 UUID_A = "GPU-3f8a2c1e-7b4d-4e9a-8c2f-5d6e7f809a1b"
 UUID_B = "GPU-9c1d4e2f-3a5b-4c6d-8e7f-0a1b2c3d4e5f"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from exporter.core.reasons import VisibilityState
@@ -14,8 +12,9 @@ from exporter.gpu.recording import RecordedGpuReader
 from exporter.gpu.source import NvmlGpuSource
 from exporter.gpu.visibility import GpuVisibility
 from exporter.service.settings import load_settings
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = paths.FIXTURES
 NVML = FIXTURES / "nvml"
 GIB = 1024**3
 
