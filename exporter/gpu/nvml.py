@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 class NvmlReturn(IntEnum):
     """The NVML return codes we act on (``NVML_ERROR_<name>`` in ``nvml.h`` and ``pynvml``).
 
-    Stable ABI values; ``tests/test_gpu.py`` checks each against the installed ``pynvml``.
+    Stable ABI values; ``tests/gpu/test_nvml.py`` checks each against the installed ``pynvml``.
     """
 
     UNINITIALIZED = 1

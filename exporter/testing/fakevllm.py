@@ -241,7 +241,7 @@ class FakeVllm:
     """The fake vLLM server: ``url``, ``state`` (mutable), ``set_fault()``, ``close()``.
 
     ``payload`` replaces the rendered ``/metrics``: bytes, or a function of the number of
-    ``/metrics`` requests answered before (a replay of captures). ``host`` may be ``0.0.0.0``
+    ``/metrics`` requests received before (a replay of captures). ``host`` may be ``0.0.0.0``
     to answer on every loopback address (:meth:`url_for` names one of them). With
     ``listen=False`` no socket is opened: only :meth:`transport` answers.
     """
@@ -317,14 +317,22 @@ class FakeVllm:
 
     def restart(self, **changes: object) -> None:
         """A vLLM restart: a new process start time, counters from zero, ``changes`` applied."""
-        state = replace(self.state, start_time=self.state.start_time + 1000.0, finished=0)
-        self.state = replace(state, preemptions=0, **changes)  # type: ignore[arg-type]
+        fresh: dict[str, object] = {
+            "start_time": self.state.start_time + 1000.0,
+            "finished": 0,
+            "preemptions": 0,
+        }
+        self.state = replace(self.state, **{**fresh, **changes})  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Stop accepting, end every connection's thread."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        # Kept-alive connections wait for their next request: end them now.
+        for conn in list(self._connections):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(5)
         for thread in list(self._handlers):
@@ -483,8 +491,7 @@ class FakeVllm:
         return _send(conn, 200, body, TEXT)
 
     def _html(self, conn: socket.socket, _body: bytes) -> bool:
-        page = b"<!DOCTYPE html><html><body>Sign in</body></html>"
-        return _send(conn, 200, page, "text/html")
+        return _send(conn, 200, _LOGIN_PAGE, "text/html")
 
     def _json(self, conn: socket.socket, _body: bytes) -> bool:
         return _send(conn, 200, b'{"detail": "Not Found"}', "application/json")
@@ -526,6 +533,8 @@ class FakeVllm:
 
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
+#: What a proxy in front of vLLM answers when it wants a login.
+_LOGIN_PAGE = b"<!DOCTYPE html><html><body>Sign in</body></html>"
 #: A sample line without its closing brace, in a family the sidecar reads.
 _BROKEN_LINE = b'vllm:num_requests_running{engine="0",model_name="tiny" 1\n'
 
@@ -534,7 +543,9 @@ def _transport_answer(fault: Fault, body: bytes) -> httpx.Response:
     """``/metrics`` through the transport, as the socket server answers it under ``fault``."""
     headers = {"content-type": TEXT}
     broken: dict[Fault, Callable[[], httpx.Response]] = {
-        Fault.HTML: lambda: httpx.Response(200, text="<!DOCTYPE html><html>Sign in</html>"),
+        Fault.HTML: lambda: httpx.Response(
+            200, content=_LOGIN_PAGE, headers={"content-type": "text/html"}
+        ),
         Fault.JSON: lambda: httpx.Response(200, json={"detail": "Not Found"}),
         Fault.MALFORMED: lambda: httpx.Response(200, content=body + _BROKEN_LINE, headers=headers),
         Fault.GARBAGE: lambda: httpx.Response(200, content=bytes(range(256)) * 64, headers=headers),

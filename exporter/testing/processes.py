@@ -338,9 +338,9 @@ class ExporterThread:
         wait_http(f"{self.url}/-/ready", timeout=timeout, status=200)
 
     def stop(self) -> float:
-        """Stop the exporter; return how long it took."""
+        """Stop the exporter (once; later calls do nothing); return how long it took."""
         begin = time.monotonic()
-        if self._loop is not None and self._stop is not None:
+        if self._thread.is_alive() and self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
         self.client.close()

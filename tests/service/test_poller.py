@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import TYPE_CHECKING
 
 import httpx
@@ -11,9 +10,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.core.views import PredictionView, TargetInfo
-from exporter.errors import SourceError
 from exporter.service.poller import TargetPoller
-from exporter.testing.fakevllm import FakeVllm, Fault, VllmState, render_models
+from exporter.testing.fakevllm import FakeVllm, Fault, VllmState
 from exporter.vllm.client import VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
@@ -23,6 +21,7 @@ if TYPE_CHECKING:
 
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
+    from exporter.errors import SourceError
 
 CAPTURES = paths.CAPTURES
 AFTER_LOAD = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
@@ -216,34 +215,3 @@ def test_the_predictor_loads_after_discovery_and_feeds_the_derivation() -> None:
     assert poller.view.derived is not None
     assert poller.view.derived.engines[0].kv_capacity_error_ratio == 0.0
     assert poller.view.sources["model_config"].up
-
-
-def test_the_bearer_token_is_sent_and_never_exposed() -> None:
-    """The configured token goes in the Authorization header of every request."""
-    from pydantic import SecretStr
-
-    fake = FakeVllm(token="tok", listen=False)  # noqa: S106 - a test token
-
-    async def go() -> None:
-        async with httpx.AsyncClient(transport=fake.transport()) as http:
-            client = VllmClient(
-                "http://v:1",
-                client=http,
-                timeout_seconds=1,
-                max_bytes=1 << 20,
-                bearer_token=SecretStr("tok"),
-            )
-            await client.fetch_metrics()
-
-    asyncio.run(go())
-    assert fake.counts.authorizations == {"Bearer tok"}
-
-
-def test_models_document_shapes_are_checked() -> None:
-    """A /v1/models answer without a model is an invalid response, not a crash."""
-    from exporter.vllm.client import parse_models
-
-    with pytest.raises(SourceError) as caught:
-        parse_models(json.loads('{"data": []}'))
-    assert caught.value.reason == "invalid_response"
-    assert parse_models(json.loads(render_models(VllmState()))).max_model_len == 512

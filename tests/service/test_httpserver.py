@@ -1,0 +1,260 @@
+"""Specification of the HTTP endpoints and their server, over real loopback HTTP."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
+from exporter.service.httpserver import (
+    MAX_CONNECTIONS,
+    ExporterServer,
+    HeadroomApp,
+    ProbeAnswer,
+    landing_page,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+SCRAPE_TIMEOUT = "X-Prometheus-Scrape-Timeout-Seconds"
+
+
+def registry_with(name: str, value: float) -> CollectorRegistry:
+    """A private registry holding one gauge."""
+    registry = CollectorRegistry(auto_describe=False)
+    Gauge(name, f"The {name} of the test.", registry=registry).set(value)
+    return registry
+
+
+class Probe:
+    """The injected probe callable: records its arguments and gives a fixed answer."""
+
+    def __init__(self, answer: ProbeAnswer) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, float | None]] = []
+
+    def __call__(self, target: str, scrape_timeout: float | None) -> ProbeAnswer:
+        self.calls.append((target, scrape_timeout))
+        return self.answer
+
+
+def make_app(
+    *,
+    ready: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+    landing: Callable[[], str] = lambda: "<html>landing</html>",
+    probe: Probe | None = None,
+) -> HeadroomApp:
+    """An app over a registry holding ``demo_value 3``."""
+    return HeadroomApp(
+        registry=registry_with("demo_value", 3.0), ready=ready, landing=landing, probe=probe
+    )
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., httpx.Client]]:
+    """Start an ExporterServer for an app on a free loopback port; a client for it comes back."""
+    started: list[tuple[ExporterServer, threading.Thread, httpx.Client]] = []
+
+    def start(app: HeadroomApp, *, max_connections: int = MAX_CONNECTIONS) -> httpx.Client:
+        server = ExporterServer(("127.0.0.1", 0), app, max_connections=max_connections)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        host, port = server.server_address[:2]
+        client = httpx.Client(base_url=f"http://{host!s}:{port}", trust_env=False, timeout=10.0)
+        started.append((server, thread, client))
+        return client
+
+    yield start
+    for server, thread, client in started:
+        client.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=2)
+
+
+def test_metrics_serve_the_registry_in_the_prometheus_text_format(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """/metrics answers 200, text/plain with a format version, and the registry's families."""
+    response = serve(make_app()).get("/metrics")
+    assert response.status_code == 200
+    content_type = response.headers["content-type"]
+    assert content_type.startswith("text/plain")
+    assert "version=" in content_type
+    assert "# TYPE demo_value gauge" in response.text
+    assert "demo_value 3.0" in response.text
+
+
+def test_metrics_honour_prometheus_client_s_name_filter(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """/metrics?name[]=x keeps only family x (the filter that comes with client_python's app)."""
+    registry = registry_with("demo_value", 3.0)
+    Gauge("other_value", "Another gauge.", registry=registry).set(1.0)
+    app = HeadroomApp(registry=registry, ready=lambda: (True, ""), landing=lambda: "")
+    response = serve(app).get("/metrics", params={"name[]": "other_value"})
+    assert "other_value 1.0" in response.text
+    assert "demo_value" not in response.text
+
+
+def test_healthy_always_answers_200(serve: Callable[..., httpx.Client]) -> None:
+    """/-/healthy is 200 even while the exporter is not ready."""
+    response = serve(make_app(ready=lambda: (False, "no poll yet"))).get("/-/healthy")
+    assert response.status_code == 200
+    assert response.text == "Healthy.\n"
+
+
+def test_ready_follows_the_ready_callable_and_says_why_not(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """/-/ready is 503 with the reason while ready() says no, and 200 once it says yes."""
+    state = {"ready": False}
+    client = serve(make_app(ready=lambda: (state["ready"], "the first poll has not succeeded")))
+    waiting = client.get("/-/ready")
+    assert waiting.status_code == 503
+    assert waiting.text == "Not ready: the first poll has not succeeded\n"
+    state["ready"] = True
+    assert client.get("/-/ready").status_code == 200
+
+
+def test_the_landing_page_is_html_linking_metrics_with_its_values_escaped(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """/ serves the landing HTML: a link to /metrics, and row values that cannot inject markup."""
+    page = landing_page(
+        title="vllm-headroom", rows=[("model", "<script>alert(1)</script>")], probe=False
+    )
+    response = serve(make_app(landing=lambda: page)).get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    assert '<a href="/metrics">/metrics</a>' in response.text
+    assert "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>" in response.text
+    assert "<script>" not in response.text
+
+
+def test_the_landing_page_lists_probe_only_in_fleet_mode() -> None:
+    """landing_page mentions /probe when probing is served, and not otherwise."""
+    assert "/probe?target=URL" in landing_page(title="t", rows=[], probe=True)
+    assert "/probe" not in landing_page(title="t", rows=[], probe=False)
+
+
+def test_probe_without_a_probe_callable_is_not_found(serve: Callable[..., httpx.Client]) -> None:
+    """In sidecar mode /probe answers 404 and points at fleet mode."""
+    response = serve(make_app()).get("/probe", params={"target": "10.0.0.1:8000"})
+    assert response.status_code == 404
+    assert "fleet mode only" in response.text
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{}, {"target": ""}, {"target": ["10.0.0.1:8000", "10.0.0.2:8000"]}],
+    ids=["none", "empty", "two"],
+)
+def test_probe_needs_exactly_one_target(
+    serve: Callable[..., httpx.Client], query: dict[str, str | list[str]]
+) -> None:
+    """No target, an empty one or two answer 400 without calling the probe."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
+    response = serve(make_app(probe=probe)).get("/probe", params=query)
+    assert response.status_code == 400
+    assert probe.calls == []
+
+
+def test_probe_passes_the_target_and_the_scrape_timeout_and_renders_its_registry(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """The decoded target and Prometheus's timeout reach the probe; its registry is served."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 7.0)))
+    response = serve(make_app(probe=probe)).get(
+        "/probe", params={"target": "http://10.0.0.1:8000"}, headers={SCRAPE_TIMEOUT: "9.5"}
+    )
+    assert probe.calls == [("http://10.0.0.1:8000", 9.5)]
+    assert response.status_code == 200
+    assert "probed_value 7.0" in response.text
+    assert "demo_value" not in response.text  # the exporter's own registry stays on /metrics
+
+
+@pytest.mark.parametrize("header", [None, "", "abc", "0", "-3", "3600", "nan"])
+def test_a_missing_or_unreasonable_scrape_timeout_reaches_the_probe_as_none(
+    serve: Callable[..., httpx.Client], header: str | None
+) -> None:
+    """Absent, non-numeric, non-positive or hour-long timeouts are ignored (None)."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
+    headers = {SCRAPE_TIMEOUT: header} if header is not None else {}
+    serve(make_app(probe=probe)).get("/probe", params={"target": "t:1"}, headers=headers)
+    assert probe.calls == [("t:1", None)]
+
+
+def test_the_target_parameter_is_not_taken_as_a_name_filter(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """The probe's registry is rendered whole, whatever else the query string says."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
+    response = serve(make_app(probe=probe)).get(
+        "/probe", params={"target": "t:1", "name[]": "nothing_such"}
+    )
+    assert "probed_value 1.0" in response.text
+
+
+def test_a_probe_error_answer_is_returned_with_its_status_and_message(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """A ProbeAnswer without a registry is sent as its status line and message."""
+    answer = ProbeAnswer(status="403 Forbidden", message="Target not allowed (not in allowlist).")
+    response = serve(make_app(probe=Probe(answer))).get("/probe", params={"target": "t:1"})
+    assert response.status_code == 403
+    assert response.text == "Target not allowed (not in allowlist).\n"
+
+
+def test_unknown_paths_are_not_found(serve: Callable[..., httpx.Client]) -> None:
+    """A path we do not serve answers 404 pointing at the landing page."""
+    response = serve(make_app()).get("/metrics/extra")
+    assert response.status_code == 404
+    assert "See / for the endpoints" in response.text
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "OPTIONS"])
+def test_methods_other_than_get_and_head_are_refused_with_405(
+    serve: Callable[..., httpx.Client], method: str
+) -> None:
+    """Anything but GET or HEAD gets 405 with an Allow header, on every path."""
+    response = serve(make_app()).request(method, "/metrics")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, HEAD"
+
+
+def test_head_is_served_like_get(serve: Callable[..., httpx.Client]) -> None:
+    """HEAD is routed like GET: /-/ready answers 200."""
+    assert serve(make_app()).head("/-/ready").status_code == 200
+
+
+def test_connections_beyond_the_bound_get_503_while_every_slot_is_busy(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """With the one slot held by a request in progress, a new connection gets an immediate 503."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_ready() -> tuple[bool, str]:
+        entered.set()
+        release.wait(timeout=10)
+        return True, ""
+
+    client = serve(make_app(ready=slow_ready), max_connections=1)
+    first: list[int] = []
+    holder = threading.Thread(target=lambda: first.append(client.get("/-/ready").status_code))
+    holder.start()
+    try:
+        assert entered.wait(timeout=10)
+        host, port = str(client.base_url.host), int(client.base_url.port or 0)
+        with socket.create_connection((host, port), timeout=10) as extra:
+            answer = extra.recv(1024)
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    finally:
+        release.set()
+        holder.join(timeout=10)
+    assert first == [200]

@@ -1,0 +1,1 @@
+"""Specification of exporter/testing/."""

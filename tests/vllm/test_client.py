@@ -1,0 +1,461 @@
+"""Specification of reading one vLLM over HTTP: bounded reads, failures as bounded reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from exporter.core.reasons import HttpReason
+from exporter.errors import SourceError
+from exporter.testing.fakevllm import CHUNK_BYTES, FakeVllm, Fault, VllmState, render_models
+from exporter.vllm.client import ModelsInfo, VllmClient, parse_models
+from tests import paths
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+AFTER_LOAD = (paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
+HTTP_REASONS = {reason.value for reason in HttpReason}
+TEXT = {"content-type": "text/plain; version=0.0.4; charset=utf-8"}
+
+
+def transport(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
+    """A server of our own making, for answers the fake vLLM never gives."""
+    return httpx.MockTransport(handler)
+
+
+def answering(
+    status: int = 200, content: bytes = b"", headers: dict[str, str] | None = None
+) -> httpx.MockTransport:
+    """A server that answers every request the same way."""
+    return transport(lambda _request: httpx.Response(status, content=content, headers=headers))
+
+
+def fetch(
+    source: httpx.AsyncBaseTransport | str,
+    what: str = "fetch_metrics",
+    *,
+    max_bytes: int = 1 << 20,
+    timeout_seconds: float = 2.0,
+    token: str | None = None,
+    base_url: str = "http://vllm:8000",
+) -> Any:
+    """Call ``VllmClient.<what>`` once, over a transport or a real URL, and return its answer."""
+
+    async def go() -> Any:
+        if isinstance(source, str):
+            base_url_used, http = source, httpx.AsyncClient()
+        else:
+            base_url_used, http = base_url, httpx.AsyncClient(transport=source)
+        async with http:
+            client = VllmClient(
+                base_url_used,
+                client=http,
+                timeout_seconds=timeout_seconds,
+                max_bytes=max_bytes,
+                bearer_token=SecretStr(token) if token is not None else None,
+            )
+            return await getattr(client, what)()
+
+    return asyncio.run(go())
+
+
+def failure(source: httpx.AsyncBaseTransport | str, what: str = "fetch_metrics", **kw: Any) -> str:
+    """The reason the call fails with; it must be a SourceError with a bounded HttpReason."""
+    with pytest.raises(SourceError) as caught:
+        fetch(source, what, **kw)
+    assert caught.value.reason in HTTP_REASONS
+    return caught.value.reason
+
+
+# --- /metrics --------------------------------------------------------------------------------
+
+
+def test_fetch_metrics_returns_the_body_as_served() -> None:
+    """The /metrics payload comes back byte for byte, from one request."""
+    fake = FakeVllm(payload=AFTER_LOAD, listen=False)
+    assert fetch(fake.transport()) == AFTER_LOAD
+    assert fake.counts.requests == {"/metrics": 1}
+
+
+def test_fetch_metrics_reads_a_real_socket() -> None:
+    """Over loopback, the fake vLLM's rendered payload arrives whole."""
+    with FakeVllm() as fake:
+        body = fetch(fake.url)
+    assert body.startswith(b"# HELP python_gc_objects_collected_total")
+    assert b'vllm:cache_config_info{block_size="128"' in body
+
+
+def test_a_trailing_slash_in_the_base_url_is_not_doubled() -> None:
+    """A base URL of "http://vllm:8000/" reads /metrics, not //metrics."""
+    paths_seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths_seen.append(request.url.path)
+        return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+
+    fetch(transport(handler), base_url="http://vllm:8000/")
+    assert paths_seen == ["/metrics"]
+
+
+def test_every_request_asks_for_an_uncompressed_answer() -> None:
+    """Accept-Encoding is identity: a compressed body could expand before any size check."""
+    seen: list[httpx.Headers] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers)
+        return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+
+    fetch(transport(handler))
+    assert seen[0]["accept-encoding"] == "identity"
+    assert seen[0]["accept"].startswith("text/plain")
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (401, "http_401"),
+        (403, "http_403"),
+        (404, "http_404"),
+        (400, "http_4xx"),
+        (429, "http_4xx"),
+        (500, "http_5xx"),
+        (502, "http_5xx"),
+        (503, "http_5xx"),
+    ],
+)
+def test_a_status_other_than_200_maps_to_its_reason(status: int, reason: str) -> None:
+    """401, 403 and 404 keep their code; other 4xx are http_4xx, every 5xx is http_5xx."""
+    assert failure(answering(status, AFTER_LOAD, TEXT)) == reason
+
+
+@pytest.mark.parametrize("status", [201, 204, 301, 302, 304, 418, 599])
+def test_any_unexpected_status_still_fails_with_a_bounded_reason(status: int) -> None:
+    """Whatever the status, a non-200 answer is a SourceError with an HttpReason, never a body."""
+    failure(answering(status, AFTER_LOAD, TEXT))
+
+
+def test_the_fake_vllms_500_is_http_5xx() -> None:
+    """The fake vLLM's HTTP_500 fault reads as http_5xx."""
+    fake = FakeVllm(listen=False)
+    fake.set_fault(Fault.HTTP_500)
+    assert failure(fake.transport()) == "http_5xx"
+
+
+@pytest.mark.parametrize("fault", [Fault.HTML, Fault.JSON])
+def test_a_page_or_document_instead_of_metrics_is_not_metrics(fault: Fault) -> None:
+    """A login page (text/html) or a JSON answer on /metrics is not_metrics."""
+    fake = FakeVllm(listen=False)
+    fake.set_fault(fault)
+    assert failure(fake.transport()) == "not_metrics"
+
+
+@pytest.mark.parametrize(
+    "body", [b"<!DOCTYPE html><html></html>", b'  {"detail": "x"}', b"\n[1, 2]", b"<html>"]
+)
+def test_html_or_json_labelled_as_text_is_still_not_metrics(body: bytes) -> None:
+    """The body's first character gives HTML and JSON away even under a text/plain type."""
+    assert failure(answering(200, body, TEXT)) == "not_metrics"
+
+
+def test_a_declared_length_over_the_limit_is_too_large_before_reading() -> None:
+    """A Content-Length above max_bytes fails at once; the body is never read."""
+    started: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        started.append(True)
+        yield AFTER_LOAD
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        headers = {**TEXT, "content-length": str(10**9)}
+        return httpx.Response(200, content=body(), headers=headers)
+
+    assert failure(transport(handler), max_bytes=1 << 20) == "too_large"
+    assert started == []
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_of_exactly_the_limit_is_read(declared: bool) -> None:
+    """max_bytes is the largest body accepted, declared or streamed; one byte more is too_large."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(AFTER_LOAD), 1000):
+            yield AFTER_LOAD[start : start + 1000]
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        if declared:
+            return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+        return httpx.Response(200, content=chunks(), headers=TEXT)
+
+    size = len(AFTER_LOAD)
+    assert fetch(transport(handler), max_bytes=size) == AFTER_LOAD
+    assert failure(transport(handler), max_bytes=size - 1) == "too_large"
+
+
+def test_a_streamed_body_over_the_limit_stops_being_read() -> None:
+    """A chunked body without a length is too_large once max_bytes is passed, not at its end."""
+    sent: list[int] = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        for _ in range(1000):  # 64 MiB if read to the end
+            sent.append(CHUNK_BYTES)
+            yield b"#" * CHUNK_BYTES
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=endless(), headers=TEXT)
+
+    assert failure(transport(handler), max_bytes=3 * CHUNK_BYTES) == "too_large"
+    assert sum(sent) <= 4 * CHUNK_BYTES
+
+
+def test_the_fake_vllms_200_mb_answer_is_too_large() -> None:
+    """The HUGE fault (200 MB of metric lines) fails at max_bytes."""
+    fake = FakeVllm(listen=False)
+    fake.set_fault(Fault.HUGE)
+    started = time.monotonic()
+    assert failure(fake.transport(), max_bytes=1 << 20) == "too_large"
+    assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "GZIP "])
+def test_a_compressed_answer_is_an_invalid_response_and_never_decoded(encoding: str) -> None:
+    """We ask for identity: a server that compresses anyway gets invalid_response, unread."""
+    started: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        started.append(True)
+        yield gzip.compress(AFTER_LOAD)
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body(), headers={**TEXT, "content-encoding": encoding})
+
+    assert failure(transport(handler)) == "invalid_response"
+    assert started == []
+
+
+def test_an_identity_content_encoding_is_accepted() -> None:
+    """Content-Encoding: identity is what we asked for: the body is returned."""
+    headers = {**TEXT, "content-encoding": "identity"}
+    assert fetch(answering(200, AFTER_LOAD, headers)) == AFTER_LOAD
+
+
+# --- deadlines and connections ---------------------------------------------------------------
+
+
+def test_a_server_that_never_answers_times_out_within_the_deadline() -> None:
+    """A server that accepts and then says nothing is a timeout, soon after timeout_seconds."""
+    with FakeVllm() as fake:
+        fake.set_fault(Fault.HANG)
+        started = time.monotonic()
+        assert failure(fake.url, timeout_seconds=0.3) == "timeout"
+        elapsed = time.monotonic() - started
+        fake.set_fault(Fault.NONE)
+    assert 0.25 <= elapsed < 2.0
+
+
+def test_a_server_answering_byte_by_byte_times_out_on_the_overall_deadline() -> None:
+    """Each byte arrives in time for httpx, but the whole read is bounded by timeout_seconds."""
+    with FakeVllm(payload=AFTER_LOAD) as fake:
+        fake.set_fault(Fault.SLOW)  # 5 ms a byte: the capture would take minutes
+        started = time.monotonic()
+        assert failure(fake.url, timeout_seconds=0.3) == "timeout"
+        elapsed = time.monotonic() - started
+        fake.set_fault(Fault.NONE)
+    assert elapsed < 2.0
+
+
+def test_the_transports_timeout_is_a_timeout() -> None:
+    """httpx's own timeout (the fake vLLM's HANG through the transport) reads as timeout."""
+    fake = FakeVllm(listen=False)
+    fake.set_fault(Fault.HANG)
+    assert failure(fake.transport()) == "timeout"
+
+
+def test_nobody_listening_is_connection_refused() -> None:
+    """A stopped vLLM (nothing listens on its port) is connection_refused."""
+    with FakeVllm() as fake:
+        fake.set_fault(Fault.REFUSE)
+        assert failure(fake.url) == "connection_refused"
+        fake.set_fault(Fault.NONE)
+
+
+def test_a_closed_port_is_connection_refused() -> None:
+    """A loopback port that was just freed refuses the connection."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert failure(f"http://127.0.0.1:{port}") == "connection_refused"
+
+
+def test_another_connection_failure_is_connection_error() -> None:
+    """A connection that fails for another reason (no such host) is connection_error."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno -2] Name or service not known", request=request)
+
+    assert failure(transport(handler)) == "connection_error"
+
+
+def test_a_body_cut_short_is_a_connection_error_not_half_a_payload() -> None:
+    """A server that closes before sending the promised Content-Length is connection_error."""
+    with FakeVllm(payload=AFTER_LOAD) as fake:
+        fake.set_fault(Fault.TRUNCATED)
+        assert failure(fake.url) == "connection_error"
+        fake.set_fault(Fault.NONE)
+
+
+# --- the bearer token ------------------------------------------------------------------------
+
+
+def test_the_bearer_token_is_sent_as_the_authorization_header() -> None:
+    """The configured token goes in the Authorization header of every request."""
+    fake = FakeVllm(token="tok", listen=False)  # noqa: S106 - a test token
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
+            client = VllmClient(
+                "http://v:1",
+                client=http,
+                timeout_seconds=1,
+                max_bytes=1 << 20,
+                bearer_token=SecretStr("tok"),
+            )
+            await client.fetch_metrics()
+
+    asyncio.run(go())
+    assert fake.counts.authorizations == {"Bearer tok"}
+
+
+def test_without_a_token_no_authorization_header_is_sent_and_401_says_so() -> None:
+    """No token configured sends no Authorization header; a vLLM that wants one gives http_401."""
+    fake = FakeVllm(token="tok", listen=False)  # noqa: S106 - a test token
+    assert failure(fake.transport()) == "http_401"
+    assert fake.counts.authorizations == set()
+
+
+@pytest.mark.parametrize("status", [401, 403, 500])
+def test_the_bearer_token_never_appears_in_an_error_message(status: int) -> None:
+    """A failure's message, which is logged, names the path and status but never the token."""
+    token = "s3cret-token-value"  # noqa: S105 - a test token
+    with pytest.raises(SourceError) as caught:
+        fetch(answering(status), token=token)
+    assert token not in str(caught.value)
+    assert str(status) in str(caught.value)
+
+
+# --- /v1/models and /version -----------------------------------------------------------------
+
+
+def test_fetch_models_reads_the_id_root_and_max_model_len() -> None:
+    """The fake vLLM's /v1/models gives its model id, root path and context length."""
+    state = VllmState(model="llama", root="/models/llama-3.1-8b", max_model_len=8192)
+    fake = FakeVllm(state=state, listen=False)
+    assert fetch(fake.transport(), "fetch_models") == ModelsInfo(
+        "llama", "/models/llama-3.1-8b", 8192
+    )
+    assert fake.counts.requests == {"/v1/models": 1}
+
+
+def _models(**model: object) -> dict[str, object]:
+    return {"object": "list", "data": [{"id": "m", "object": "model", **model}]}
+
+
+@pytest.mark.parametrize("value", [0, -1, "4096", 4096.0, None])
+def test_a_max_model_len_that_is_not_a_positive_integer_is_none(value: object) -> None:
+    """0, negative, text, float or null max_model_len is unknown (None), not an error."""
+    document = json.dumps(_models(root="/m", max_model_len=value)).encode()
+    info = fetch(answering(200, document), "fetch_models")
+    assert info == ModelsInfo("m", "/m", None)
+
+
+@pytest.mark.parametrize("model", [{}, {"root": ""}, {"root": 7}, {"root": None}])
+def test_a_missing_or_empty_root_is_none(model: dict[str, object]) -> None:
+    """A model without a usable root (absent, empty, not text) has root None; the rest stays."""
+    info = parse_models(_models(max_model_len=512, **model))
+    assert info == ModelsInfo("m", None, 512)
+
+
+def test_only_the_first_listed_model_is_read() -> None:
+    """/v1/models may list LoRA adapters after the served model: the first entry counts."""
+    document = {
+        "data": [
+            {"id": "m", "root": "/base", "max_model_len": 512},
+            {"id": "adapter", "root": "/lora", "max_model_len": 99},
+        ]
+    }
+    assert parse_models(document) == ModelsInfo("m", "/base", 512)
+
+
+def test_models_document_shapes_are_checked() -> None:
+    """A /v1/models answer without a model is an invalid response, not a crash."""
+    with pytest.raises(SourceError) as caught:
+        parse_models(json.loads('{"data": []}'))
+    assert caught.value.reason == "invalid_response"
+    assert parse_models(json.loads(render_models(VllmState()))).max_model_len == 512
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        None,
+        [],
+        "models",
+        {},
+        {"data": {"id": "m"}},
+        {"data": ["m"]},
+        {"data": [{"object": "model"}]},
+        {"data": [{"id": 7}]},
+    ],
+)
+def test_a_models_document_of_another_shape_is_an_invalid_response(document: object) -> None:
+    """No list under "data", no object first in it, or no text id: invalid_response."""
+    with pytest.raises(SourceError) as caught:
+        parse_models(document)
+    assert caught.value.reason == "invalid_response"
+
+
+@pytest.mark.parametrize("what", ["fetch_models", "fetch_version"])
+def test_an_answer_that_is_not_json_is_an_invalid_response(what: str) -> None:
+    """An HTML page or broken JSON on /v1/models or /version is invalid_response."""
+    assert failure(answering(200, b"<html>Sign in</html>"), what) == "invalid_response"
+    assert failure(answering(200, b'{"data": ['), what) == "invalid_response"
+
+
+@pytest.mark.parametrize("what", ["fetch_models", "fetch_version"])
+def test_the_facts_endpoints_map_http_failures_too(what: str) -> None:
+    """While vLLM loads its model, /v1/models and /version answer 503: http_5xx."""
+    fake = FakeVllm(listen=False)
+    fake.set_fault(Fault.MODELS_DOWN)
+    assert failure(fake.transport(), what) == "http_5xx"
+
+
+def test_a_models_answer_over_a_mebibyte_is_too_large() -> None:
+    """/v1/models is bounded too: an answer over 1 MiB is too_large."""
+    document = json.dumps(_models(padding="x" * (1 << 20))).encode()
+    assert failure(answering(200, document), "fetch_models", max_bytes=1 << 30) == "too_large"
+
+
+def test_fetch_version_reads_the_version_string() -> None:
+    """/version's "version" comes back as vLLM wrote it."""
+    fake = FakeVllm(state=VllmState(version="0.11.0 (V1)"), listen=False)
+    assert fetch(fake.transport(), "fetch_version") == "0.11.0 (V1)"
+    assert fake.counts.requests == {"/version": 1}
+
+
+@pytest.mark.parametrize(
+    "document", [{}, {"version": ""}, {"version": 32}, {"version": None}, ["0.32.0"], "0.32.0"]
+)
+def test_a_version_answer_without_a_version_string_is_an_invalid_response(
+    document: object,
+) -> None:
+    """No "version", an empty one, a number, or no object at all: invalid_response."""
+    body = json.dumps(document).encode()
+    assert failure(answering(200, body), "fetch_version") == "invalid_response"
