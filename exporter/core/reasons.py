@@ -73,6 +73,21 @@ class ProbeOutcome(StrEnum):
     TIMEOUT = "timeout"
 
 
+class DropReason(StrEnum):
+    """``headroom_dropped_samples{reason}``: why the parser left samples of a payload out."""
+
+    #: Past a cardinality cap: too many engines, split values, buckets or info labels.
+    TOO_MANY_SERIES = "too_many_series"
+    #: A label value longer than any vLLM writes.
+    LABEL_TOO_LONG = "label_too_long"
+    #: NaN or an infinity where vLLM writes a count, a sum or a ratio.
+    NOT_FINITE = "not_finite"
+    #: A negative count, or a usage ratio outside 0 to 1.
+    OUT_OF_RANGE = "out_of_range"
+    #: A second series of a family for one engine (vLLM writes one, or one per split value).
+    UNEXPECTED_SERIES = "unexpected_series"
+
+
 class GpuErrorReason(StrEnum):
     """Why one GPU (or one call on it) failed."""
 

@@ -108,6 +108,12 @@ class VllmSnapshot:
     admission_rejections_total: float | None = None
     #: True when vLLM labelled its series with ``engine`` (V1 >= 0.8.3), even if only ``"0"``.
     engine_labelled: bool = False
-    #: Samples the parser's cardinality caps discarded (too many engines, reasons, buckets or
-    #: ``cache_config_info`` labels); 0 for any real vLLM.
-    dropped_samples: int = 0
+    #: Samples the parser left out, by reason (:class:`~exporter.core.reasons.DropReason`):
+    #: past a cardinality cap, impossible values, a second series where vLLM writes one. Empty
+    #: for any real vLLM.
+    dropped: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def dropped_samples(self) -> int:
+        """Samples left out, whatever the reason."""
+        return sum(self.dropped.values())

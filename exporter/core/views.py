@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.core.reasons import PredictionState, Source
+from exporter.core.reasons import DropReason, PredictionState, Source
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -100,8 +100,13 @@ class TargetView:
     info: TargetInfo = field(default_factory=TargetInfo)
     restarts_total: int = 0
     window_samples: int = 0
-    #: Samples of the latest payload the parser's cardinality caps dropped.
-    dropped_samples: int = 0
+    #: Samples of the latest payload the parser left out, by reason.
+    dropped: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def dropped_samples(self) -> dict[str, int]:
+        """Samples left out by every reason the parser has, from 0."""
+        return {**dict.fromkeys(DropReason, 0), **self.dropped}
 
     @property
     def up(self) -> bool:

@@ -502,8 +502,10 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_dropped_samples",
         Kind.GAUGE,
-        "Samples of the last vLLM payload dropped by the parser's cardinality caps (label "
-        "explosion guard); 0 for any sane vLLM.",
+        "Samples of the last vLLM payload the parser left out, by reason: too_many_series "
+        "(cardinality caps), label_too_long, not_finite, out_of_range, unexpected_series; 0 for "
+        "any sane vLLM.",
+        ("reason",),
         source="the parser",
         row=Row.TARGET,
         field="dropped_samples",

@@ -300,7 +300,7 @@ class TargetPoller:
         elif self._model_retry_at is not None and now >= self._model_retry_at:
             await self._load_model()
 
-        previous_dropped = self._view.dropped_samples
+        previous_dropped = sum(self._view.dropped.values())
         self._window.append(sample)
         self._trim(now)
         gpus = await self._read_gpus(snapshot)
@@ -324,12 +324,10 @@ class TargetPoller:
             info=self._info,
             restarts_total=self._restarts,
             window_samples=len(self._window),
-            dropped_samples=snapshot.dropped_samples,
+            dropped=snapshot.dropped,
         )
         if snapshot.dropped_samples and not previous_dropped:
-            log.warning(
-                "target_series_dropped", target=self.target, dropped=snapshot.dropped_samples
-            )
+            log.warning("target_series_dropped", target=self.target, dropped=dict(snapshot.dropped))
         return self._view
 
     async def _down(self, started: float, error: SourceError) -> TargetView:

@@ -22,17 +22,23 @@ Pure: text in, plain data out. The rules (DESIGN section 4, and the real capture
 - A histogram without a ``+Inf`` bucket gets one from its ``_count``; one with neither, without
   ``_sum``, with a bad ``le`` or with decreasing buckets is malformed: :class:`ParseError`.
 - Cardinality is capped (:class:`CardinalityLimits`): past a cap, samples are dropped and counted
-  in :attr:`~exporter.core.snapshot.VllmSnapshot.dropped_samples`, never kept without bound.
+  in :attr:`~exporter.core.snapshot.VllmSnapshot.dropped`, never kept without bound.
+- Impossible values (NaN, infinities, negative counts, a usage outside 0 to 1), label values
+  longer than vLLM writes and a second series where vLLM writes one (another ``model_name``
+  for the same engine) are dropped and counted by reason; a series written twice is a
+  :class:`ParseError`, as Prometheus refuses such a scrape.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Final
 
+from exporter.core.reasons import DropReason
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
 from exporter.errors import ParseError
 from exporter.vllm.promtext import parse_exposition, wanted_families
@@ -103,14 +109,22 @@ class CardinalityLimits:
     """Caps on what one payload may make us keep; past them samples are dropped and counted.
 
     vLLM itself stays far below them (one engine per data-parallel rank, two waiting reasons,
-    at most 23 buckets, about 40 ``cache_config_info`` labels in 0.32); they bound the memory and
-    the exported series a broken or hostile target can cause.
+    at most 23 buckets, about 40 ``cache_config_info`` labels in 0.32, model names of tens of
+    characters); they bound the memory and the exported series a broken or hostile target can
+    cause.
     """
 
-    max_engines: int = 256
-    max_waiting_reasons: int = 32
+    #: Data-parallel ranks of one server (the largest deployments run a few dozen).
+    max_engines: int = 64
+    #: Values of a label vLLM splits a family by (``reason``, ``finished_reason``).
+    max_split_values: int = 32
     max_histogram_buckets: int = 256
     max_cache_config_labels: int = 256
+    #: Longest label value kept (a served model name is at most a path of a hundred or so).
+    max_label_value_chars: int = 512
+    #: Samples of the families read, per payload (64 engines of vLLM 0.32 write about 11,000):
+    #: past it the rest are counted, not parsed, so memory stays bounded whatever is sent.
+    max_samples: int = 32_768
 
 
 #: The limits :func:`parse_vllm_metrics` uses unless told otherwise.
@@ -127,6 +141,12 @@ class _HistogramParts:
     sum: float | None = None
     #: Buckets beyond the cap: the whole histogram is then dropped.
     overflow: int = 0
+    #: Why the whole histogram is dropped when frozen (a DropReason), if it is.
+    rejected: str | None = None
+    #: Samples of other series of the histogram, not kept (counted when it is dropped).
+    extra: int = 0
+    #: The labels of its ``_count`` and ``_sum`` (one series: the same ones).
+    series: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -139,6 +159,17 @@ class _EngineParts:
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, _HistogramParts] = field(default_factory=dict)
     cache_config: TextSample | None = None
+    #: The labels of the first series of each family: another series (other labels, but for
+    #: the one vLLM splits the family by) for the same engine is not vLLM's: dropped, never
+    #: summed in.
+    series: dict[str, Mapping[str, str]] = field(default_factory=dict)
+    #: Values of the split label seen, per counter (bounded by ``max_split_values``).
+    splits: dict[str, set[str]] = field(default_factory=dict)
+    #: What was read already (a field, or a field and split value): a second time is a
+    #: series written twice.
+    written: set[str | tuple[str, str]] = field(default_factory=set)
+    #: Counters with an impossible value in one of their series: absent, not a partial sum.
+    invalid: set[str] = field(default_factory=set)
 
 
 def parse_vllm_metrics(
@@ -147,18 +178,21 @@ def parse_vllm_metrics(
     """Parse a vLLM ``/metrics`` payload (text format 0.0.4) into a normalised snapshot.
 
     Raises :class:`~exporter.errors.ParseError`, naming the line, when a series the sidecar
-    reads is malformed; lines of other families are never looked at.
+    reads is malformed or written twice; lines of other families are never looked at. Values
+    that cannot be true (NaN, infinite, negative counts, a usage outside 0 to 1) are dropped and
+    counted by reason in :attr:`~exporter.core.snapshot.VllmSnapshot.dropped`, and the figure
+    they would have made is absent.
     """
-    exposition = parse_exposition(payload, WANTED)
+    exposition = parse_exposition(payload, WANTED, max_samples=limits.max_samples)
     fold = _Fold(limits)
     fold.add_all(exposition.samples)
     engines, server, dropped = fold.engines, fold.server, fold.dropped
+    if exposition.overflow:
+        dropped[DropReason.TOO_MANY_SERIES] += exposition.overflow
 
     snapshot_engines: dict[str, EngineMetrics] = {}
     for engine in sorted(engines, key=_engine_order):
-        metrics, engine_dropped = _freeze(engine, engines[engine], limits)
-        snapshot_engines[engine] = metrics
-        dropped += engine_dropped
+        snapshot_engines[engine] = _freeze(engine, engines[engine], limits, dropped)
 
     families = _vllm_families(exposition.declared, fold.seen)
     if not snapshot_engines and families:
@@ -169,18 +203,27 @@ def parse_vllm_metrics(
         process_start_time_seconds=server.process_start,
         admission_rejections_total=server.admission_rejections,
         engine_labelled=fold.engine_labelled,
-        dropped_samples=dropped,
+        dropped={reason: count for reason, count in sorted(dropped.items()) if count},
     )
 
 
+def _valid(value: float) -> str | None:
+    """Why a count, sum or ratio read from vLLM cannot be true, or None when it can."""
+    if not math.isfinite(value):
+        return DropReason.NOT_FINITE
+    if value < 0:
+        return DropReason.OUT_OF_RANGE
+    return None
+
+
 class _Fold:
-    """Folds the samples of one payload into per-engine and per-server parts."""
+    """Folds the samples of one payload into per-engine and per-server parts, as they come."""
 
     def __init__(self, limits: CardinalityLimits) -> None:
         self.limits = limits
         self.engines: dict[str, _EngineParts] = {}
         self.server = _ServerParts()
-        self.dropped = 0
+        self.dropped: Counter[str] = Counter()
         self.engine_labelled = False
         #: Wanted families with at least one sample.
         self.seen: set[str] = set()
@@ -208,34 +251,43 @@ class _Fold:
             self._add_histogram_run(family, run)
         elif family in _SERVER_FAMILIES:
             for sample in run:
-                self.server.add(sample)
+                self.server.add(sample, self.dropped)
         else:
             adder = _ADDERS[family]
             for sample in run:
                 parts = self._engine_parts(sample)
-                self.dropped += 1 if parts is None else adder(parts, sample, self.limits)
+                if parts is not None:
+                    reason = adder(parts, sample, self.limits)
+                    if reason is not None:
+                        self.dropped[reason] += 1
 
     def _engine_parts(self, sample: TextSample) -> _EngineParts | None:
-        """The parts of the sample's engine; None (the caller counts a drop) past the cap."""
+        """The parts of the sample's engine; None (and the drop counted) when it is refused."""
         labels = sample.labels
         engine = labels.get("engine")
         if engine is None:
             engine = "0"
         else:
             self.engine_labelled = True
+        longest = self.limits.max_label_value_chars
+        model_name = labels.get("model_name")
+        if len(engine) > longest or (model_name is not None and len(model_name) > longest):
+            self.dropped[DropReason.LABEL_TOO_LONG] += 1
+            return None
         parts = self.engines.get(engine)
         if parts is None:
             if len(self.engines) >= self.limits.max_engines:
+                self.dropped[DropReason.TOO_MANY_SERIES] += 1
                 return None
             parts = self.engines[engine] = _EngineParts()
         if parts.model_name is None:  # cache_config_info has none: take it from the others
-            parts.model_name = labels.get("model_name")
+            parts.model_name = model_name
         return parts
 
     # The hot loop: histogram buckets are most of the samples, so it only looks up the engine
     # and the histogram when the engine changes from one sample to the next.
     def _add_histogram_run(self, family: str, run: Iterable[TextSample]) -> None:
-        bounds, max_buckets = self.bounds, self.limits.max_histogram_buckets
+        bounds, max_buckets, inf = self.bounds, self.limits.max_histogram_buckets, math.inf
         engine: str | None = None
         histogram: _HistogramParts | None = None
         for sample in run:
@@ -246,28 +298,52 @@ class _Fold:
                 parts = self._engine_parts(sample)
                 if parts is None:
                     histogram = None
-                    self.dropped += 1
                     continue
                 histogram = parts.histograms.get(family)
                 if histogram is None:
                     histogram = parts.histograms[family] = _HistogramParts(first_line=lineno)
+            if not 0.0 <= value < inf and histogram.rejected is None:
+                histogram.rejected = _valid(value) or DropReason.NOT_FINITE
             if suffix == "_bucket":
                 le = labels.get("le", "")
                 bound = bounds.get(le)
                 if bound is None:
                     bound = bounds[le] = _bucket_bound(sample)
                 buckets = histogram.buckets
-                below = buckets.get(bound)
-                if below is not None:
-                    buckets[bound] = below + value
+                if bound in buckets:
+                    # The engine already has this bucket: a second series of the histogram.
+                    histogram.rejected = histogram.rejected or DropReason.UNEXPECTED_SERIES
+                    histogram.extra += 1
                 elif len(buckets) < max_buckets:
                     buckets[bound] = value
                 else:
                     histogram.overflow += 1  # dropped whole, and counted, when frozen
-            elif suffix == "_count":
-                histogram.count = value if histogram.count is None else histogram.count + value
-            elif suffix == "_sum":
-                histogram.sum = value if histogram.sum is None else histogram.sum + value
+                continue
+            _add_histogram_total(histogram, sample)
+
+
+def _add_histogram_total(histogram: _HistogramParts, sample: TextSample) -> None:
+    """A histogram's ``_count`` or ``_sum``: a second one is another series, or the same twice."""
+    suffix = sample.suffix
+    if suffix not in ("_count", "_sum"):
+        return
+    key = frozenset(sample.labels.items())
+    first = histogram.series.setdefault(suffix, key)
+    if (histogram.count if suffix == "_count" else histogram.sum) is not None:
+        if first == key:
+            raise _error(sample, _TWICE)
+        histogram.rejected = histogram.rejected or DropReason.UNEXPECTED_SERIES
+        histogram.extra += 1
+    elif suffix == "_count":
+        histogram.count = sample.value
+    else:
+        histogram.sum = sample.value
+
+
+_TWICE: Final = "the same series is written twice (Prometheus rejects such a payload)"
+
+
+_FAMILY: Final = operator.itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -277,65 +353,140 @@ class _ServerParts:
     process_start: float | None = None
     admission_rejections: float | None = None
 
-    def add(self, sample: TextSample) -> None:
+    #: Rejection reasons read (a second time is a series written twice).
+    reasons: set[str] = field(default_factory=set)
+
+    def add(self, sample: TextSample, dropped: Counter[str]) -> None:
+        reason = _valid(sample.value)
         if sample.family == _PROCESS_START:
             if sample.suffix == "" and self.process_start is None:
-                self.process_start = sample.value
+                if reason is None:
+                    self.process_start = sample.value
+                else:
+                    dropped[reason] += 1
         elif sample.suffix == "_total":
-            self.admission_rejections = (self.admission_rejections or 0.0) + sample.value
+            split = sample.labels.get("reason", "")
+            if split in self.reasons:
+                raise _error(sample, _TWICE)
+            self.reasons.add(split)
+            if reason is None:
+                self.admission_rejections = (self.admission_rejections or 0.0) + sample.value
+            else:
+                dropped[reason] += 1
 
 
 _SERVER_FAMILIES: Final = frozenset({_PROCESS_START, _ADMISSION_REJECTIONS})
 
-# Each adder folds one per-engine sample into the engine's parts and returns how many samples
-# it dropped. A sample of another shape than the family's (a gauge's stray `_count`, a counter
-# without `_total`) is not what vLLM writes for it: it is ignored.
+# Each adder folds one per-engine sample into the engine's parts and returns why it dropped the
+# sample (a DropReason), or None. A sample of another shape than the family's (a gauge's stray
+# `_count`, a counter without `_total`) is not what vLLM writes for it: it is ignored.
 
 
-def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
-    if sample.suffix == "":
-        target = _GAUGES[sample.family]
-        parts.sums[target] = parts.sums.get(target, 0.0) + sample.value
-    return 0
+def _first_series(
+    parts: _EngineParts, family: str, labels: Mapping[str, str], split: str = ""
+) -> bool:
+    """Whether the sample belongs to the engine's one series of ``family`` (``split`` aside)."""
+    first = parts.series.setdefault(family, labels)
+    if first is labels:  # the parser shares one mapping per label text: the common case
+        return True
+    if not split:
+        return first == labels
+    return {k: v for k, v in first.items() if k != split} == {
+        k: v for k, v in labels.items() if k != split
+    }
 
 
-def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
-    if sample.suffix == "_total":
-        target = _COUNTERS[sample.family]
-        parts.sums[target] = parts.sums.get(target, 0.0) + sample.value
-    return 0
+def _once(parts: _EngineParts, what: str | tuple[str, str], sample: TextSample) -> None:
+    """Note that ``what`` was read; a second time it is a series written twice."""
+    if what in parts.written:
+        raise _error(sample, _TWICE)
+    parts.written.add(what)
 
 
-def _add_usage(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
-    if sample.suffix == "":
-        previous = parts.usage.get(sample.family)
-        parts.usage[sample.family] = (
-            sample.value if previous is None else max(previous, sample.value)
-        )
-    return 0
-
-
-def _add_waiting_reason(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
+def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
     if sample.suffix != "":
-        return 0
+        return None
+    if not _first_series(parts, sample.family, sample.labels):
+        return DropReason.UNEXPECTED_SERIES
+    target = _GAUGES[sample.family]
+    _once(parts, target, sample)
+    reason = _valid(sample.value)
+    if reason is None:
+        parts.sums[target] = sample.value
+    return reason
+
+
+def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
+    if sample.suffix != "_total":
+        return None
+    # vLLM splits only request_success, by finished_reason; the engine total is their sum.
+    split = "finished_reason" if sample.family == "vllm:request_success" else ""
+    if not _first_series(parts, sample.family, sample.labels, split):
+        return DropReason.UNEXPECTED_SERIES
+    target = _COUNTERS[sample.family]
+    value = sample.labels.get(split, "") if split else ""
+    _once(parts, (target, value), sample)
+    if split:
+        values = parts.splits.setdefault(target, set())
+        if value not in values and len(values) >= limits.max_split_values:
+            return DropReason.TOO_MANY_SERIES
+        values.add(value)
+    reason = _valid(sample.value)
+    if reason is not None:
+        parts.invalid.add(target)
+        return reason
+    parts.sums[target] = parts.sums.get(target, 0.0) + sample.value
+    return None
+
+
+def _add_usage(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
+    if sample.suffix != "":
+        return None
+    if not _first_series(parts, sample.family, sample.labels):
+        return DropReason.UNEXPECTED_SERIES
+    _once(parts, sample.family, sample)
+    reason = _valid(sample.value)
+    if reason is None and sample.value > 1.0:
+        reason = DropReason.OUT_OF_RANGE  # a share of the blocks: 0 to 1
+    if reason is None:
+        parts.usage[sample.family] = sample.value
+    return reason
+
+
+def _add_waiting_reason(
+    parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
+) -> str | None:
+    if sample.suffix != "":
+        return None
+    if not _first_series(parts, sample.family, sample.labels, "reason"):
+        return DropReason.UNEXPECTED_SERIES
     reason = sample.labels.get("reason", "")
+    if len(reason) > limits.max_label_value_chars:
+        return DropReason.LABEL_TOO_LONG
+    _once(parts, (sample.family, reason), sample)
     reasons = parts.waiting_by_reason
-    if reason not in reasons and len(reasons) >= limits.max_waiting_reasons:
-        return 1
-    reasons[reason] = reasons.get(reason, 0.0) + sample.value
-    return 0
+    if reason not in reasons and len(reasons) >= limits.max_split_values:
+        return DropReason.TOO_MANY_SERIES
+    invalid = _valid(sample.value)
+    if invalid is None:
+        reasons[reason] = sample.value
+    return invalid
 
 
-def _add_cache_config(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> int:
+def _add_cache_config(
+    parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
+) -> str | None:
     if sample.suffix != "":
-        return 0
+        return None
     if parts.cache_config is not None:
-        return 1  # vLLM writes one series per engine; a second one is not believed
+        return DropReason.UNEXPECTED_SERIES  # vLLM writes one series per engine
     parts.cache_config = sample
-    return 0
+    return None
 
 
-_ADDERS: Final[Mapping[str, Callable[[_EngineParts, TextSample, CardinalityLimits], int]]] = {
+_ADDERS: Final[
+    Mapping[str, Callable[[_EngineParts, TextSample, CardinalityLimits], str | None]]
+] = {
     **dict.fromkeys(_GAUGES, _add_gauge),
     **dict.fromkeys(_COUNTERS, _add_counter),
     **dict.fromkeys(_USAGE, _add_usage),
@@ -355,26 +506,24 @@ def _bucket_bound(sample: TextSample) -> float:
 
 
 def _freeze(
-    engine: str, parts: _EngineParts, limits: CardinalityLimits
-) -> tuple[EngineMetrics, int]:
-    """Build the immutable EngineMetrics of one engine; also return the samples dropped."""
-    dropped = 0
+    engine: str, parts: _EngineParts, limits: CardinalityLimits, dropped: Counter[str]
+) -> EngineMetrics:
+    """Build the immutable EngineMetrics of one engine, counting what it leaves out."""
     histograms: dict[str, Histogram] = {}
     for family, target in _HISTOGRAMS.items():
         pieces = parts.histograms.get(family)
         if pieces is None or target in histograms:
             continue
-        if pieces.overflow:
-            dropped += _sample_count(pieces)
+        if pieces.overflow or pieces.rejected:
+            dropped[pieces.rejected or DropReason.TOO_MANY_SERIES] += _sample_count(pieces)
             continue
         histograms[target] = _histogram(family, engine, pieces)
     cache_config = None
     if parts.cache_config is not None:
-        cache_config, dropped_labels = _cache_config(parts.cache_config, limits)
-        dropped += dropped_labels
+        cache_config = _cache_config(parts.cache_config, limits, dropped)
     usage = next((parts.usage[name] for name in _USAGE if name in parts.usage), None)
-    sums = parts.sums
-    metrics = EngineMetrics(
+    sums = {k: v for k, v in parts.sums.items() if k not in parts.invalid}
+    return EngineMetrics(
         engine=engine,
         model_name=parts.model_name,
         requests_running=sums.get("requests_running"),
@@ -394,13 +543,13 @@ def _freeze(
         request_queue_time=histograms.get("request_queue_time"),
         cache_config=cache_config,
     )
-    return metrics, dropped
 
 
 def _sample_count(pieces: _HistogramParts) -> int:
     return (
         len(pieces.buckets)
         + pieces.overflow
+        + pieces.extra
         + (pieces.count is not None)
         + (pieces.sum is not None)
     )
@@ -421,7 +570,7 @@ def _histogram(family: str, engine: str, pieces: _HistogramParts) -> Histogram:
     if not all(map(operator.le, cumulative, cumulative[1:])):
         pairs = zip(bounds[1:], pairwise(cumulative), strict=True)
         bound = next(bound for bound, (below, above) in pairs if not below <= above)
-        problem = f"bucket le={bound:g} counts fewer observations than the one below, or NaN"
+        problem = f"bucket le={bound:g} counts fewer observations than the one below"
         raise _histogram_error(family, engine, pieces, problem)
     count = pieces.count if pieces.count is not None else cumulative[-1]
     return Histogram(
@@ -436,13 +585,22 @@ def _histogram_error(family: str, engine: str, pieces: _HistogramParts, problem:
     )
 
 
-def _cache_config(sample: TextSample, limits: CardinalityLimits) -> tuple[CacheConfig, int]:
-    """Read the capacity facts of one ``cache_config_info`` series (label values are str())."""
+def _cache_config(
+    sample: TextSample, limits: CardinalityLimits, dropped: Counter[str]
+) -> CacheConfig:
+    """Read the capacity facts of one ``cache_config_info`` series (label values are str()).
+
+    Labels past the cap, and values longer than a label may be, are left out of
+    :attr:`~exporter.core.snapshot.CacheConfig.labels` (and counted).
+    """
     labels = sample.labels
-    kept = sorted(name for name in labels if name != "engine")
-    dropped = max(0, len(kept) - limits.max_cache_config_labels)
+    names = sorted(name for name in labels if name != "engine")
+    longest = limits.max_label_value_chars
+    kept = [name for name in names if len(labels[name]) <= longest]
+    dropped[DropReason.LABEL_TOO_LONG] += len(names) - len(kept)
+    dropped[DropReason.TOO_MANY_SERIES] += max(0, len(kept) - limits.max_cache_config_labels)
     kept = kept[: limits.max_cache_config_labels]
-    config = CacheConfig(
+    return CacheConfig(
         num_gpu_blocks=_int_label(sample, "num_gpu_blocks"),
         block_size=_int_label(sample, "block_size"),
         kv_cache_size_tokens=_int_label(sample, "kv_cache_size_tokens"),
@@ -454,7 +612,6 @@ def _cache_config(sample: TextSample, limits: CardinalityLimits) -> tuple[CacheC
         sliding_window=_int_label(sample, "sliding_window"),
         labels={name: labels[name] for name in kept},
     )
-    return config, dropped
 
 
 def _str_label(sample: TextSample, name: str) -> str | None:

@@ -135,16 +135,24 @@ class Exposition:
     samples: tuple[TextSample, ...]
     types: Mapping[str, str]
     declared: frozenset[str]
+    #: Samples of wanted families past ``max_samples``: counted, never built.
+    overflow: int = 0
 
 
 # One flat loop on purpose: it runs once per line of every poll, and calls cost more than branches.
 def parse_exposition(  # noqa: PLR0912, PLR0915
-    payload: str | bytes, wanted: WantedFamilies | Iterable[str]
+    payload: str | bytes,
+    wanted: WantedFamilies | Iterable[str],
+    *,
+    max_samples: int | None = None,
 ) -> Exposition:
     """Parse ``payload`` and return the samples of the ``wanted`` families only.
 
     Raises :class:`~exporter.errors.ParseError` (naming the line) when a line of a wanted family
     is malformed or the payload is not UTF-8 where it matters; everything else is skipped.
+    Past ``max_samples`` wanted samples the rest are read and counted, not kept
+    (:attr:`Exposition.overflow`): a payload of a million series costs its text and its
+    parsing, not a million sample objects.
     """
     if not isinstance(wanted, WantedFamilies):
         wanted = wanted_families(wanted)
@@ -155,6 +163,8 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             text = text[:-1]
 
     lookup = wanted.lookup
+    room = max_samples if max_samples is not None else -1
+    overflow = 0
     samples: list[TextSample] = []
     append = samples.append
     new_sample = tuple.__new__  # skips NamedTuple's Python-level __new__: this loop is hot
@@ -205,6 +215,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 if found is None:
                     continue
                 labels, value, timestamp = _parse_sample_carefully(line, pos, lineno, found)
+                if len(samples) == room:
+                    overflow += 1
+                    continue
                 append(new_sample(TextSample, (*found, labels, value, timestamp, lineno)))
                 continue
             hit = found
@@ -221,6 +234,8 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             if plain is None:
                 plain = _plain_labels(label_text, label_names)
                 if plain is not None:
+                    if len(label_sets) >= MAX_LABEL_SETS:
+                        label_sets.clear()  # endless distinct series must not grow the memo
                     label_sets[label_text] = plain
             # float() alone would also take "1_000", blanks and non-ASCII digits.
             if (
@@ -234,14 +249,26 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 except ValueError:
                     pass
                 else:
+                    if len(samples) == room:
+                        overflow += 1
+                        continue
                     # Concatenation: measured a third faster than unpacking `hit` here.
                     append(new_sample(TextSample, hit + (plain, value, None, lineno)))  # noqa: RUF005
                     continue
         pos = brace if brace > 0 else len(line)  # no labels: the whole line is the name
         labels, value, timestamp = _parse_sample_carefully(line, pos, lineno, hit)
+        if len(samples) == room:
+            overflow += 1
+            continue
         append(new_sample(TextSample, (*hit, labels, value, timestamp, lineno)))
 
-    return Exposition(samples=tuple(samples), types=types, declared=frozenset(declared))
+    return Exposition(
+        samples=tuple(samples), types=types, declared=frozenset(declared), overflow=overflow
+    )
+
+
+#: Distinct label texts remembered while parsing one payload.
+MAX_LABEL_SETS = 4096
 
 
 def _plain_labels(

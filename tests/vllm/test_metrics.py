@@ -2,7 +2,7 @@
 
 Golden files: ``tests/golden/vllm-metrics/<capture>.json`` hold every capture's snapshot (or its
 parse error) as stable JSON. After a deliberate change, regenerate them with
-``HEADROOM_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_vllm_metrics.py`` and review the diff.
+``HEADROOM_UPDATE_GOLDEN=1 .venv/bin/pytest tests/vllm/test_metrics.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.snapshot import Histogram, VllmSnapshot
+from exporter.core.snapshot import Histogram
 from exporter.errors import ParseError
 from exporter.vllm.metrics import CardinalityLimits, parse_vllm_metrics
 from exporter.vllm.version import guess_vllm_version
@@ -222,68 +221,6 @@ def test_counters_gauges_and_histograms_match_prometheus_client(name: str) -> No
             assert getattr(snapshot.engines[engine], attributes.get(key, key)) == value, key
 
 
-# --- version guess ---------------------------------------------------------------------------
-
-# What each capture's header says about its version, and the guess we make from its content.
-VERSIONS = {
-    "02_v0.6.0_V0_korean-doc.prom": (["0.6.0", "0.6.2"], "<=0.6.2"),
-    "04_v0.6.4-0.6.6_V0_test-fixture.prom": (["0.6.4", "0.6.6"], "0.6.4-0.7.x"),
-    HELP_TYPE_ONLY: (["0.5.4", "0.6.3"], "<=0.10.x"),
-    "07_v0.9.2-0.10.x_V0engine-cpu_full.prom": (["0.9.2", "0.10.9"], "0.9.2-0.10.x"),
-    "08_v0.10.0_V1_production-stack-issue617.prom": (["0.10.0"], "0.9.2-0.11.x"),
-    "10_v0.11+_V1_rhoai-lab-doc.prom": (["0.11.0", "0.33.0"], ">=0.9.2"),
-    "vllm-0.32.0-cpu-idle.prom": (["0.32.0"], ">=0.32"),
-    AFTER_LOAD: (["0.32.0"], ">=0.32"),
-}
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
-
-
-def _contains(guess: str, version: str) -> bool:
-    """Whether a guessed range (">=0.30", "<=0.10.x", "0.9.2-0.10.x") contains ``version``."""
-    actual = _version(version)
-    match = re.fullmatch(r"(>=|<=)?([\d.]+?)(\.x)?(?:-([\d.]+?)(\.x)?)?", guess)
-    assert match is not None, guess
-    relation, first, first_series, second, second_series = match.groups()
-
-    def at_most(bound: str, series: str | None) -> bool:
-        return actual[:2] <= _version(bound) if series else actual <= _version(bound)
-
-    if relation == ">=":
-        return actual >= _version(first)
-    if relation == "<=":
-        return at_most(first, first_series)
-    if second is None:
-        return actual[:2] == _version(first)[:2] if first_series else actual == _version(first)
-    return _version(first) <= actual and at_most(second, second_series)
-
-
-@pytest.mark.parametrize("name", PARSEABLE)
-def test_the_version_guess_covers_what_the_capture_header_states(name: str) -> None:
-    """The guessed range contains every version the capture's provenance header allows."""
-    stated, expected = VERSIONS[name]
-    guess = guess_vllm_version(parse_vllm_metrics(_capture(name)))
-    assert guess == expected
-    assert all(_contains(guess, version) for version in stated)
-
-
-def test_no_clue_gives_an_unknown_version() -> None:
-    """A payload without version clues is "unknown", not a made-up range."""
-    snapshot = parse_vllm_metrics('vllm:num_requests_running{model_name="m"} 1\n')
-    assert guess_vllm_version(snapshot) == "unknown"
-
-
-def test_contradictory_clues_give_an_unknown_version() -> None:
-    """A V0-only family beside a 0.30+ family is no version at all: "unknown"."""
-    snapshot = VllmSnapshot(
-        engines={},
-        families=frozenset({"vllm:num_requests_swapped", "vllm:request_num_preemptions"}),
-    )
-    assert guess_vllm_version(snapshot) == "unknown"
-
-
 # --- synthetic payloads: data parallelism, renames, malformed histograms, caps ------------------
 
 
@@ -345,16 +282,117 @@ def test_the_newer_name_wins_when_both_are_exposed() -> None:
     assert engine.inter_token_latency == Histogram((math.inf,), (3.0,), 3.0, 1.0)
 
 
-def test_series_split_by_an_extra_label_are_summed_bucket_by_bucket() -> None:
-    """Two series of one engine (an unexpected extra label) add up, bucket by bucket."""
+def test_a_second_series_of_a_histogram_for_one_engine_is_dropped_not_added() -> None:
+    """Two series of one engine (an unexpected extra label): the histogram is absent, counted."""
     text = "".join(
         f'vllm:request_prompt_tokens_bucket{{engine="0",le="{le}",x="{x}"}} {n}\n'
-        f'vllm:request_prompt_tokens_sum{{engine="0",x="{x}"}} 10\n'
         for x in ("a", "b")
         for le, n in (("10", 1), ("+Inf", 2))
+    ) + "".join(f'vllm:request_prompt_tokens_sum{{engine="0",x="{x}"}} 10\n' for x in "ab")
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].prompt_tokens is None
+    assert snapshot.dropped == {"unexpected_series": 6}
+
+
+def test_request_success_is_summed_over_finished_reason_and_nothing_else() -> None:
+    """vLLM splits finished requests by reason: their sum is the engine's total."""
+    text = "".join(
+        f'vllm:request_success_total{{engine="0",finished_reason="{r}",model_name="m"}} {n}\n'
+        for r, n in (("stop", 3), ("length", 4), ("abort", 1))
     )
-    histogram = parse_vllm_metrics(text).engines["0"].prompt_tokens
-    assert histogram == Histogram((10.0, math.inf), (2.0, 4.0), 4.0, 40.0)
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].requests_finished_total == 8
+    assert snapshot.dropped == {}
+
+
+def test_another_model_name_for_the_same_engine_is_dropped_not_summed() -> None:
+    """200,000 model names on one engine read as one series, not 200,000 running requests."""
+    text = "".join(
+        f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(200_000)
+    )
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].requests_running == 1
+    assert snapshot.engines["0"].model_name == "m0"
+    # Past 32,768 samples the rest are counted without being kept at all.
+    assert snapshot.dropped == {"unexpected_series": 32_767, "too_many_series": 167_232}
+
+
+def test_a_series_written_twice_is_refused_as_prometheus_refuses_it() -> None:
+    """Duplicate series (3 + 3 running) are a ParseError naming the line, never a sum of 6."""
+    line = 'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+    with pytest.raises(ParseError, match=r"^line 2: .*written twice"):
+        parse_vllm_metrics(line + line)
+    histogram = 'vllm:request_prompt_tokens_count{engine="0"} 1\n'
+    with pytest.raises(ParseError, match="written twice"):
+        parse_vllm_metrics(histogram + histogram)
+
+
+@pytest.mark.parametrize(
+    ("family", "value", "reason"),
+    [
+        ("vllm:num_requests_running", "NaN", "not_finite"),
+        ("vllm:num_requests_waiting", "-5", "out_of_range"),
+        ("vllm:num_requests_waiting", "+Inf", "not_finite"),
+        ("vllm:kv_cache_usage_perc", "NaN", "not_finite"),
+        ("vllm:kv_cache_usage_perc", "-3", "out_of_range"),
+        ("vllm:kv_cache_usage_perc", "1.5", "out_of_range"),
+        ("vllm:num_preemptions_total", "-1", "out_of_range"),
+        ("vllm:num_preemptions_total", "Inf", "not_finite"),
+    ],
+)
+def test_an_impossible_value_leaves_its_figure_absent_and_is_counted(
+    family: str, value: str, reason: str
+) -> None:
+    """NaN, infinities, negative counts and a usage outside 0 to 1 are refused, not exported."""
+    snapshot = parse_vllm_metrics(f'{family}{{engine="0",model_name="m"}} {value}\n')
+    engine = snapshot.engines["0"]
+    assert (
+        engine.requests_running,
+        engine.requests_waiting,
+        engine.kv_cache_usage_ratio,
+        engine.preemptions_total,
+    ) == (None, None, None, None)
+    assert snapshot.dropped == {reason: 1}
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('vllm:request_prompt_tokens_bucket{le="1"} NaN', "not_finite"),
+        ('vllm:request_prompt_tokens_count{le="1"} +Inf', "not_finite"),
+        ("vllm:request_prompt_tokens_sum -1", "out_of_range"),
+    ],
+)
+def test_a_histogram_with_an_impossible_value_is_absent_and_counted(line: str, reason: str) -> None:
+    """An infinite count or a NaN bucket drops the histogram (never a derivation's NaN)."""
+    whole = {
+        "bucket": 'vllm:request_prompt_tokens_bucket{le="+Inf"} 4',
+        "count": "vllm:request_prompt_tokens_count 4",
+        "sum": "vllm:request_prompt_tokens_sum 9",
+    }
+    kind = line.split("_tokens_", 1)[1].split("{", maxsplit=1)[0].split(" ", maxsplit=1)[0]
+    lines = [line if name == kind else text for name, text in whole.items()]
+    if kind == "bucket":
+        lines.append(line)
+    snapshot = parse_vllm_metrics("\n".join(lines) + "\n")
+    assert snapshot.engines["0"].prompt_tokens is None
+    assert list(snapshot.dropped) == [reason]
+
+
+def test_a_label_value_longer_than_vllm_writes_is_dropped_and_counted() -> None:
+    """A 15 MB model name is never kept nor re-exported: the sample is dropped, and counted."""
+    huge = "x" * 15_000_000
+    text = (
+        f'vllm:num_requests_running{{engine="0",model_name="{huge}"}} 1\n'
+        f'vllm:cache_config_info{{block_size="16",engine="0",note="{huge}"}} 1\n'
+    )
+    snapshot = parse_vllm_metrics(text)
+    engine = snapshot.engines["0"]
+    assert engine.requests_running is None
+    assert engine.cache_config is not None
+    assert engine.cache_config.block_size == 16
+    assert "note" not in engine.cache_config.labels
+    assert snapshot.dropped == {"label_too_long": 2}
 
 
 def test_a_missing_inf_bucket_is_the_count() -> None:
@@ -374,7 +412,6 @@ def test_a_missing_inf_bucket_is_the_count() -> None:
         (['h_bucket{le="1"} 1', "h_sum 1"], "no +Inf bucket and no _count"),
         (['h_bucket{le="+Inf"} 1', "h_count 1"], "no _sum"),
         (['h_bucket{le="1"} 5', 'h_bucket{le="+Inf"} 4', "h_sum 1"], "le=inf counts fewer"),
-        (['h_bucket{le="1"} NaN', 'h_bucket{le="+Inf"} 4', "h_sum 1"], "or NaN"),
     ],
 )
 def test_a_broken_histogram_raises_naming_its_first_line(lines: list[str], problem: str) -> None:
@@ -451,7 +488,7 @@ def test_families_are_named_as_type_lines_name_them_without_created() -> None:
 # --- cardinality caps ------------------------------------------------------------------------
 
 SMALL = CardinalityLimits(
-    max_engines=3, max_waiting_reasons=2, max_histogram_buckets=4, max_cache_config_labels=2
+    max_engines=3, max_split_values=2, max_histogram_buckets=4, max_cache_config_labels=2
 )
 
 
@@ -491,11 +528,11 @@ def test_cache_config_labels_past_the_cap_are_dropped_but_still_read() -> None:
 
 
 def test_thousands_of_engines_stay_bounded_by_default() -> None:
-    """A hostile payload with 5,000 engines keeps 256 of them and counts the rest."""
+    """A hostile payload with 5,000 engines keeps 64 of them and counts the rest."""
     text = "".join(f'vllm:num_requests_running{{engine="{e}"}} 1\n' for e in range(5000))
     snapshot = parse_vllm_metrics(text)
-    assert len(snapshot.engines) == 256
-    assert snapshot.dropped_samples == 5000 - 256
+    assert len(snapshot.engines) == 64
+    assert snapshot.dropped == {"too_many_series": 5000 - 64}
 
 
 # --- property: any generated data-parallel payload reads back as its model -------------------

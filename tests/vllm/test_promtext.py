@@ -415,3 +415,12 @@ def test_wanting_more_families_never_changes_the_samples_of_the_others(
 
     all_of_them = [s for s in parse_exposition(text, wanted).samples if s.family in fewer]
     assert comparable(parse_exposition(text, fewer).samples) == comparable(all_of_them)
+
+
+def test_samples_past_the_cap_are_counted_not_kept() -> None:
+    """A payload of endless wanted series keeps max_samples of them and counts the rest."""
+    text = "".join(f'vllm:x{{engine="{i}"}} 1\n' for i in range(1000))
+    exposition = parse_exposition(text, ["vllm:x"], max_samples=10)
+    assert len(exposition.samples) == 10
+    assert exposition.overflow == 990
+    assert parse_exposition(text, ["vllm:x"]).overflow == 0
