@@ -33,7 +33,8 @@ Definitions (documented for users in ``docs/metrics.md``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from exporter.core.windows import (
@@ -164,30 +165,88 @@ def _engine_counters(engine: EngineMetrics) -> tuple[float | None, ...]:
     )
 
 
-def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
-    """Whether vLLM restarted between two consecutive snapshots.
+class RestartEvidence(StrEnum):
+    """What says vLLM restarted between two snapshots."""
+
+    #: A new ``process_start_time_seconds``: certain.
+    START_TIME = "start_time"
+    #: A cumulative counter went down while the start time did not change (or is not
+    #: exposed): a restart once in a while, a broken target when it keeps happening.
+    COUNTERS = "counters"
+
+
+def restart_evidence(previous: VllmSnapshot, current: VllmSnapshot) -> RestartEvidence | None:
+    """Why vLLM looks restarted between two consecutive snapshots, or None.
 
     Evidence: a new ``process_start_time_seconds``, or any cumulative counter of an engine
-    present in both going down. (A counter that goes down without a restart is treated the
-    same way: there is no safer reading of it.)
+    present in both going down.
     """
     before, now = previous.process_start_time_seconds, current.process_start_time_seconds
     if before is not None and now is not None and now != before:
-        return True
+        return RestartEvidence.START_TIME
     for name, engine in current.engines.items():
         old = previous.engines.get(name)
         if old is None:
             continue
         for a, b in zip(_engine_counters(old), _engine_counters(engine), strict=True):
             if a is not None and b is not None and b < a:
-                return True
-    return False
+                return RestartEvidence.COUNTERS
+    return None
+
+
+def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
+    """Whether vLLM restarted between two consecutive snapshots (any evidence)."""
+    return restart_evidence(previous, current) is not None
 
 
 def next_sample(previous: Sample | None, t: float, snapshot: VllmSnapshot) -> Sample:
-    """The sample that follows ``previous``, with a restart between the two detected once."""
+    """The sample that follows ``previous``, with a restart between the two detected once.
+
+    The sample keeps only what the windows read (:func:`window_snapshot`), sharing with
+    ``previous`` whatever did not change: a window holds hundreds of samples.
+    """
     restarted = previous is not None and detect_restart(previous.snapshot, snapshot)
-    return Sample(t, snapshot, restarted)
+    lean = window_snapshot(snapshot, previous.snapshot if previous is not None else None)
+    return Sample(t, lean, restarted)
+
+
+def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> VllmSnapshot:
+    """``snapshot`` without what no derivation reads, sharing unchanged parts with ``previous``.
+
+    The latency histograms are left out (no derivation reads them); the ``cache_config_info``
+    facts, the family names and the histograms' bucket bounds are the previous sample's
+    objects when equal, so that a window of samples holds one copy of them.
+    """
+    engines: dict[str, EngineMetrics] = {}
+    for name, engine in snapshot.engines.items():
+        old = previous.engines.get(name) if previous is not None else None
+        config = engine.cache_config
+        if old is not None and config is not None and config == old.cache_config:
+            config = old.cache_config
+        engines[name] = replace(
+            engine,
+            prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
+            generation_tokens=_shared_bounds(
+                engine.generation_tokens, old.generation_tokens if old else None
+            ),
+            time_to_first_token=None,
+            inter_token_latency=None,
+            e2e_request_latency=None,
+            request_queue_time=None,
+            cache_config=config,
+        )
+    families = snapshot.families
+    if previous is not None and families == previous.families:
+        families = previous.families
+    return replace(snapshot, engines=engines, families=families)
+
+
+def _shared_bounds(histogram: Histogram | None, old: Histogram | None) -> Histogram | None:
+    if histogram is None or old is None or histogram.bounds is old.bounds:
+        return histogram
+    if histogram.bounds == old.bounds:
+        return replace(histogram, bounds=old.bounds)
+    return histogram
 
 
 def _restarts(samples: Sequence[Sample]) -> list[bool]:

@@ -24,12 +24,14 @@ class Source(StrEnum):
 
 
 class HttpReason(StrEnum):
-    """Why reading vLLM over HTTP failed (``exporter.vllm.client`` and the poller)."""
+    """Why reading vLLM's HTTP API failed, or its metrics could not be used."""
 
     CONNECTION_REFUSED = "connection_refused"
     CONNECTION_ERROR = "connection_error"
     TIMEOUT = "timeout"
     TOO_LARGE = "too_large"
+    #: A redirect (not followed: the target URL must name vLLM itself).
+    HTTP_3XX = "http_3xx"
     HTTP_401 = "http_401"
     HTTP_403 = "http_403"
     HTTP_404 = "http_404"
@@ -40,6 +42,11 @@ class HttpReason(StrEnum):
     #: Not the answer vLLM gives (bad JSON, an unexpected encoding, a missing field).
     INVALID_RESPONSE = "invalid_response"
     PARSE_ERROR = "parse_error"
+    #: Counters that go down again and again without a restart: several vLLMs behind one URL
+    #: (a load balancer), or not vLLM.
+    INCONSISTENT_COUNTERS = "inconsistent_counters"
+    #: A bug of ours while deriving the figures (logged once with its traceback).
+    INTERNAL_ERROR = "internal_error"
 
 
 class ModelReason(StrEnum):
@@ -70,6 +77,9 @@ class ProbeOutcome(StrEnum):
     BAD_TARGET = "bad_target"
     DENIED_NOT_IN_ALLOWLIST = "denied_not_in_allowlist"
     DENIED_FORBIDDEN_ADDRESS = "denied_forbidden_address"
+    #: Refused at once: too many probes in flight, from this client or of this target, or
+    #: every name lookup busy (the HTTP server keeps its other slots for /metrics).
+    THROTTLED = "throttled"
     TIMEOUT = "timeout"
 
 
@@ -153,10 +163,12 @@ NVML_REASONS: Final[tuple[str, ...]] = tuple(
 )
 
 #: Every source and the reasons it can fail with: the error counters start at 0 for each.
+_METRICS_ONLY: Final = (HttpReason.INCONSISTENT_COUNTERS, HttpReason.INTERNAL_ERROR)
+
 SOURCE_REASONS: Final[dict[str, tuple[str, ...]]] = {
     Source.VLLM_METRICS: tuple(HttpReason),
-    Source.VLLM_MODELS: tuple(HttpReason),
-    Source.VLLM_VERSION: tuple(HttpReason),
+    Source.VLLM_MODELS: tuple(r for r in HttpReason if r not in _METRICS_ONLY),
+    Source.VLLM_VERSION: tuple(r for r in HttpReason if r not in _METRICS_ONLY),
     Source.NVML: NVML_REASONS,
     Source.MODEL_CONFIG: tuple(ModelReason),
 }

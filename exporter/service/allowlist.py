@@ -1,4 +1,10 @@
-"""Which targets ``/probe`` may reach: the fleet mode's allowlist, so it is no open proxy.
+"""Target URLs checked and shown safely, and which targets ``/probe`` may reach.
+
+A target's host is a DNS name or a literal address in its one canonical form: a name whose
+last label is numeric (``0177.0.0.1``, ``127.1``, ``2130706433``) is refused, because resolvers
+read such names as IPv4 addresses in octal, shorthand or decimal, and a port is 1 to 65535
+(``:0`` is not "the default"). :func:`redact_url` hides a password before a URL is logged or
+shown. The fleet mode's allowlist keeps ``/probe`` from being an open proxy:
 
 Entries (pure parsing and matching; name resolution is the caller's I/O):
 
@@ -19,10 +25,11 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+    from urllib.parse import SplitResult
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -163,6 +170,84 @@ class ProbeTarget:
             return None
 
 
+def check_host(host: str) -> str:
+    """``host`` lower-cased if it is a literal address or a host name; else AllowlistError."""
+    text = host.lower()
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    else:
+        return text
+    labels = text.rstrip(".").split(".")
+    if (
+        not text
+        or len(text) > 253
+        or not all(
+            label and len(label) <= 63 and set(label) <= _LABEL_CHARS and label[0] != "-"
+            for label in labels
+        )
+    ):
+        msg = f"{host!r} is not a host name or an IP address"
+        raise AllowlistError(msg)
+    if labels[-1].isdigit() or labels[-1].startswith("0x"):
+        msg = (
+            f"{host!r} looks like an IPv4 address in a non-standard form (octal, hexadecimal "
+            "or shorthand); write it as four decimal numbers, like 127.0.0.1"
+        )
+        raise AllowlistError(msg)
+    return text
+
+
+_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def target_port(parts: SplitResult) -> int | None:
+    """The explicit port of a URL (None when it has none); AllowlistError when out of range."""
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65_536:
+        msg = "the port must be a number from 1 to 65535"
+        raise AllowlistError(msg)
+    return port
+
+
+def check_url(url: str, *, paths: bool = True) -> str:
+    """An ``http(s)://host[:port][/path]`` URL checked; AllowlistError naming what is wrong.
+
+    Credentials (``user:password@``) are allowed: vLLM behind a proxy may need Basic auth.
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https"):
+        msg = "must be an http:// or https:// URL with a host, like http://127.0.0.1:8000"
+        raise AllowlistError(msg)
+    if not parts.hostname:
+        msg = "has no host; give one, like http://127.0.0.1:8000"
+        raise AllowlistError(msg)
+    check_host(parts.hostname)
+    target_port(parts)
+    if parts.query or parts.fragment or (not paths and parts.path not in ("", "/")):
+        msg = "must be a base URL (scheme://host:port), without a query"
+        raise AllowlistError(msg)
+    return url.strip().rstrip("/")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its credentials replaced, safe to log and to show."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
 def parse_target(target: str) -> ProbeTarget:
     """Parse ``/probe``'s ``target`` (``http(s)://host:port`` or ``host:port``).
 
@@ -178,13 +263,10 @@ def parse_target(target: str) -> ProbeTarget:
         raise AllowlistError("credentials in the target URL are not allowed")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise AllowlistError("the target must be a base URL (scheme://host:port), without a path")
-    host = parts.hostname
-    if not host:
+    if not parts.hostname:
         raise AllowlistError("the target has no host")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise AllowlistError("the target's port is not a number from 1 to 65535") from None
+    host = check_host(parts.hostname)
+    port = target_port(parts) or (443 if parts.scheme == "https" else 80)
     shown = f"[{host}]" if ":" in host else host
     return ProbeTarget(parts.scheme, host.lower(), port, f"{parts.scheme}://{shown}:{port}")
 

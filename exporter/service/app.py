@@ -21,18 +21,20 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
 from exporter.core.derive import WindowSettings
+from exporter.core.reasons import ProbeOutcome
 from exporter.errors import UsageError
 from exporter.gpu.nvml import NvmlGpuReader
 from exporter.gpu.source import NvmlGpuSource
-from exporter.service.allowlist import parse_allowlist
+from exporter.service.allowlist import is_allowed, parse_allowlist, redact_url
 from exporter.service.collector import (
     ExporterView,
     GuardedCollector,
     exporter_families,
     target_families,
 )
-from exporter.service.fleet import Fleet
+from exporter.service.fleet import Fleet, Refusal
 from exporter.service.httpserver import (
+    MAX_CONNECTIONS,
     ExporterServer,
     HeadroomApp,
     ProbeAnswer,
@@ -40,22 +42,28 @@ from exporter.service.httpserver import (
     tls_context,
 )
 from exporter.service.poller import PollSettings, TargetPoller
+from exporter.service.resolver import BoundedResolver, system_resolve
 from exporter.service.settings import GpuDiscovery, Mode, Settings, env_name
 from exporter.sizing.predictor import ModelPredictor
-from exporter.vllm.client import VllmClient
+from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from prometheus_client.core import Metric
+    from pydantic import SecretStr
 
+    from exporter.service.allowlist import IPAddress, ProbeTarget
     from exporter.service.poller import GpuSource, Predictor
 
 log = structlog.get_logger(__name__)
 
 #: Seconds left to Prometheus when a probe's timeout comes from its scrape timeout header.
 PROBE_TIMEOUT_MARGIN_SECONDS = 0.5
+#: Probes running at once: the HTTP server's other connection slots stay free for /metrics
+#: and the health checks, whatever a client sends to /probe.
+PROBE_SLOTS = MAX_CONNECTIONS - 16
 
 
 @dataclass(slots=True)
@@ -64,6 +72,8 @@ class Components:
 
     predictor: Callable[[Settings], Predictor | None] | None = None
     gpu_source: Callable[[Settings], GpuSource | None] | None = None
+    #: Fleet mode's blocking name lookup (default: the system resolver).
+    resolve: Callable[[str], list[IPAddress]] | None = None
 
 
 def default_gpu_source(settings: Settings) -> GpuSource | None:
@@ -96,7 +106,20 @@ def default_predictor(settings: Settings) -> Predictor:
 MODEL_RETRY_POLLS = 6
 
 
+#: Window samples (per engine) a sidecar keeps at most: 64 engines of 256 samples.
+SIDECAR_ENGINE_SAMPLES = 64 * 256
+#: Window samples (per engine) fleet mode keeps for all its targets together, shared out
+#: evenly over probe_max_targets (at least 16 each): about 2 KB each, so the windows of the
+#: worst case hold some 100 MB (docs/reliability.md).
+FLEET_ENGINE_SAMPLES = 48 * 1024
+#: Bytes of /metrics answers fleet mode reads at once, whatever the number of probes.
+FLEET_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
 def _poll_settings(settings: Settings) -> PollSettings:
+    engine_samples = SIDECAR_ENGINE_SAMPLES
+    if settings.mode is Mode.FLEET:
+        engine_samples = max(16, FLEET_ENGINE_SAMPLES // settings.probe_max_targets)
     return PollSettings(
         windows=WindowSettings(
             context_seconds=settings.context_window_seconds,
@@ -104,6 +127,7 @@ def _poll_settings(settings: Settings) -> PollSettings:
         ),
         model_retry_seconds=settings.poll_interval_seconds * MODEL_RETRY_POLLS,
         gpu_timeout_seconds=settings.poll_timeout_seconds,
+        max_engine_samples=engine_samples,
     )
 
 
@@ -147,44 +171,27 @@ async def serve(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP conventionally means "reload": there is nothing to reload (settings are read
+        # once), and it must not kill the process the way its default action does.
+        loop.add_signal_handler(signal.SIGHUP, _ignore_sighup)
 
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     async with httpx.AsyncClient(limits=limits, trust_env=False, follow_redirects=False) as http:
-        predictor_for = parts.predictor or default_predictor
         # NVML only beside one vLLM: a fleet exporter sees none of its targets' GPUs.
         gpus = None
         if settings.mode is Mode.SIDECAR:
             gpus = (parts.gpu_source or default_gpu_source)(settings)
 
-        def make_poller(url: str) -> TargetPoller:
-            client = VllmClient(
-                url,
-                client=http,
-                timeout_seconds=settings.poll_timeout_seconds,
-                max_bytes=settings.max_response_bytes,
-                bearer_token=settings.bearer_token,
-            )
-            return TargetPoller(
-                url,
-                client=client,
-                parse=parse_vllm_metrics,
-                predictor=predictor_for(settings),
-                gpus=gpus,
-                settings=_poll_settings(settings),
-            )
-
+        make_poller = _poller_factory(settings, http, parts.predictor or default_predictor, gpus)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProcessCollector(registry=None))
         fleet: Fleet | None = None
         poller: TargetPoller | None = None
         if settings.mode is Mode.SIDECAR:
-            poller = make_poller(settings.target)
+            poller = make_poller(settings.target, settings.bearer_token)
         else:
-            fleet = Fleet(
-                allowlist=parse_allowlist(settings.probe_allowlist),
-                make_poller=make_poller,
-                max_targets=settings.probe_max_targets,
-                ttl_seconds=settings.probe_target_ttl_seconds,
+            fleet = _fleet(
+                settings, make_poller, BoundedResolver(resolve=parts.resolve or system_resolve)
             )
 
         def exporter_view() -> ExporterView:
@@ -220,7 +227,7 @@ async def serve(
             "listening",
             url=server_url(server),
             mode=settings.mode.value,
-            target=settings.target if poller else None,
+            target=redact_url(settings.target) if poller else None,
             tls=settings.tls_cert_file is not None,
         )
         if started is not None:
@@ -236,8 +243,70 @@ async def serve(
             thread.join(timeout=2)
             if gpus is not None:
                 gpus.close()
+            if fleet is not None:
+                fleet.close()
             log.info("stopped")
     return 0
+
+
+def _ignore_sighup() -> None:
+    log.info("sighup_ignored", why="settings are read at start; restart to change them")
+
+
+def _poller_factory(
+    settings: Settings,
+    http: httpx.AsyncClient,
+    predictor_for: Callable[[Settings], Predictor | None],
+    gpus: GpuSource | None,
+) -> Callable[[str, SecretStr | None], TargetPoller]:
+    """How a target's poller is made: its client, the predictor, the GPUs, the settings."""
+    budget = None
+    if settings.mode is Mode.FLEET:
+        budget = ResponseBudget(max(FLEET_RESPONSE_BYTES, settings.max_response_bytes))
+
+    def make_poller(url: str, token: SecretStr | None) -> TargetPoller:
+        client = VllmClient(
+            url,
+            client=http,
+            timeout_seconds=settings.poll_timeout_seconds,
+            max_bytes=settings.max_response_bytes,
+            bearer_token=token,
+            budget=budget,
+        )
+        return TargetPoller(
+            redact_url(url),  # what logs and the landing page show
+            client=client,
+            parse=parse_vllm_metrics,
+            predictor=predictor_for(settings),
+            gpus=gpus,
+            settings=_poll_settings(settings),
+        )
+
+    return make_poller
+
+
+def _fleet(
+    settings: Settings,
+    make_poller: Callable[[str, SecretStr | None], TargetPoller],
+    resolver: BoundedResolver,
+) -> Fleet:
+    """Fleet mode's targets, with the bearer token only for the targets bound to it."""
+    token_targets = parse_allowlist(settings.bearer_token_targets)
+
+    def make_probed(target: ProbeTarget, addresses: Sequence[IPAddress]) -> TargetPoller:
+        # A probe target is chosen by whoever can reach /probe: it must not harvest vLLM's
+        # API key unless a setting binds the token to it.
+        bound = is_allowed(target, token_targets, addresses)[0]
+        return make_poller(target.url, settings.bearer_token if bound else None)
+
+    return Fleet(
+        allowlist=parse_allowlist(settings.probe_allowlist),
+        make_poller=make_probed,
+        max_targets=settings.probe_max_targets,
+        ttl_seconds=settings.probe_target_ttl_seconds,
+        resolver=resolver,
+        max_in_flight=PROBE_SLOTS,
+    )
 
 
 def _readiness(poller: TargetPoller | None) -> Callable[[], tuple[bool, str]]:
@@ -267,23 +336,25 @@ def _landing(settings: Settings, poller: TargetPoller | None) -> str:
 
 def _prober(
     settings: Settings, fleet: Fleet, loop: asyncio.AbstractEventLoop
-) -> Callable[[str, float | None], ProbeAnswer]:
-    def probe(target: str, scrape_timeout: float | None) -> ProbeAnswer:
-        admission = fleet.admit(target)
-        if admission.target is None:
-            status = "400 Bad Request" if admission.outcome == "bad_target" else "403 Forbidden"
-            return ProbeAnswer(status=status, message=admission.message)
-        timeout = settings.poll_timeout_seconds * 2
-        if scrape_timeout is not None:
-            timeout = max(0.1, min(timeout, scrape_timeout - PROBE_TIMEOUT_MARGIN_SECONDS))
-        future = asyncio.run_coroutine_threadsafe(fleet.probe(admission.target, timeout), loop)
+) -> Callable[[str, float | None, str], ProbeAnswer]:
+    def probe(target: str, scrape_timeout: float | None, client: str) -> ProbeAnswer:
+        ticket = fleet.enter(target, client)
+        if isinstance(ticket, Refusal):
+            return ProbeAnswer(status=ticket.status, message=ticket.message)
         try:
-            view = future.result(timeout=timeout + 1.0)
-        except TimeoutError:
-            future.cancel()
-            view = None
-        if view is None:
-            return ProbeAnswer(status="504 Gateway Timeout", message="The probe timed out.")
+            timeout = settings.poll_timeout_seconds * 2
+            if scrape_timeout is not None:
+                timeout = max(0.1, min(timeout, scrape_timeout - PROBE_TIMEOUT_MARGIN_SECONDS))
+            future = asyncio.run_coroutine_threadsafe(fleet.probe(ticket, timeout), loop)
+            try:
+                view = future.result(timeout=timeout + 1.0)
+            except TimeoutError:
+                future.cancel()
+                view = Refusal(ProbeOutcome.TIMEOUT, "The probe timed out.")
+        finally:
+            fleet.leave(ticket)
+        if isinstance(view, Refusal):
+            return ProbeAnswer(status=view.status, message=view.message)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GuardedCollector({"target": lambda: target_families(view)}))
         return ProbeAnswer(registry=registry)

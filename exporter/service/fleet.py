@@ -2,15 +2,20 @@
 
 Like blackbox_exporter, each probe is one poll of the target, made when Prometheus scrapes;
 unlike it, we keep a window of samples per target (rates and context quantiles need history),
-in a bounded, age-limited map. Targets must pass the allowlist (``exporter.service.allowlist``): the
-exporter is no open proxy. Refusals are counted by outcome and never reach the network.
+in a bounded, age-limited map. Targets must pass the allowlist (``exporter.service.allowlist``):
+the exporter is no open proxy. Refusals are counted by outcome and never reach the network.
+
+Probes hold an HTTP thread while they run, and no client may hold them all: :meth:`Fleet.enter`
+(on the HTTP thread, without I/O) admits a probe only while fewer than ``max_in_flight`` probes
+run in all, fewer than ``max_per_client`` for the same client and fewer than ``max_per_target``
+for the same target, so that the HTTP server always keeps slots for ``/metrics``. Everything
+that waits on the network, name resolution included, runs on the event loop within the probe's
+time limit (:meth:`Fleet.probe`), through a resolver with a budget of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -20,42 +25,47 @@ from typing import TYPE_CHECKING
 import structlog
 
 from exporter.core.reasons import ProbeOutcome
-from exporter.service.allowlist import AllowlistError, IPAddress, is_allowed, parse_target
+from exporter.service.allowlist import AllowlistError, is_allowed, parse_target
+from exporter.service.resolver import BoundedResolver, Lookup
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from exporter.core.views import TargetView
-    from exporter.service.allowlist import AllowEntry, ProbeTarget
+    from exporter.service.allowlist import AllowEntry, IPAddress, ProbeTarget
     from exporter.service.poller import TargetPoller
 
 log = structlog.get_logger(__name__)
 
-
-def resolve_host(host: str) -> list[IPAddress]:
-    """Addresses a host name resolves to (blocking); empty when it does not resolve."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return []
-    addresses: list[IPAddress] = []
-    for info in infos:
-        try:
-            address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        except ValueError:
-            continue
-        if address not in addresses:
-            addresses.append(address)
-    return addresses
+#: The HTTP status of each refusal.
+STATUS: dict[ProbeOutcome, str] = {
+    ProbeOutcome.BAD_TARGET: "400 Bad Request",
+    ProbeOutcome.DENIED_NOT_IN_ALLOWLIST: "403 Forbidden",
+    ProbeOutcome.DENIED_FORBIDDEN_ADDRESS: "403 Forbidden",
+    ProbeOutcome.THROTTLED: "503 Service Unavailable",
+    ProbeOutcome.TIMEOUT: "504 Gateway Timeout",
+}
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
-    """The verdict on a probe target: a parsed target, or an outcome and a message."""
+class Refusal:
+    """Why a probe got no figures: its outcome and a message for the HTTP answer."""
 
-    target: ProbeTarget | None
     outcome: ProbeOutcome
-    message: str = ""
+    message: str
+
+    @property
+    def status(self) -> str:
+        """The HTTP status line of the answer."""
+        return STATUS[self.outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """An admitted probe's place in the limits; give it back with :meth:`Fleet.leave`."""
+
+    target: ProbeTarget
+    client: str
 
 
 @dataclass(slots=True)
@@ -65,84 +75,147 @@ class _Entry:
 
 
 class Fleet:
-    """The targets fleet mode remembers, and the checks every probe passes first."""
+    """The targets fleet mode remembers, and the checks and limits every probe passes first."""
 
     def __init__(
         self,
         *,
         allowlist: Sequence[AllowEntry],
-        make_poller: Callable[[str], TargetPoller],
+        make_poller: Callable[[ProbeTarget, Sequence[IPAddress]], TargetPoller],
         max_targets: int,
         ttl_seconds: float,
-        resolve: Callable[[str], list[IPAddress]] = resolve_host,
+        resolver: BoundedResolver | None = None,
+        max_in_flight: int = 48,
+        max_per_client: int = 32,
+        max_per_target: int = 4,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._allowlist = tuple(allowlist)
         self._make_poller = make_poller
         self._max_targets = max_targets
         self._ttl = ttl_seconds
-        self._resolve = resolve
+        self._resolver = resolver or BoundedResolver()
+        self._max_in_flight = max_in_flight
+        self._max_per_client = max_per_client
+        self._max_per_target = max_per_target
         self._clock = clock
         self._targets: OrderedDict[str, _Entry] = OrderedDict()
+        # enter() and leave() run on HTTP threads, probe() on the event loop: one lock for the
+        # counts they share.
+        self._lock = threading.Lock()
         # Every outcome from 0, so that rate() sees the first refusal (a series born at 1 hides
-        # it). Counted under a lock: admit() runs in HTTP threads, probe() on the event loop.
-        self.outcomes: Counter[str] = Counter(dict.fromkeys(ProbeOutcome, 0))
-        self._outcomes_lock = threading.Lock()
-        self.evictions = 0
+        # it).
+        self._outcomes: Counter[str] = Counter(dict.fromkeys(ProbeOutcome, 0))
+        self._per_client: Counter[str] = Counter()
+        self._per_target: Counter[str] = Counter()
+        self._in_flight = 0
+        self._evictions = 0
 
     @property
     def target_count(self) -> int:
         """Targets remembered now."""
         return len(self._targets)
 
+    @property
+    def evictions(self) -> int:
+        """Targets forgotten since start (bound or age)."""
+        with self._lock:
+            return self._evictions
+
     def outcome_counts(self) -> dict[str, int]:
         """A consistent copy of the probe outcomes counted so far."""
-        with self._outcomes_lock:
-            return dict(self.outcomes)
+        with self._lock:
+            return dict(self._outcomes)
 
-    def _count(self, outcome: str) -> None:
-        with self._outcomes_lock:
-            self.outcomes[outcome] += 1
+    def _count(self, outcome: ProbeOutcome) -> None:
+        with self._lock:
+            self._outcomes[outcome] += 1
 
-    def admit(self, target: str) -> Admission:
-        """Parse and check a target against the allowlist (resolving its name: blocking I/O)."""
+    def enter(self, target: str, client: str) -> Ticket | Refusal:
+        """Admit a probe into the limits (no I/O: on the HTTP thread), or refuse it."""
         try:
             parsed = parse_target(target)
         except AllowlistError as exc:
             self._count(ProbeOutcome.BAD_TARGET)
-            return Admission(None, ProbeOutcome.BAD_TARGET, f"Bad target: {exc}.")
-        resolved = self._resolve(parsed.host) if parsed.address is None else []
-        allowed, reason = is_allowed(parsed, self._allowlist, resolved)
+            return Refusal(ProbeOutcome.BAD_TARGET, f"Bad target: {exc}.")
+        with self._lock:
+            full = (
+                self._in_flight >= self._max_in_flight
+                or self._per_client[client] >= self._max_per_client
+                or self._per_target[parsed.url] >= self._max_per_target
+            )
+            if full:
+                self._outcomes[ProbeOutcome.THROTTLED] += 1
+                return Refusal(
+                    ProbeOutcome.THROTTLED,
+                    "Too many probes in flight (in all, from this client, or of this target); "
+                    "retry at the next scrape.",
+                )
+            self._in_flight += 1
+            self._per_client[client] += 1
+            self._per_target[parsed.url] += 1
+        return Ticket(parsed, client)
+
+    def leave(self, ticket: Ticket) -> None:
+        """Give an admitted probe's place back."""
+        with self._lock:
+            self._in_flight -= 1
+            for counts, key in (
+                (self._per_client, ticket.client),
+                (self._per_target, ticket.target.url),
+            ):
+                counts[key] -= 1
+                if counts[key] <= 0:
+                    del counts[key]
+
+    async def probe(self, ticket: Ticket, timeout_seconds: float) -> TargetView | Refusal:
+        """Check an admitted target's addresses, then poll it once, within ``timeout_seconds``."""
+        try:
+            return await asyncio.wait_for(self._probe(ticket.target), timeout=timeout_seconds)
+        except TimeoutError:
+            self._count(ProbeOutcome.TIMEOUT)
+            return Refusal(ProbeOutcome.TIMEOUT, "The probe timed out.")
+
+    async def _probe(self, target: ProbeTarget) -> TargetView | Refusal:
+        addresses: Sequence[IPAddress] = ()
+        if target.address is None:
+            resolution = await self._resolver.resolve(target.host)
+            if resolution.failure is Lookup.BUSY:
+                self._count(ProbeOutcome.THROTTLED)
+                return Refusal(
+                    ProbeOutcome.THROTTLED, "Every name lookup is busy; retry at the next scrape."
+                )
+            addresses = resolution.addresses
+        allowed, reason = is_allowed(target, self._allowlist, addresses)
         if not allowed:
             outcome = ProbeOutcome(f"denied_{reason}")
             self._count(outcome)
-            log.warning("probe_denied", reason=reason, host=parsed.host, port=parsed.port)
-            return Admission(None, outcome, f"Target not allowed ({reason.replace('_', ' ')}).")
-        return Admission(parsed, ProbeOutcome.OK)
+            log.warning("probe_denied", reason=reason, host=target.host, port=target.port)
+            return Refusal(outcome, f"Target not allowed ({reason.replace('_', ' ')}).")
+        entry = self._entry(target, addresses)
+        view = await entry.poller.poll_once()
+        self._count(ProbeOutcome.OK)
+        return view
 
-    def _evict(self, now: float) -> None:
-        while self._targets:
-            url, entry = next(iter(self._targets.items()))
-            if len(self._targets) <= self._max_targets and entry.last_probe >= now - self._ttl:
-                break
-            del self._targets[url]
-            self.evictions += 1
-            log.info("probe_target_forgotten", target=url)
-
-    async def probe(self, target: ProbeTarget, timeout_seconds: float) -> TargetView | None:
-        """Poll an admitted target once; ``None`` if the poll outlived ``timeout_seconds``."""
+    def _entry(self, target: ProbeTarget, addresses: Sequence[IPAddress]) -> _Entry:
+        """The target's poller (made on its first probe); forget the stale and the excess."""
         now = self._clock()
         entry = self._targets.get(target.url)
         if entry is None:
-            entry = _Entry(self._make_poller(target.url), now)
+            entry = _Entry(self._make_poller(target, addresses), now)
             self._targets[target.url] = entry
         entry.last_probe = now
         self._targets.move_to_end(target.url)
-        self._evict(now)
-        try:
-            view = await asyncio.wait_for(entry.poller.poll_once(), timeout=timeout_seconds)
-        except TimeoutError:
-            self._count(ProbeOutcome.TIMEOUT)
-            return None
-        self._count(ProbeOutcome.OK)
-        return view
+        while self._targets:
+            url, oldest = next(iter(self._targets.items()))
+            if len(self._targets) <= self._max_targets and oldest.last_probe >= now - self._ttl:
+                break
+            del self._targets[url]
+            with self._lock:
+                self._evictions += 1
+            log.info("probe_target_forgotten", target=url)
+        return entry
+
+    def close(self) -> None:
+        """Stop the resolver's threads."""
+        self._resolver.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import html
 import http.client
+import queue
 import socket
 import ssl
 import sys
@@ -80,7 +81,7 @@ class HeadroomApp:
         registry: Collector,
         ready: Callable[[], tuple[bool, str]],
         landing: Callable[[], str],
-        probe: Callable[[str, float | None], ProbeAnswer] | None = None,
+        probe: Callable[[str, float | None, str], ProbeAnswer] | None = None,
     ) -> None:
         self._metrics = make_wsgi_app(registry)
         self._ready = ready
@@ -130,7 +131,7 @@ class HeadroomApp:
         if len(targets) != 1 or not targets[0]:
             return _text(start_response, "400 Bad Request", "Give exactly one ?target=URL.\n")
         scrape_timeout = _scrape_timeout(environ.get("HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"))
-        answer = self._probe(targets[0], scrape_timeout)
+        answer = self._probe(targets[0], scrape_timeout, str(environ.get("REMOTE_ADDR", "")))
         if answer.registry is None:
             return _text(start_response, answer.status, f"{answer.message}\n")
         inner = dict(environ)
@@ -262,6 +263,8 @@ class ExporterServer(ThreadingWSGIServer):
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
+        # Before binding: a failed bind calls server_close(), which stops it.
+        self._refuser = _Refuser()
         super().__init__(address, _QuietHandler)
         self.set_app(app)
         self.tls = tls
@@ -280,8 +283,7 @@ class ExporterServer(ThreadingWSGIServer):
         # An evicted connection hands its slot over at once: the accept loop never waits for
         # its thread to wind down (a queue of stalled clients would add up those waits).
         if not self._slots.acquire(blocking=False) and not self._evict_oldest_waiting():
-            _refuse(request)
-            self.shutdown_request(request)
+            self._refuser.refuse(request)
             return
         try:
             super().process_request(request, client_address)
@@ -329,6 +331,11 @@ class ExporterServer(ThreadingWSGIServer):
             log.warning("http_idle_connections_evicted", total=self.evictions)
         return True
 
+    def server_close(self) -> None:
+        """Close the listening socket and stop answering refused connections."""
+        super().server_close()
+        self._refuser.close()
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection failed (timeout, reset, bad TLS): one debug line, not a traceback."""
         exc = sys.exc_info()[1]
@@ -345,14 +352,59 @@ class ExporterServer(ThreadingWSGIServer):
         super().finish_request(request, client_address)
 
 
-def _refuse(connection: socket.socket) -> None:
-    try:
-        connection.settimeout(1.0)
-        connection.sendall(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-    except OSError:
-        pass
+_MAX_HEAD = MAX_HEAD_BYTES
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class _Refuser:
+    """Answers 503 to connections past the limit, on a thread of its own, and closes gently.
+
+    Closing a socket whose request was not read makes the kernel send a reset, which can reach
+    the client before the 503 does: the client then sees no answer at all. So the refused
+    connection is half-closed after the answer and its request read before
+    it is closed (a client that sends nothing costs 50 ms). The accept loop only queues the
+    connection; when the queue is full (a flood) the connection gets the 503 and a plain close.
+    """
+
+    def __init__(self, backlog: int = 1024) -> None:
+        self._queue: queue.Queue[socket.socket | None] = queue.Queue(backlog)
+        self._thread = threading.Thread(target=self._run, name="http-refuser", daemon=True)
+        self._thread.start()
+
+    def refuse(self, connection: socket.socket) -> None:
+        """Answer 503 to ``connection`` and close it (does not block the caller)."""
+        try:
+            self._queue.put_nowait(connection)
+        except queue.Full:
+            with contextlib.suppress(OSError):
+                connection.settimeout(0.1)
+                connection.sendall(_BUSY)
+            _close(connection)
+
+    def close(self) -> None:
+        """End the thread once the connections queued before are answered."""
+        self._queue.put(None)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            connection = self._queue.get()
+            if connection is None:
+                return
+            try:
+                connection.settimeout(0.05)  # a silent client costs this much, no more
+                connection.sendall(_BUSY)
+                connection.shutdown(socket.SHUT_WR)
+                connection.recv(_MAX_HEAD)  # the unread request: read, so no reset is sent
+            except OSError:
+                pass
+            finally:
+                _close(connection)
+
+
+def _close(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        connection.close()
 
 
 def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:

@@ -560,7 +560,7 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_probe_requests_total",
         Kind.COUNTER,
         "/probe requests, by outcome (ok, denied_not_in_allowlist, denied_forbidden_address, "
-        "bad_target, timeout); every outcome is exposed from 0.",
+        "bad_target, throttled, timeout); every outcome is exposed from 0.",
         ("outcome",),
         Scope.EXPORTER,
         source="fleet mode",

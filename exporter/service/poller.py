@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from exporter.core.derive import Sample, WindowSettings, derive_target, next_sample
+from exporter.core.derive import (
+    RestartEvidence,
+    Sample,
+    WindowSettings,
+    derive_target,
+    next_sample,
+    restart_evidence,
+)
+from exporter.core.reasons import HttpReason, Source
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
 from exporter.errors import ParseError, SourceError
 
@@ -95,6 +104,14 @@ class PollSettings:
     model_retry_seconds: float = 30.0
     #: Longest wait for the GPUs; an NVML call that hangs must not stop the polls of vLLM.
     gpu_timeout_seconds: float = 3.0
+    #: Most samples the window holds, counted per engine (a sample of 8 engines counts 8):
+    #: polls closer together than the window allows replace the latest sample instead of
+    #: adding one, so memory is bounded whatever the poll rate (fleet probes come when
+    #: Prometheus, or anyone, asks).
+    max_engine_samples: int = 64 * 256
+    #: Counters that go down twice within this many seconds, without a new process start
+    #: time, mark a broken target rather than a restart storm: no figures until they stop.
+    counter_reset_seconds: float = 60.0
 
 
 class TargetPoller:
@@ -121,6 +138,14 @@ class TargetPoller:
         self._clock = clock
         self._wall = wall_clock
         self._window: deque[Sample] = deque()
+        #: The latest payload parsed, even while the target is refused (to compare the next).
+        self._last_snapshot: VllmSnapshot | None = None
+        #: When counters went down without a new start time, within counter_reset_seconds.
+        self._counter_resets: deque[float] = deque()
+        #: Until when the target is refused for inconsistent counters.
+        self._inconsistent_until = -math.inf
+        #: Exception types of crashed polls already logged with their traceback.
+        self._crashes_logged: set[str] = set()
         self._health: dict[str, _Health] = {}
         self._info = TargetInfo()
         self._needs_discovery = True
@@ -213,12 +238,41 @@ class TargetPoller:
         retry = self._settings.model_retry_seconds
         self._model_retry_at = None if failure is None else self._clock() + retry
 
-    def _trim(self, now: float) -> None:
+    def _add(self, sample: Sample) -> None:
+        """Add a sample to the window: bounded by age, and by count through a minimum spacing."""
         windows = self._settings.windows
         keep = max(windows.context_seconds, windows.rate_seconds)
+        engines = max(1, len(sample.snapshot.engines))
+        capacity = max(2, self._settings.max_engine_samples // engines)
+        spacing = keep / capacity
+        window = self._window
+        if len(window) >= 2 and sample.t - window[-2].t < spacing:
+            # Too close to the one before the latest: the new sample replaces the latest, and
+            # carries a restart seen by either.
+            latest = window.pop()
+            sample = replace(sample, restarted=sample.restarted or latest.restarted)
+        window.append(sample)
         # Keep one sample older than the window: the baseline of the first increase.
-        while len(self._window) >= 2 and self._window[1].t < now - keep:
-            self._window.popleft()
+        while len(window) >= 2 and window[1].t < sample.t - keep:
+            window.popleft()
+        while len(window) > capacity:
+            window.popleft()
+
+    def _counters_inconsistent(self, now: float, snapshot: VllmSnapshot) -> bool:
+        """Whether counters went down twice lately without a restart (see PollSettings)."""
+        previous, self._last_snapshot = self._last_snapshot, snapshot
+        if (
+            previous is not None
+            and restart_evidence(previous, snapshot) is RestartEvidence.COUNTERS
+        ):
+            self._counter_resets.append(now)
+        span = self._settings.counter_reset_seconds
+        while self._counter_resets and self._counter_resets[0] < now - span:
+            self._counter_resets.popleft()
+        if len(self._counter_resets) >= 2:
+            self._inconsistent_until = now + span
+            self._window.clear()  # nothing before this is to be trusted either
+        return now < self._inconsistent_until
 
     async def _read_gpus(self, snapshot: VllmSnapshot | None) -> tuple[GpuMemoryView, ...]:
         if self._gpus is None:
@@ -258,8 +312,13 @@ class TargetPoller:
         async with self._lock:  # fleet probes of one target may overlap
             try:
                 return await self._poll()
-            except Exception:  # a bug in a derivation must not end the polls: log, drop figures
-                log.exception("poll_crashed", target=self.target)
+            except Exception as exc:  # a bug must not end the polls: count, drop the figures
+                kind = type(exc).__name__
+                if kind not in self._crashes_logged:  # one traceback per kind, not per poll
+                    self._crashes_logged.add(kind)
+                    log.exception("poll_crashed", target=self.target)
+                failure = SourceError(HttpReason.INTERNAL_ERROR, f"{kind}: {exc}"[:200])
+                self._record(Source.VLLM_METRICS, self._clock(), failure)
                 self._view = replace(
                     self._view,
                     derived=None,
@@ -287,6 +346,16 @@ class TargetPoller:
                 ),
             )
         now = self._clock()
+        if self._counters_inconsistent(now, snapshot):
+            return await self._down(
+                started,
+                SourceError(
+                    HttpReason.INCONSISTENT_COUNTERS,
+                    "vLLM's counters went down twice within "
+                    f"{self._settings.counter_reset_seconds:g}s without a restart: not one vLLM "
+                    "behind this URL (a load balancer?) or not vLLM; no figures until they stop",
+                ),
+            )
         self._record("vllm_metrics", started, None)
         self._ready = True
 
@@ -301,8 +370,7 @@ class TargetPoller:
             await self._load_model()
 
         previous_dropped = sum(self._view.dropped.values())
-        self._window.append(sample)
-        self._trim(now)
+        self._add(sample)
         gpus = await self._read_gpus(snapshot)
         prediction = (
             self._predictor.predict(snapshot, self._info, gpus)

@@ -8,18 +8,19 @@ Every setting is documented in ``docs/configuration.md``; a test keeps the two i
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
+from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from exporter.errors import UsageError
 from exporter.gpu.visibility import GpuSelectorError, parse_gpu_selectors
-from exporter.service.allowlist import AllowlistError, parse_allowlist
+from exporter.service.allowlist import AllowlistError, check_url, parse_allowlist, redact_url
 from exporter.sizing.overrides import overrides_problem
 
 ENV_PREFIX = "HEADROOM_"
@@ -55,6 +56,10 @@ class GpuDiscovery(StrEnum):
 
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+#: A poll more often than 20 times a second only burns CPU (1e-9 would spin a core).
+PollSeconds = Annotated[float, Field(ge=0.05, le=86_400)]
+TimeoutSeconds = Annotated[float, Field(ge=0.01, le=86_400)]
+WindowSeconds = Annotated[float, Field(ge=0.1, le=86_400)]
 
 
 class Settings(BaseSettings):
@@ -64,7 +69,9 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX,
         env_file=".env",
         env_file_encoding="utf-8",
-        extra="forbid",
+        # Foreign keys in a shared .env (COMPOSE_PROJECT_NAME...) are not ours to refuse; our
+        # own misspelt ones are, by load_settings.
+        extra="ignore",
         secrets_dir=None,
         validate_default=True,
     )
@@ -91,12 +98,16 @@ class Settings(BaseSettings):
         description="Base URL of the vLLM OpenAI-compatible server (sidecar mode).",
     )
     bearer_token: SecretStr | None = Field(
-        default=None, description="Bearer token for vLLM's HTTP API (vLLM --api-key)."
+        default=None,
+        description=(
+            "Bearer token for vLLM's HTTP API (vLLM --api-key): sent to the target in sidecar "
+            "mode, and in fleet mode only to targets in bearer_token_targets."
+        ),
     )
-    poll_interval_seconds: PositiveSeconds = Field(
+    poll_interval_seconds: PollSeconds = Field(
         default=5.0, description="How often to poll the target's /metrics."
     )
-    poll_timeout_seconds: PositiveSeconds = Field(
+    poll_timeout_seconds: TimeoutSeconds = Field(
         default=3.0, description="Time limit for one HTTP request to vLLM."
     )
     max_response_bytes: int = Field(
@@ -105,10 +116,10 @@ class Settings(BaseSettings):
         le=1024 * 1024 * 1024,
         description="Largest /metrics payload read from vLLM; larger ones fail the poll.",
     )
-    context_window_seconds: PositiveSeconds = Field(
+    context_window_seconds: WindowSeconds = Field(
         default=600.0, description="Requests finished within this window make up the p95 context."
     )
-    rate_window_seconds: PositiveSeconds = Field(
+    rate_window_seconds: WindowSeconds = Field(
         default=60.0, description="Window of the preemption and request rates."
     )
 
@@ -170,10 +181,17 @@ class Settings(BaseSettings):
             "(comma-separated in HEADROOM_PROBE_ALLOWLIST). Empty: /probe refuses everything."
         ),
     )
+    bearer_token_targets: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Fleet mode: the targets that receive bearer_token, in the allowlist's forms "
+            "(comma-separated in HEADROOM_BEARER_TOKEN_TARGETS); no other target gets it."
+        ),
+    )
     probe_max_targets: int = Field(
         default=1000, ge=1, le=100_000, description="Most targets whose windows are remembered."
     )
-    probe_target_ttl_seconds: PositiveSeconds = Field(
+    probe_target_ttl_seconds: WindowSeconds = Field(
         default=1800.0, description="Forget a target not probed for this long."
     )
 
@@ -188,11 +206,10 @@ class Settings(BaseSettings):
     @field_validator("target")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            msg = "must be an http:// or https:// URL with a host, like http://127.0.0.1:8000"
-            raise ValueError(msg)
-        return value.rstrip("/")
+        try:
+            return check_url(value)
+        except AllowlistError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("listen_address")
     @classmethod
@@ -236,10 +253,16 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return value
 
-    @field_validator("gpus", "probe_allowlist", mode="before")
+    @field_validator("gpus", "probe_allowlist", "bearer_token_targets", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
+            if value.lstrip().startswith("["):  # a JSON list, as the chart renders lists
+                try:
+                    return json.loads(value)
+                except ValueError:
+                    msg = "is not a JSON list of strings; or give the items separated by commas"
+                    raise ValueError(msg) from None
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
 
@@ -261,7 +284,7 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return value
 
-    @field_validator("probe_allowlist")
+    @field_validator("probe_allowlist", "bearer_token_targets")
     @classmethod
     def _allowlist_entries(cls, value: list[str]) -> list[str]:
         try:
@@ -279,6 +302,17 @@ class Settings(BaseSettings):
             msg = (
                 f"proc_root ({env_name('proc_root')}) {str(self.proc_root)!r} is not a directory; "
                 "point it at /proc (with a process namespace shared with vLLM in Kubernetes)"
+            )
+            raise ValueError(msg)
+        if (
+            self.mode is Mode.FLEET
+            and self.bearer_token is not None
+            and not (self.bearer_token_targets)
+        ):
+            msg = (
+                "in fleet mode bearer_token is sent only to the targets that "
+                f"bearer_token_targets ({env_name('bearer_token_targets')}) lists, and it lists "
+                "none: name the vLLM hosts or networks that expect the token"
             )
             raise ValueError(msg)
         if self.gpu_discovery is GpuDiscovery.SETTINGS and not self.gpus:
@@ -329,6 +363,11 @@ def load_settings(
     variable, what is wrong and the value given.
     """
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(Settings.model_fields))
+    if unknown:
+        msg = f"unknown setting {unknown[0]}: check its spelling against docs/configuration.md"
+        raise UsageError(msg)
+    _check_dotenv(Path(".env"))
     if secrets_dir is None and DEFAULT_SECRETS_DIR.is_dir():
         secrets_dir = DEFAULT_SECRETS_DIR
     elif secrets_dir is not None and not secrets_dir.is_dir():
@@ -348,6 +387,25 @@ def load_settings(
         raise UsageError(msg) from None
 
 
+def _check_dotenv(path: Path) -> None:
+    """Refuse a ``HEADROOM_*`` key of ``.env`` that is no setting (a typo would be lost).
+
+    Other keys belong to other tools sharing the file (``COMPOSE_PROJECT_NAME``): ignored.
+    """
+    try:
+        keys = dotenv_values(path).keys() if path.is_file() else ()
+    except (OSError, UnicodeDecodeError):
+        return  # pydantic-settings reads it next and says what is wrong with it
+    known = {env_name(name) for name in Settings.model_fields}
+    for key in keys:
+        if key.upper().startswith(ENV_PREFIX) and key.upper() not in known:
+            msg = (
+                f"unknown setting {key} in {path}: remove it or check its spelling against "
+                "docs/configuration.md"
+            )
+            raise UsageError(msg)
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """One line for the first problem of a pydantic ``ValidationError``."""
     error = exc.errors()[0]
@@ -361,6 +419,8 @@ def describe_validation_error(exc: ValidationError) -> str:
     if error.get("type") == "extra_forbidden":
         return f"unknown {where}: remove it or check its spelling against docs/configuration.md"
     given = error.get("input")
+    if isinstance(given, str) and "://" in given:
+        given = redact_url(given)  # a password in a URL is not echoed
     shown = "" if isinstance(given, dict) else f"; got {given!r}"
     if isinstance(given, SecretStr) or "token" in name:
         shown = ""  # never echo secrets

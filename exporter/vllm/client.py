@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from exporter.core.reasons import HttpReason
 from exporter.errors import SourceError
 
 if TYPE_CHECKING:
@@ -46,10 +47,60 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
+def _check_head(response: httpx.Response, path: str, max_bytes: int) -> None:
+    """Refuse an answer by its status and headers, before reading its body."""
+    if response.status_code != httpx.codes.OK:
+        raise SourceError(
+            _status_reason(response.status_code),
+            f"GET {path} answered HTTP {response.status_code}",
+        )
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise SourceError(
+            "invalid_response",
+            f"GET {path} answered Content-Encoding {encoding[:20]!r}, "
+            "though only identity was accepted",
+        )
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise SourceError("too_large", f"GET {path} declares {declared} bytes > {max_bytes}")
+
+
 def _status_reason(status: int) -> str:
+    """The bounded reason of a status other than 200 (redirects are not followed)."""
     if status in (401, 403, 404):
         return f"http_{status}"
-    return "http_5xx" if status >= 500 else "http_4xx"
+    if status >= 500:
+        return HttpReason.HTTP_5XX
+    if status >= 400:
+        return HttpReason.HTTP_4XX
+    if 300 <= status < 400:
+        return HttpReason.HTTP_3XX
+    return HttpReason.INVALID_RESPONSE  # 1xx, or a 2xx other than 200
+
+
+class ResponseBudget:
+    """Bytes of answers being read at once, shared by the clients of many targets.
+
+    Each answer is bounded by ``max_bytes``; in fleet mode dozens are read at once, and their
+    sum is bounded here: an answer that would go past the budget fails as ``too_large`` instead
+    of growing the process. Used from one event loop only.
+    """
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.in_use = 0
+
+    def take(self, size: int) -> bool:
+        """Reserve ``size`` more bytes; False (nothing reserved) when they do not fit."""
+        if self.in_use + size > self.total_bytes:
+            return False
+        self.in_use += size
+        return True
+
+    def give(self, size: int) -> None:
+        """Release bytes reserved by :meth:`take`."""
+        self.in_use -= size
 
 
 class VllmClient:
@@ -63,11 +114,13 @@ class VllmClient:
         timeout_seconds: float,
         max_bytes: int,
         bearer_token: SecretStr | None = None,
+        budget: ResponseBudget | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._timeout = timeout_seconds
         self._max_bytes = max_bytes
+        self._budget = budget
         self._headers = {
             "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
             "Accept-Encoding": "identity",
@@ -83,34 +136,9 @@ class VllmClient:
                 async with self._client.stream(
                     "GET", url, headers=self._headers, timeout=self._timeout
                 ) as response:
-                    if response.status_code != httpx.codes.OK:
-                        raise SourceError(
-                            _status_reason(response.status_code),
-                            f"GET {path} answered HTTP {response.status_code}",
-                        )
-                    encoding = response.headers.get("content-encoding", "").strip().lower()
-                    if encoding not in ("", "identity"):
-                        raise SourceError(
-                            "invalid_response",
-                            f"GET {path} answered Content-Encoding {encoding[:20]!r}, "
-                            "though only identity was accepted",
-                        )
-                    declared = response.headers.get("content-length")
-                    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                        raise SourceError(
-                            "too_large", f"GET {path} declares {declared} bytes > {max_bytes}"
-                        )
-                    chunks: list[bytes] = []
-                    size = 0
-                    # Decoded bytes: the bound also holds for a gzip bomb.
-                    async for chunk in response.aiter_bytes():
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise SourceError(
-                                "too_large", f"GET {path} is larger than {max_bytes} bytes"
-                            )
-                        chunks.append(chunk)
-                    content_type = response.headers.get("content-type", "")
+                    _check_head(response, path, max_bytes)
+                    body = await self._read_body(response, path, max_bytes)
+                    return body, response.headers.get("content-type", "")
         except TimeoutError:
             raise SourceError(
                 "timeout", f"GET {path} took longer than {self._timeout:g}s"
@@ -120,9 +148,31 @@ class VllmClient:
         except httpx.ConnectError as exc:
             reason = "connection_refused" if _refused(exc) else "connection_error"
             raise SourceError(reason, f"GET {path}: connection failed ({reason})") from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise SourceError("connection_error", f"GET {path}: {type(exc).__name__}") from None
-        return b"".join(chunks), content_type
+
+    async def _read_body(self, response: httpx.Response, path: str, max_bytes: int) -> bytes:
+        """The body, bounded by ``max_bytes`` and by the shared budget, if any."""
+        chunks: list[bytes] = []
+        size = 0
+        budget = self._budget
+        try:
+            # Decoded bytes: the bound also holds for a gzip bomb.
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise SourceError("too_large", f"GET {path} is larger than {max_bytes} bytes")
+                if budget is not None and not budget.take(len(chunk)):
+                    raise SourceError(
+                        "too_large",
+                        f"GET {path}: the answers being read at once already hold "
+                        f"{budget.total_bytes} bytes",
+                    )
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            if budget is not None:
+                budget.give(sum(map(len, chunks)))
 
     async def fetch_metrics(self) -> bytes:
         """The raw ``/metrics`` payload (Prometheus text format)."""

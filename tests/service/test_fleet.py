@@ -1,9 +1,10 @@
-"""Specification of fleet mode's targets: admission, one poller per target, bounds and timeouts."""
+"""Specification of fleet mode's probes: limits, address checks, pollers, bounds and timeouts."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import threading
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,10 +13,18 @@ from structlog.testing import capture_logs
 from exporter.core.reasons import ProbeOutcome
 from exporter.core.views import TargetView
 from exporter.service.allowlist import parse_allowlist
-from exporter.service.fleet import Fleet
+from exporter.service.fleet import Fleet, Refusal, Ticket
+from exporter.service.resolver import BoundedResolver
 
 if TYPE_CHECKING:
-    from exporter.service.allowlist import IPAddress
+    from collections.abc import Callable, Iterator, Sequence
+
+    from exporter.service.allowlist import IPAddress, ProbeTarget
+
+    #: The ``make_fleet`` fixture's factory (keywords of :class:`Fleet` and the fakes).
+    MakeFleet = Callable[..., Fleet]
+
+CLIENT = "192.0.2.1"
 
 
 class Clock:
@@ -31,8 +40,9 @@ class Clock:
 class FakePoller:
     """A poller that returns a bare view of its target, or never answers when ``hangs``."""
 
-    def __init__(self, url: str, *, hangs: bool = False) -> None:
-        self.url = url
+    def __init__(self, target: ProbeTarget, addresses: Sequence[IPAddress], *, hangs: bool) -> None:
+        self.target = target
+        self.addresses = tuple(addresses)
         self.hangs = hangs
         self.polls = 0
 
@@ -41,103 +51,207 @@ class FakePoller:
         self.polls += 1
         if self.hangs:
             await asyncio.Event().wait()
-        return TargetView(target=self.url)
+        return TargetView(target=self.target.url)
 
 
 class Pollers:
-    """The injected ``make_poller``: records every poller it makes, by URL."""
+    """The injected ``make_poller``: records every poller it makes, with its addresses."""
 
     def __init__(self, *, hangs: bool = False) -> None:
         self.hangs = hangs
         self.made: list[FakePoller] = []
 
-    def __call__(self, url: str) -> FakePoller:
-        poller = FakePoller(url, hangs=self.hangs)
+    def __call__(self, target: ProbeTarget, addresses: Sequence[IPAddress]) -> FakePoller:
+        poller = FakePoller(target, addresses, hangs=self.hangs)
         self.made.append(poller)
         return poller
 
     @property
     def urls(self) -> list[str]:
         """The URLs pollers were made for, in order."""
-        return [p.url for p in self.made]
+        return [p.target.url for p in self.made]
 
 
-class Resolver:
-    """The injected name resolution: fixed answers per host, every lookup recorded."""
+class Resolve:
+    """The injected blocking lookup: fixed answers per name, every call recorded.
 
-    def __init__(self, answers: dict[str, list[str]] | None = None) -> None:
+    A name in ``blocked`` waits for ``gate`` (and sets ``entered`` first).
+    """
+
+    def __init__(
+        self,
+        answers: dict[str, list[str]] | None = None,
+        *,
+        blocked: tuple[str, ...] = (),
+        gate: threading.Event | None = None,
+    ) -> None:
         self.answers = answers or {}
+        self.blocked = blocked
+        self.gate = gate or threading.Event()
+        self.entered = threading.Event()
         self.asked: list[str] = []
 
     def __call__(self, host: str) -> list[IPAddress]:
         self.asked.append(host)
+        if host in self.blocked:
+            self.entered.set()
+            self.gate.wait(timeout=10.0)
         return [ipaddress.ip_address(a) for a in self.answers.get(host, [])]
 
 
-def make_fleet(
-    *,
-    allow: tuple[str, ...] = ("10.0.0.0/8",),
-    pollers: Pollers | None = None,
-    resolve: Resolver | None = None,
-    clock: Clock | None = None,
-    max_targets: int = 10,
-    ttl_seconds: float = 600.0,
-) -> Fleet:
-    """A fleet over the fakes (10.0.0.0/8 allowed unless said otherwise)."""
-    return Fleet(
-        allowlist=parse_allowlist(allow),
-        make_poller=pollers or Pollers(),  # type: ignore[arg-type]
-        max_targets=max_targets,
-        ttl_seconds=ttl_seconds,
-        resolve=resolve or Resolver(),
-        clock=clock or Clock(),
-    )
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """An event blocked lookups wait on, set at the end of the test so that no thread stays."""
+    event = threading.Event()
+    yield event
+    event.set()
 
 
-def probe(fleet: Fleet, target: str, timeout_seconds: float = 5.0) -> TargetView | None:
-    """Admit ``target`` (it must be allowed) and probe it once."""
-    admitted = fleet.admit(target).target
-    assert admitted is not None
-    return asyncio.run(fleet.probe(admitted, timeout_seconds))
+@pytest.fixture
+def make_fleet() -> Iterator[MakeFleet]:
+    """Make fleets over the fakes (10.0.0.0/8 allowed unless said otherwise); closed at the end."""
+    fleets: list[Fleet] = []
+
+    def make(
+        *,
+        allow: tuple[str, ...] = ("10.0.0.0/8",),
+        pollers: Pollers | None = None,
+        resolve: Resolve | None = None,
+        resolver: BoundedResolver | None = None,
+        clock: Clock | None = None,
+        max_targets: int = 10,
+        ttl_seconds: float = 600.0,
+        **limits: int,
+    ) -> Fleet:
+        fleet = Fleet(
+            allowlist=parse_allowlist(allow),
+            make_poller=pollers or Pollers(),  # type: ignore[arg-type]
+            max_targets=max_targets,
+            ttl_seconds=ttl_seconds,
+            resolver=resolver or BoundedResolver(resolve=resolve or Resolve()),
+            clock=clock or Clock(),
+            **limits,
+        )
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
 
 
-def test_every_outcome_is_counted_from_zero() -> None:
-    """A new fleet counts each ProbeOutcome at 0, so that rate() sees the first one."""
-    assert make_fleet().outcome_counts() == dict.fromkeys(ProbeOutcome, 0)
+def ticket(fleet: Fleet, target: str, client: str = CLIENT) -> Ticket:
+    """Enter ``target`` for ``client``; it must be admitted."""
+    entered = fleet.enter(target, client)
+    assert isinstance(entered, Ticket), entered
+    return entered
 
 
-def test_an_allowed_address_is_admitted_without_counting_anything_yet() -> None:
-    """A literal address inside an allowed network is admitted with its normalised URL."""
+def probe(
+    fleet: Fleet, target: str, *, client: str = CLIENT, timeout_seconds: float = 5.0
+) -> TargetView | Refusal:
+    """Enter ``target`` (it must be admitted), probe it once and leave."""
+    admitted = ticket(fleet, target, client)
+    try:
+        return asyncio.run(fleet.probe(admitted, timeout_seconds))
+    finally:
+        fleet.leave(admitted)
+
+
+def outcome(result: TargetView | Refusal) -> ProbeOutcome:
+    """The outcome a probe's result stands for."""
+    return result.outcome if isinstance(result, Refusal) else ProbeOutcome.OK
+
+
+def refusal(result: TargetView | Ticket | Refusal) -> Refusal:
+    """``result``, which must be a refusal."""
+    assert isinstance(result, Refusal), result
+    return result
+
+
+def test_every_outcome_is_counted_from_zero(make_fleet: MakeFleet) -> None:
+    """A new fleet counts each ProbeOutcome at 0, throttled included, so rate() sees the first."""
+    counts = make_fleet().outcome_counts()
+    assert counts == dict.fromkeys(ProbeOutcome, 0)
+    assert ProbeOutcome.THROTTLED in counts
+
+
+def test_an_allowed_address_is_entered_without_counting_anything_yet(
+    make_fleet: MakeFleet,
+) -> None:
+    """enter() gives a ticket with the normalised URL and the client; outcomes wait for probe()."""
     fleet = make_fleet()
-    admission = fleet.admit("10.1.2.3:8000")
-    assert admission.outcome is ProbeOutcome.OK
-    assert admission.target is not None
-    assert admission.target.url == "http://10.1.2.3:8000"
+    entered = ticket(fleet, "10.1.2.3:8000", "192.0.2.7")
+    assert entered.target.url == "http://10.1.2.3:8000"
+    assert entered.client == "192.0.2.7"
     assert sum(fleet.outcome_counts().values()) == 0
 
 
-def test_a_bad_url_is_refused_as_bad_target_and_counted() -> None:
-    """A target that is no http(s) base URL is bad_target, with a message saying why."""
+def test_entering_a_host_name_does_no_lookup(make_fleet: MakeFleet) -> None:
+    """enter() runs on the HTTP thread without I/O: a name is resolved only when probed."""
+    resolve = Resolve({"vllm.svc": ["10.0.0.5"]})
+    fleet = make_fleet(resolve=resolve)
+    assert ticket(fleet, "vllm.svc:8000").target.host == "vllm.svc"
+    assert resolve.asked == []
+
+
+def test_a_bad_url_is_refused_at_entry_as_bad_target_and_counted(make_fleet: MakeFleet) -> None:
+    """A target that is no http(s) base URL is bad_target (400), with a message saying why."""
     fleet = make_fleet()
-    admission = fleet.admit("ftp://10.1.2.3:21")
-    assert admission.target is None
-    assert admission.outcome is ProbeOutcome.BAD_TARGET
-    assert admission.message.startswith("Bad target: ")
+    refused = refusal(fleet.enter("ftp://10.1.2.3:21", CLIENT))
+    assert refused.outcome is ProbeOutcome.BAD_TARGET
+    assert refused.status == "400 Bad Request"
+    assert refused.message.startswith("Bad target: ")
     assert fleet.outcome_counts()[ProbeOutcome.BAD_TARGET] == 1
 
 
-def test_an_address_outside_the_allowlist_is_denied_and_logged() -> None:
-    """192.168.1.1 outside 10.0.0.0/8 is denied_not_in_allowlist, counted and logged."""
-    fleet = make_fleet()
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://2852039166:8000",
+        "http://0177.0.0.1:8000",
+        "http://0:8000",
+        "http://127.1:8000",
+        "http://0x7f.1:8000",
+        "http://10.1.2.3:0",
+        "http://10.1.2.3:65536",
+    ],
+    ids=["decimal", "octal", "zero", "shorthand", "hex", "port-0", "port-65536"],
+)
+def test_odd_ipv4_spellings_and_ports_are_bad_targets_never_resolved(
+    make_fleet: MakeFleet, target: str
+) -> None:
+    """Names a resolver reads as IPv4 in another spelling, and ports 0 and 65536, are refused."""
+    resolve = Resolve()
+    fleet = make_fleet(allow=("0.0.0.0/0",), resolve=resolve)
+    assert refusal(fleet.enter(target, CLIENT)).outcome is ProbeOutcome.BAD_TARGET
+    assert fleet.outcome_counts()[ProbeOutcome.BAD_TARGET] == 1
+    assert resolve.asked == []
+
+
+def test_a_refused_target_takes_no_place_in_the_limits(make_fleet: MakeFleet) -> None:
+    """With room for one probe, a bad target refused at entry leaves that room to the next."""
+    fleet = make_fleet(max_in_flight=1)
+    refusal(fleet.enter("ftp://10.1.2.3:21", CLIENT))
+    ticket(fleet, "10.1.2.3:8000")
+
+
+def test_an_address_outside_the_allowlist_is_denied_logged_and_never_polled(
+    make_fleet: MakeFleet,
+) -> None:
+    """192.168.1.1 outside 10.0.0.0/8 is denied_not_in_allowlist (403), counted and logged."""
+    pollers = Pollers()
+    fleet = make_fleet(pollers=pollers)
     with capture_logs() as logs:
-        admission = fleet.admit("http://192.168.1.1:8000")
-    assert admission.target is None
-    assert admission.outcome is ProbeOutcome.DENIED_NOT_IN_ALLOWLIST
-    assert admission.message == "Target not allowed (not in allowlist)."
+        refused = refusal(probe(fleet, "http://192.168.1.1:8000"))
+    assert refused.outcome is ProbeOutcome.DENIED_NOT_IN_ALLOWLIST
+    assert refused.status == "403 Forbidden"
+    assert refused.message == "Target not allowed (not in allowlist)."
     assert fleet.outcome_counts()[ProbeOutcome.DENIED_NOT_IN_ALLOWLIST] == 1
     assert [(e["event"], e["reason"], e["host"]) for e in logs] == [
         ("probe_denied", "not_in_allowlist", "192.168.1.1")
     ]
+    assert pollers.made == []
 
 
 @pytest.mark.parametrize(
@@ -149,23 +263,26 @@ def test_an_address_outside_the_allowlist_is_denied_and_logged() -> None:
         "224.0.0.1",
     ],
 )
-def test_forbidden_addresses_are_denied_even_when_the_allowlist_covers_them(address: str) -> None:
+def test_forbidden_addresses_are_denied_even_when_the_allowlist_covers_them(
+    make_fleet: MakeFleet, address: str
+) -> None:
     """Metadata, unspecified and multicast addresses are forbidden even under 0.0.0.0/0."""
     fleet = make_fleet(allow=("0.0.0.0/0", "::/0"))
-    admission = fleet.admit(f"http://{address}:8000")
-    assert admission.outcome is ProbeOutcome.DENIED_FORBIDDEN_ADDRESS
+    refused = refusal(probe(fleet, f"http://{address}:8000"))
+    assert refused.outcome is ProbeOutcome.DENIED_FORBIDDEN_ADDRESS
+    assert refused.status == "403 Forbidden"
     assert fleet.outcome_counts()[ProbeOutcome.DENIED_FORBIDDEN_ADDRESS] == 1
 
 
-def test_a_literal_address_is_never_resolved() -> None:
+def test_a_literal_address_is_never_resolved(make_fleet: MakeFleet) -> None:
     """Only host names go through the injected resolver."""
-    resolve = Resolver()
-    make_fleet(resolve=resolve).admit("http://10.1.2.3:8000")
+    resolve = Resolve()
+    assert isinstance(probe(make_fleet(resolve=resolve), "http://10.1.2.3:8000"), TargetView)
     assert resolve.asked == []
 
 
 @pytest.mark.parametrize(
-    ("addresses", "outcome"),
+    ("addresses", "expected"),
     [
         (["10.0.0.5", "10.9.9.9"], ProbeOutcome.OK),
         (["10.0.0.5", "192.168.1.1"], ProbeOutcome.DENIED_NOT_IN_ALLOWLIST),
@@ -175,35 +292,121 @@ def test_a_literal_address_is_never_resolved() -> None:
     ids=["all-inside", "one-outside", "unresolved", "one-forbidden"],
 )
 def test_a_host_name_is_allowed_only_when_every_address_it_resolves_to_is_inside(
-    addresses: list[str], outcome: ProbeOutcome
+    make_fleet: MakeFleet, addresses: list[str], expected: ProbeOutcome
 ) -> None:
     """A name is judged by all of its resolved addresses, asked of the injected resolver."""
-    resolve = Resolver({"vllm.svc": addresses})
+    resolve = Resolve({"vllm.svc": addresses})
     fleet = make_fleet(resolve=resolve)
-    assert fleet.admit("http://vllm.svc:8000").outcome is outcome
+    assert outcome(probe(fleet, "http://vllm.svc:8000")) is expected
+    assert fleet.outcome_counts()[expected] == 1
     assert resolve.asked == ["vllm.svc"]
 
 
-def test_a_name_entry_cannot_admit_a_name_resolving_to_a_forbidden_address() -> None:
+def test_a_name_entry_cannot_admit_a_name_resolving_to_a_forbidden_address(
+    make_fleet: MakeFleet,
+) -> None:
     """A name matching a name entry is still denied when it resolves to the metadata address."""
-    resolve = Resolver({"vllm.svc": ["169.254.169.254"]})
+    resolve = Resolve({"vllm.svc": ["169.254.169.254"]})
     fleet = make_fleet(allow=("vllm.svc",), resolve=resolve)
-    assert fleet.admit("vllm.svc:8000").outcome is ProbeOutcome.DENIED_FORBIDDEN_ADDRESS
+    assert outcome(probe(fleet, "vllm.svc:8000")) is ProbeOutcome.DENIED_FORBIDDEN_ADDRESS
 
 
-def test_a_probe_polls_once_returns_the_view_and_counts_ok() -> None:
+def test_make_poller_receives_the_addresses_the_name_resolved_to(make_fleet: MakeFleet) -> None:
+    """The poller of a name is made with the target and the addresses that were checked."""
+    pollers = Pollers()
+    resolve = Resolve({"vllm.svc": ["10.0.0.5", "10.9.9.9"]})
+    probe(make_fleet(pollers=pollers, resolve=resolve), "vllm.svc:8000")
+    (made,) = pollers.made
+    assert made.target.url == "http://vllm.svc:8000"
+    assert made.addresses == (
+        ipaddress.ip_address("10.0.0.5"),
+        ipaddress.ip_address("10.9.9.9"),
+    )
+
+
+def test_a_probe_is_throttled_when_every_name_lookup_is_busy(
+    make_fleet: MakeFleet, gate: threading.Event
+) -> None:
+    """With the resolver's one slot held by a name still resolving, another name is throttled."""
+    resolve = Resolve({"a.svc": ["10.0.0.5"], "b.svc": ["10.0.0.6"]}, blocked=("a.svc",), gate=gate)
+    fleet = make_fleet(resolver=BoundedResolver(resolve=resolve, max_concurrent=1))
+    first = ticket(fleet, "a.svc:8000", "192.0.2.1")
+    second = ticket(fleet, "b.svc:8000", "192.0.2.2")
+
+    async def go() -> tuple[TargetView | Refusal, TargetView | Refusal]:
+        held = asyncio.create_task(fleet.probe(first, 5.0))
+        assert await asyncio.to_thread(resolve.entered.wait, 5.0)
+        refused = await fleet.probe(second, 5.0)
+        gate.set()
+        return refused, await held
+
+    refused, answered = asyncio.run(go())
+    assert refusal(refused).outcome is ProbeOutcome.THROTTLED
+    assert refusal(refused).status == "503 Service Unavailable"
+    assert isinstance(answered, TargetView)
+    assert resolve.asked == ["a.svc"]
+    counts = fleet.outcome_counts()
+    assert (counts[ProbeOutcome.THROTTLED], counts[ProbeOutcome.OK]) == (1, 1)
+
+
+def test_beyond_max_in_flight_a_probe_is_throttled_until_one_leaves(
+    make_fleet: MakeFleet,
+) -> None:
+    """With max_in_flight=2, a third probe (other client, other target) is throttled and counted."""
+    fleet = make_fleet(max_in_flight=2)
+    first = ticket(fleet, "10.0.0.1:8000", "192.0.2.1")
+    asyncio.run(fleet.probe(first, 5.0))  # a finished probe keeps its place until it leaves
+    ticket(fleet, "10.0.0.2:8000", "192.0.2.2")
+    refused = refusal(fleet.enter("10.0.0.3:8000", "192.0.2.3"))
+    assert (refused.outcome, refused.status) == (ProbeOutcome.THROTTLED, "503 Service Unavailable")
+    assert fleet.outcome_counts()[ProbeOutcome.THROTTLED] == 1
+    fleet.leave(first)
+    ticket(fleet, "10.0.0.3:8000", "192.0.2.3")
+
+
+def test_beyond_max_per_client_that_client_is_throttled_until_one_of_its_probes_leaves(
+    make_fleet: MakeFleet,
+) -> None:
+    """With max_per_client=2, a client's third probe is throttled while another client's is not."""
+    fleet = make_fleet(max_per_client=2)
+    first = ticket(fleet, "10.0.0.1:8000", "192.0.2.1")
+    ticket(fleet, "10.0.0.2:8000", "192.0.2.1")
+    refused = refusal(fleet.enter("10.0.0.3:8000", "192.0.2.1"))
+    assert refused.outcome is ProbeOutcome.THROTTLED
+    assert fleet.outcome_counts()[ProbeOutcome.THROTTLED] == 1
+    ticket(fleet, "10.0.0.3:8000", "192.0.2.2")
+    fleet.leave(first)
+    ticket(fleet, "10.0.0.3:8000", "192.0.2.1")
+
+
+def test_beyond_max_per_target_that_target_is_throttled_however_spelled_until_one_leaves(
+    make_fleet: MakeFleet,
+) -> None:
+    """With max_per_target=2, a third probe of one normalised URL is throttled; others are not."""
+    fleet = make_fleet(max_per_target=2)
+    first = ticket(fleet, "10.0.0.1:8000", "192.0.2.1")
+    ticket(fleet, "http://10.0.0.1:8000/", "192.0.2.2")
+    refused = refusal(fleet.enter("http://10.0.0.1:8000", "192.0.2.3"))
+    assert refused.outcome is ProbeOutcome.THROTTLED
+    assert fleet.outcome_counts()[ProbeOutcome.THROTTLED] == 1
+    ticket(fleet, "10.0.0.2:8000", "192.0.2.3")
+    fleet.leave(first)
+    ticket(fleet, "http://10.0.0.1:8000", "192.0.2.3")
+
+
+def test_a_probe_polls_once_returns_the_view_and_counts_ok(make_fleet: MakeFleet) -> None:
     """An admitted target is polled through its poller; the view comes back and ok is counted."""
     pollers = Pollers()
     fleet = make_fleet(pollers=pollers)
     view = probe(fleet, "10.1.2.3:8000")
-    assert view is not None
+    assert isinstance(view, TargetView)
     assert view.target == "http://10.1.2.3:8000"
     assert pollers.urls == ["http://10.1.2.3:8000"]
     assert fleet.outcome_counts()[ProbeOutcome.OK] == 1
     assert fleet.target_count == 1
 
 
-def test_one_poller_per_target_url_is_made_and_reused() -> None:
+def test_one_poller_per_target_url_is_made_and_reused(make_fleet: MakeFleet) -> None:
     """Probes of one target, however spelled, share one poller; another target gets its own."""
     pollers = Pollers()
     fleet = make_fleet(pollers=pollers)
@@ -216,7 +419,9 @@ def test_one_poller_per_target_url_is_made_and_reused() -> None:
     assert fleet.outcome_counts()[ProbeOutcome.OK] == 3
 
 
-def test_a_target_not_probed_for_longer_than_the_ttl_is_forgotten_on_the_next_probe() -> None:
+def test_a_target_not_probed_for_longer_than_the_ttl_is_forgotten_on_the_next_probe(
+    make_fleet: MakeFleet,
+) -> None:
     """Past ttl_seconds a target is evicted (counted) when another probe comes, and starts anew."""
     clock, pollers = Clock(), Pollers()
     fleet = make_fleet(clock=clock, pollers=pollers, ttl_seconds=60.0)
@@ -231,7 +436,7 @@ def test_a_target_not_probed_for_longer_than_the_ttl_is_forgotten_on_the_next_pr
     assert pollers.urls == ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.1:8000"]
 
 
-def test_a_stale_target_stays_remembered_while_no_probe_comes() -> None:
+def test_a_stale_target_stays_remembered_while_no_probe_comes(make_fleet: MakeFleet) -> None:
     """Eviction happens on probes, not on a timer: the count holds until the next probe."""
     clock = Clock()
     fleet = make_fleet(clock=clock, ttl_seconds=60.0)
@@ -240,7 +445,7 @@ def test_a_stale_target_stays_remembered_while_no_probe_comes() -> None:
     assert (fleet.target_count, fleet.evictions) == (1, 0)
 
 
-def test_the_bound_on_targets_evicts_the_least_recently_probed() -> None:
+def test_the_bound_on_targets_evicts_the_least_recently_probed(make_fleet: MakeFleet) -> None:
     """With max_targets=2, a third target evicts the one probed longest ago, not the first made."""
     clock, pollers = Clock(), Pollers()
     fleet = make_fleet(clock=clock, pollers=pollers, max_targets=2)
@@ -255,16 +460,19 @@ def test_the_bound_on_targets_evicts_the_least_recently_probed() -> None:
     assert (fleet.target_count, fleet.evictions) == (2, 2)
 
 
-def test_a_probe_that_outlives_its_timeout_counts_timeout_and_returns_none() -> None:
-    """A poll still running at timeout_seconds is abandoned: None, timeout counted, not ok."""
+def test_a_probe_that_outlives_its_timeout_is_refused_as_timeout_and_its_target_kept(
+    make_fleet: MakeFleet,
+) -> None:
+    """A poll still running at timeout_seconds is abandoned: a 504 refusal, timeout counted."""
     fleet = make_fleet(pollers=Pollers(hangs=True))
-    assert probe(fleet, "10.1.2.3:8000", timeout_seconds=0.01) is None
+    refused = refusal(probe(fleet, "10.1.2.3:8000", timeout_seconds=0.01))
+    assert (refused.outcome, refused.status) == (ProbeOutcome.TIMEOUT, "504 Gateway Timeout")
     counts = fleet.outcome_counts()
     assert (counts[ProbeOutcome.TIMEOUT], counts[ProbeOutcome.OK]) == (1, 0)
     assert fleet.target_count == 1  # the target's window is kept for the next probe
 
 
-def test_outcome_counts_is_a_copy() -> None:
+def test_outcome_counts_is_a_copy(make_fleet: MakeFleet) -> None:
     """Changing the returned counts does not change the fleet's own."""
     fleet = make_fleet()
     fleet.outcome_counts()[ProbeOutcome.OK] = 99

@@ -37,9 +37,11 @@ class Probe:
     def __init__(self, answer: ProbeAnswer) -> None:
         self.answer = answer
         self.calls: list[tuple[str, float | None]] = []
+        self.clients: list[str] = []
 
-    def __call__(self, target: str, scrape_timeout: float | None) -> ProbeAnswer:
+    def __call__(self, target: str, scrape_timeout: float | None, client: str) -> ProbeAnswer:
         self.calls.append((target, scrape_timeout))
+        self.clients.append(client)
         return self.answer
 
 
@@ -177,6 +179,15 @@ def test_probe_passes_the_target_and_the_scrape_timeout_and_renders_its_registry
     assert response.status_code == 200
     assert "probed_value 7.0" in response.text
     assert "demo_value" not in response.text  # the exporter's own registry stays on /metrics
+
+
+def test_probe_passes_the_requester_s_address_as_the_client(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """The probe's third argument is the remote address of the request (here 127.0.0.1)."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
+    serve(make_app(probe=probe)).get("/probe", params={"target": "http://10.0.0.1:8000"})
+    assert probe.clients == ["127.0.0.1"]
 
 
 @pytest.mark.parametrize("header", [None, "", "abc", "0", "-3", "3600", "nan"])

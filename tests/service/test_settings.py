@@ -146,3 +146,34 @@ def test_model_overrides_are_checked_with_the_settings() -> None:
         load_settings({"model_overrides": {"dtype": 16}})
     settings = load_settings({"model_overrides": {"num_kv_heads": 8, "dtype": "bfloat16"}})
     assert settings.model_overrides == {"num_kv_heads": 8, "dtype": "bfloat16"}
+
+
+def test_list_settings_take_commas_or_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HEADROOM_GPUS=0,1 and the chart's ["0","1"] mean the same; broken JSON is one line."""
+    monkeypatch.setenv("HEADROOM_BEARER_TOKEN_TARGETS", '["10.0.0.0/8", "vllm.prod"]')
+    assert load_settings().bearer_token_targets == ["10.0.0.0/8", "vllm.prod"]
+    monkeypatch.setenv("HEADROOM_BEARER_TOKEN_TARGETS", "10.0.0.0/8, vllm.prod")
+    assert load_settings().bearer_token_targets == ["10.0.0.0/8", "vllm.prod"]
+    monkeypatch.setenv("HEADROOM_BEARER_TOKEN_TARGETS", '["10.0.0.0/8"')
+    with pytest.raises(UsageError, match="not a JSON list"):
+        load_settings()
+
+
+def test_a_password_in_the_target_is_never_echoed() -> None:
+    """A setting error shows the target with its password replaced."""
+    with pytest.raises(UsageError) as caught:
+        load_settings({"target": "http://admin:s3cret@vllm:99999"})
+    assert "s3cret" not in str(caught.value)
+    assert "admin:***@vllm:99999" in str(caught.value)
+
+
+def test_a_foreign_key_in_dotenv_is_ignored_and_a_misspelt_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """.env may hold other tools' keys; a HEADROOM_ key that is no setting is a typo."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("COMPOSE_PROJECT_NAME=x\nHEADROOM_PORT=9000\n")
+    assert load_settings().port == 9000
+    (tmp_path / ".env").write_text("HEADROOM_POLL_INTERVAL=5\n")
+    with pytest.raises(UsageError, match=r"unknown setting HEADROOM_POLL_INTERVAL in \.env"):
+        load_settings()

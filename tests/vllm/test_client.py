@@ -130,10 +130,14 @@ def test_every_request_asks_for_an_uncompressed_answer() -> None:
         (500, "http_5xx"),
         (502, "http_5xx"),
         (503, "http_5xx"),
+        (301, "http_3xx"),
+        (302, "http_3xx"),
+        (307, "http_3xx"),
+        (204, "invalid_response"),
     ],
 )
 def test_a_status_other_than_200_maps_to_its_reason(status: int, reason: str) -> None:
-    """401, 403 and 404 keep their code; other 4xx are http_4xx, every 5xx is http_5xx."""
+    """401, 403, 404 keep their code; 4xx, 5xx and redirects (not followed) have their own."""
     assert failure(answering(status, AFTER_LOAD, TEXT)) == reason
 
 
