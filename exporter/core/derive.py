@@ -166,31 +166,37 @@ def _engine_counters(engine: EngineMetrics) -> tuple[float | None, ...]:
 
 
 class RestartEvidence(StrEnum):
-    """What says vLLM restarted between two snapshots."""
+    """What says vLLM restarted between two snapshots, or that it cannot be one vLLM."""
 
-    #: A new ``process_start_time_seconds``: certain.
+    #: A later ``process_start_time_seconds``: a new process, certain.
     START_TIME = "start_time"
-    #: A cumulative counter went down while the start time did not change (or is not
-    #: exposed): a restart once in a while, a broken target when it keeps happening.
+    #: A cumulative counter went down and no start time says otherwise (not exposed): a
+    #: restart once in a while, a broken target when it keeps happening.
     COUNTERS = "counters"
+    #: The start time went back, or counters went down under the same start time: no single
+    #: process does that (several vLLMs behind one URL, or not vLLM).
+    IMPOSSIBLE = "impossible"
 
 
 def restart_evidence(previous: VllmSnapshot, current: VllmSnapshot) -> RestartEvidence | None:
     """Why vLLM looks restarted between two consecutive snapshots, or None.
 
-    Evidence: a new ``process_start_time_seconds``, or any cumulative counter of an engine
-    present in both going down.
+    Evidence: a later ``process_start_time_seconds``, or any cumulative counter of an engine
+    present in both going down (impossible for the same process start time).
     """
     before, now = previous.process_start_time_seconds, current.process_start_time_seconds
-    if before is not None and now is not None and now != before:
+    known = before is not None and now is not None
+    if known and now > before:  # type: ignore[operator]
         return RestartEvidence.START_TIME
+    if known and now < before:  # type: ignore[operator]
+        return RestartEvidence.IMPOSSIBLE
     for name, engine in current.engines.items():
         old = previous.engines.get(name)
         if old is None:
             continue
         for a, b in zip(_engine_counters(old), _engine_counters(engine), strict=True):
             if a is not None and b is not None and b < a:
-                return RestartEvidence.COUNTERS
+                return RestartEvidence.IMPOSSIBLE if known else RestartEvidence.COUNTERS
     return None
 
 

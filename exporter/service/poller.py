@@ -259,17 +259,20 @@ class TargetPoller:
             window.popleft()
 
     def _counters_inconsistent(self, now: float, snapshot: VllmSnapshot) -> bool:
-        """Whether counters went down twice lately without a restart (see PollSettings)."""
+        """Whether the target's counters are not one vLLM's, lately (see PollSettings).
+
+        Impossible for one process (its start time going back, its counters going down under
+        the same start time), or counters going down twice within the span where no start
+        time is exposed.
+        """
         previous, self._last_snapshot = self._last_snapshot, snapshot
-        if (
-            previous is not None
-            and restart_evidence(previous, snapshot) is RestartEvidence.COUNTERS
-        ):
-            self._counter_resets.append(now)
+        evidence = restart_evidence(previous, snapshot) if previous is not None else None
         span = self._settings.counter_reset_seconds
+        if evidence is RestartEvidence.COUNTERS:
+            self._counter_resets.append(now)
         while self._counter_resets and self._counter_resets[0] < now - span:
             self._counter_resets.popleft()
-        if len(self._counter_resets) >= 2:
+        if evidence is RestartEvidence.IMPOSSIBLE or len(self._counter_resets) >= 2:
             self._inconsistent_until = now + span
             self._window.clear()  # nothing before this is to be trusted either
         return now < self._inconsistent_until
@@ -351,9 +354,9 @@ class TargetPoller:
                 started,
                 SourceError(
                     HttpReason.INCONSISTENT_COUNTERS,
-                    "vLLM's counters went down twice within "
-                    f"{self._settings.counter_reset_seconds:g}s without a restart: not one vLLM "
-                    "behind this URL (a load balancer?) or not vLLM; no figures until they stop",
+                    "vLLM's counters or start time went back without a restart: not one vLLM "
+                    "behind this URL (a load balancer?) or not vLLM; no figures until they have "
+                    f"been consistent for {self._settings.counter_reset_seconds:g}s",
                 ),
             )
         self._record("vllm_metrics", started, None)

@@ -189,6 +189,8 @@ def parse_vllm_metrics(
     engines, server, dropped = fold.engines, fold.server, fold.dropped
     if exposition.overflow:
         dropped[DropReason.TOO_MANY_SERIES] += exposition.overflow
+    if exposition.too_long:
+        dropped[DropReason.LABEL_TOO_LONG] += exposition.too_long
 
     snapshot_engines: dict[str, EngineMetrics] = {}
     for engine in sorted(engines, key=_engine_order):
@@ -290,6 +292,7 @@ class _Fold:
         bounds, max_buckets, inf = self.bounds, self.limits.max_histogram_buckets, math.inf
         engine: str | None = None
         histogram: _HistogramParts | None = None
+        buckets: dict[float, float] = {}
         for sample in run:
             _, suffix, labels, value, _, lineno = sample
             sample_engine = labels.get("engine", "0")
@@ -302,6 +305,7 @@ class _Fold:
                 histogram = parts.histograms.get(family)
                 if histogram is None:
                     histogram = parts.histograms[family] = _HistogramParts(first_line=lineno)
+                buckets = histogram.buckets
             if not 0.0 <= value < inf and histogram.rejected is None:
                 histogram.rejected = _valid(value) or DropReason.NOT_FINITE
             if suffix == "_bucket":
@@ -309,15 +313,15 @@ class _Fold:
                 bound = bounds.get(le)
                 if bound is None:
                     bound = bounds[le] = _bucket_bound(sample)
-                buckets = histogram.buckets
-                if bound in buckets:
+                size = len(buckets)
+                if size >= max_buckets:
+                    histogram.overflow += 1  # dropped whole, and counted, when frozen
+                    continue
+                buckets.setdefault(bound, value)
+                if len(buckets) == size:
                     # The engine already has this bucket: a second series of the histogram.
                     histogram.rejected = histogram.rejected or DropReason.UNEXPECTED_SERIES
                     histogram.extra += 1
-                elif len(buckets) < max_buckets:
-                    buckets[bound] = value
-                else:
-                    histogram.overflow += 1  # dropped whole, and counted, when frozen
                 continue
             _add_histogram_total(histogram, sample)
 

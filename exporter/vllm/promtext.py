@@ -137,6 +137,8 @@ class Exposition:
     declared: frozenset[str]
     #: Samples of wanted families past ``max_samples``: counted, never built.
     overflow: int = 0
+    #: Lines of wanted families longer than :data:`MAX_LINE_CHARS`: counted, never parsed.
+    too_long: int = 0
 
 
 # One flat loop on purpose: it runs once per line of every poll, and calls cost more than branches.
@@ -164,7 +166,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
 
     lookup = wanted.lookup
     room = max_samples if max_samples is not None else -1
-    overflow = 0
+    overflow = too_long = 0
     samples: list[TextSample] = []
     append = samples.append
     new_sample = tuple.__new__  # skips NamedTuple's Python-level __new__: this loop is hot
@@ -214,6 +216,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 found = lookup.get(unusual_name)
                 if found is None:
                     continue
+                if len(line) > MAX_LINE_CHARS:
+                    too_long += 1
+                    continue
                 labels, value, timestamp = _parse_sample_carefully(line, pos, lineno, found)
                 if len(samples) == room:
                     overflow += 1
@@ -227,6 +232,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
         # blanks in the label set, timestamp or exemplar: what vLLM writes. Anything else,
         # errors included, takes the careful path.
         close = line.rfind("} ")
+        if close - brace > MAX_LINE_CHARS or (close == -1 and len(line) > MAX_LINE_CHARS):
+            too_long += 1  # skipped unparsed: its label values could only be dropped
+            continue
         if close > brace > 0:
             value_text = line[close + 2 :]
             label_text = line[brace + 1 : close]
@@ -263,12 +271,19 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
         append(new_sample(TextSample, (*hit, labels, value, timestamp, lineno)))
 
     return Exposition(
-        samples=tuple(samples), types=types, declared=frozenset(declared), overflow=overflow
+        samples=tuple(samples),
+        types=types,
+        declared=frozenset(declared),
+        overflow=overflow,
+        too_long=too_long,
     )
 
 
 #: Distinct label texts remembered while parsing one payload.
 MAX_LABEL_SETS = 4096
+#: Longest sample line of a wanted family that is parsed (vLLM's longest, cache_config_info,
+#: is about 2,000 characters): a longer one is counted and skipped, never copied into labels.
+MAX_LINE_CHARS = 65_536
 
 
 def _plain_labels(

@@ -171,25 +171,41 @@ def test_a_200_mb_answer_costs_at_most_the_size_bound(
     assert_nothing_leaked(rig)
 
 
-def test_counters_going_backwards_count_as_a_restart_and_rates_stay_sane(rig: Rig) -> None:
-    """Counters lower than before (same start time) are a restart: no negative or spiking rate."""
-    exporter, vllm = rig.exporter, rig.vllm
-    restarts = exporter.scrape().value("headroom_target_restarts_total") or 0.0
-    state = vllm.state
-    vllm.state = dataclasses.replace(
-        state, finished=max(0, state.finished - 500), preemptions=max(0, state.preemptions - 100)
-    )
-    exporter.wait_for(lambda s: (s.value("headroom_target_restarts_total") or 0) > restarts)
-    deadline = time.monotonic() + 4 * POLL_SECONDS
-    while time.monotonic() < deadline:
-        scrape = exporter.scrape()
-        assert scrape.value("headroom_target_up") == 1.0
-        for name in ("headroom_preemptions_per_second", "headroom_finished_requests_per_second"):
-            for value in scrape.series(name).values():
-                # The fake finishes 2 requests per poll of 0.5 s: 4/s; never below 0 or a spike.
-                assert 0.0 <= value <= 10.0, f"{name} = {value}"
-        time.sleep(0.1)
-    assert_nothing_leaked(rig)
+def test_counters_going_backwards_under_one_start_time_are_refused_not_a_restart() -> None:
+    """Counters lower than before with the same start time: no process does that, no figures."""
+    vllm = FakeVllm()
+    with (
+        vllm,
+        ExporterProcess(
+            {
+                "HEADROOM_TARGET": vllm.url,
+                "HEADROOM_POLL_INTERVAL_SECONDS": str(POLL_SECONDS),
+                "HEADROOM_POLL_TIMEOUT_SECONDS": str(POLL_SECONDS),
+                "HEADROOM_CONTEXT_WINDOW_SECONDS": "5",
+                "HEADROOM_RATE_WINDOW_SECONDS": "2",
+            }
+        ) as exporter,
+    ):
+        exporter.wait_for(healthy)
+        restarts = exporter.scrape().value("headroom_target_restarts_total") or 0.0
+        state = vllm.state
+        vllm.state = dataclasses.replace(
+            state,
+            finished=max(0, state.finished - 500),
+            preemptions=max(0, state.preemptions - 100),
+        )
+        refused, _ = exporter.wait_for(
+            lambda s: s.errors("vllm_metrics", "inconsistent_counters") > 0
+        )
+        deadline = time.monotonic() + 4 * POLL_SECONDS
+        while time.monotonic() < deadline:
+            scrape = exporter.scrape()
+            assert scrape.value("headroom_target_up") == 0.0
+            # No figure at all rather than a negative or spiking one.
+            assert not scrape.series("headroom_preemptions_per_second")
+            assert not scrape.series("headroom_finished_requests_per_second")
+            time.sleep(0.1)
+        assert (refused.value("headroom_target_restarts_total") or 0.0) == restarts
 
 
 def test_a_label_explosion_is_capped_and_counted(rig: Rig, figures: Figures) -> None:

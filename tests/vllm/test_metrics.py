@@ -380,11 +380,11 @@ def test_a_histogram_with_an_impossible_value_is_absent_and_counted(line: str, r
 
 
 def test_a_label_value_longer_than_vllm_writes_is_dropped_and_counted() -> None:
-    """A 15 MB model name is never kept nor re-exported: the sample is dropped, and counted."""
-    huge = "x" * 15_000_000
+    """A 1,000-character model name is not kept: the sample is dropped, and counted."""
+    long = "x" * 1000
     text = (
-        f'vllm:num_requests_running{{engine="0",model_name="{huge}"}} 1\n'
-        f'vllm:cache_config_info{{block_size="16",engine="0",note="{huge}"}} 1\n'
+        f'vllm:num_requests_running{{engine="0",model_name="{long}"}} 1\n'
+        f'vllm:cache_config_info{{block_size="16",engine="0",note="{long}"}} 1\n'
     )
     snapshot = parse_vllm_metrics(text)
     engine = snapshot.engines["0"]
@@ -393,6 +393,19 @@ def test_a_label_value_longer_than_vllm_writes_is_dropped_and_counted() -> None:
     assert engine.cache_config.block_size == 16
     assert "note" not in engine.cache_config.labels
     assert snapshot.dropped == {"label_too_long": 2}
+
+
+def test_a_line_longer_than_any_vllm_writes_is_skipped_unparsed() -> None:
+    """A 15 MB label value is never even copied into a label: its line is counted and skipped."""
+    huge = "x" * 15_000_000
+    text = (
+        f'vllm:num_requests_running{{engine="0",model_name="{huge}"}} 1\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2\n'
+    )
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].requests_running is None
+    assert snapshot.engines["0"].requests_waiting == 2
+    assert snapshot.dropped == {"label_too_long": 1}
 
 
 def test_a_missing_inf_bucket_is_the_count() -> None:
