@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.reasons import Limit
 from exporter.errors import ModelConfigError, ModelNotFoundError, UsageError
 from exporter.sizing.catalog import (
     find_gpu,
@@ -30,7 +31,7 @@ from exporter.sizing.model import (
     size_deployment,
 )
 from exporter.sizing.overhead import GIB
-from exporter.sizing.plan import what_ifs, what_it_needs
+from exporter.sizing.plan import ceiling_rows, what_ifs, what_it_needs
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
 
 if TYPE_CHECKING:
@@ -77,6 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hardware.add_argument("--block-size", type=int, help="--block-size (default 16)")
     hardware.add_argument("--max-model-len", type=int, help="--max-model-len")
     hardware.add_argument("--kv-cache-memory-bytes", type=int, help="exact KV budget per GPU")
+    hardware.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="--max-num-seqs (default: vLLM's for that version and GPU)",
+    )
+    hardware.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="--max-num-batched-tokens (default: vLLM's for that version and GPU)",
+    )
     overhead = hardware.add_mutually_exclusive_group()
     overhead.add_argument("--overhead-gib", type=float, help="overhead per GPU, GiB (override)")
     overhead.add_argument("--overhead-gb", type=float, help="overhead per GPU, GB (override)")
@@ -188,6 +199,7 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
     if weights is not None and weights < 0:
         raise UsageError("the weights override must not be negative")
     version = parse_vllm_version(args.vllm_version) if args.vllm_version else LATEST_KNOWN
+    _check_scheduler_flags(args)
     return Deployment(
         gpu_memory_bytes=memory,
         vllm_version=version,
@@ -199,12 +211,20 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         weights_bytes=weights,
         overhead_bytes=overhead,
         quantization=args.quant,
         gpu_name=gpu_name,
         enforce_eager=args.enforce_eager,
     )
+
+
+def _check_scheduler_flags(args: argparse.Namespace) -> None:
+    for flag in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
 
 
 def _check_fits(result: SizingResult) -> None:
@@ -260,12 +280,17 @@ def to_json(
         "kv_blocks": result.kv_blocks,
         "usable_blocks": result.usable_blocks,
         "kv_capacity_tokens": result.kv_capacity_tokens,
+        "kv_pool_tokens": result.kv_pool_tokens,
         "usable_tokens": result.usable_tokens,
         "max_model_len": result.max_model_len,
         "max_concurrency": result.max_concurrency,
         "kv_cache_size_tokens": result.kv_cache_size_tokens,
         "reported_capacity_tokens": result.reported_capacity_tokens,
         "max_model_len_fits": result.max_model_len_fits,
+        "max_num_seqs": result.max_num_seqs,
+        "max_num_seqs_source": "flag" if result.scheduler.max_num_seqs_given else "default",
+        "max_num_seqs_rule": result.scheduler.rule,
+        "max_num_batched_tokens": result.max_num_batched_tokens,
         "kv_cache_groups": [
             {
                 "kind": group.kind,
@@ -275,14 +300,7 @@ def to_json(
             }
             for group in result.kv_groups
         ],
-        "sequences": [
-            {
-                "context_tokens": t,
-                "blocks_per_sequence": result.blocks_per_sequence(t),
-                "sequences": result.sequences_at(t),
-            }
-            for t in contexts
-        ],
+        "sequences": ceiling_rows(result, contexts),
         "needs": needs,
         "what_if": what_if,
         "assumptions": list(result.assumptions),
@@ -321,10 +339,11 @@ def render(
         f"  block                      {result.block_size} tokens = {result.block_bytes:,} bytes",
         f"  blocks                     {result.kv_blocks:,} (1 reserved null block)",
         f"  KV capacity                {result.kv_capacity_tokens:,} tokens "
-        f"({result.usable_tokens:,} usable)",
-        f"  vLLM reports               {result.reported_capacity_tokens:,} tokens "
-        f"(max concurrency {result.max_concurrency:.2f}x at max-model-len "
+        f"(as vLLM logs it; max concurrency {result.max_concurrency:.2f}x at max-model-len "
         f"{result.max_model_len:,})",
+        f"  KV pool                    {result.kv_pool_tokens:,} token slots "
+        f"({result.usable_tokens:,} usable)",
+        f"  max-num-seqs               {result.max_num_seqs:,} ({result.scheduler.rule})",
     ]
     if len(result.kv_groups) > 1 or result.kv_groups[0].kind != "full":
         kinds = ", ".join(
@@ -336,12 +355,18 @@ def render(
             "  warning: one max-model-len request does not fit; vLLM would refuse to start"
         )
     lines.append("")
-    for t in contexts:
+    for row in ceiling_rows(result, contexts):
+        t = row["context_tokens"]
         lines.append(
-            f"  sequences of {t:>7,} tokens  {result.sequences_at(t):>8,} "
-            f"({result.blocks_per_sequence(t):,} blocks each, "
+            f"  sequences of {t:>7,} tokens  {row['sequences']:>8,} "
+            f"({row['blocks_per_sequence']:,} blocks each, "
             f"{result.bytes_per_token * t / 2**20:,.0f} MiB of KV each)"
         )
+        if row["limited_by"] == Limit.MAX_NUM_SEQS:
+            lines.append(
+                f"    limited by max_num_seqs {result.scheduler.running_limit:,}; "
+                f"the KV pool would hold {row['kv_sequences']:,}"
+            )
     if needs is not None:
         lines.append("")
         util = needs["utilization"]
@@ -351,15 +376,29 @@ def render(
             f"utilization {util if util is not None else 'not reachable'}, "
             f"smallest GPU {gpu or 'none in the catalogue'}"
         )
-    lines += ["", "  what if                          KV budget     KV tokens   sequences"]
+        if needs["max_num_seqs_too_low"]:
+            lines.append(
+                f"    and --max-num-seqs of at least {needs['sequences']:,} "
+                f"(now {result.max_num_seqs:,})"
+            )
+    lines += [
+        "",
+        "  what if                          KV budget   KV capacity   sequences (limited by)",
+    ]
+    base = [str(row["limited_by"]) for row in ceiling_rows(result, contexts)]
     for row in what_if:
         if "error" in row:
             lines.append(f"  {row['change']:<30} {row['error']}")
             continue
-        seqs = " / ".join(f"{n:,}" for n in row["sequences"].values())
+        seqs = " / ".join(
+            f"{n:,}" + (" (max_num_seqs)" if row["limited_by"][t] == Limit.MAX_NUM_SEQS else "")
+            for t, n in row["sequences"].items()
+        )
+        moved = [b != row["limited_by"][str(t)] for b, t in zip(base, contexts, strict=True)]
         lines.append(
             f"  {row['change']:<30} {_gib(row['kv_budget_bytes']):>12} "
             f"{row['kv_capacity_tokens']:>13,}   {seqs}"
+            + ("  <- moves the binding limit" if any(moved) else "")
         )
     for note in result.assumptions:
         lines.append(f"  note: {note}")

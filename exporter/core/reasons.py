@@ -70,6 +70,28 @@ class PredictionState(StrEnum):
     DOES_NOT_FIT = "does_not_fit"
 
 
+class Limit(StrEnum):
+    """``headroom_ceiling_limited_by{limit}``: what caps the sequences vLLM runs at once."""
+
+    #: The KV pool: usable tokens over the blocks one sequence holds.
+    KV_CACHE = "kv_cache"
+    #: The scheduler's ``--max-num-seqs`` (or ``--max-num-active-seqs``, 0.31+).
+    MAX_NUM_SEQS = "max_num_seqs"
+    #: The engine sleeps (``vllm:engine_sleep_state``): it runs nothing until woken.
+    ENGINE_ASLEEP = "engine_asleep"
+
+
+class MaxNumSeqsSource(StrEnum):
+    """``headroom_max_num_seqs{source}``: where the running vLLM's limit was learnt."""
+
+    #: The vLLM process's own command line (``--max-num-seqs``).
+    COMMAND_LINE = "command_line"
+    #: The exporter's ``max_num_seqs`` setting.
+    SETTING = "setting"
+    #: vLLM's default for its version, device and world size (:mod:`exporter.sizing.scheduler`).
+    DEFAULT = "default"
+
+
 class ProbeOutcome(StrEnum):
     """``headroom_probe_requests_total{outcome}``: how a fleet-mode ``/probe`` ended."""
 

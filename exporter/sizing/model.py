@@ -12,11 +12,13 @@ out: no I/O, no clock, no logging. The chain, per GPU:
 3. Blocks: ``floor(budget / bytes per block)``, where a block holds ``block_size`` tokens for
    every layer that shares the pool (all layers, or one layer of each KV-cache group on hybrid
    models). The smallest stage decides. One block is vLLM's null block.
-4. Capacity as vLLM reports it: ``int(max_concurrency x max_model_len)`` with
-   ``max_concurrency = blocks / blocks one max_model_len request needs over all groups``
-   (``kv_cache_size_tokens``, vLLM >= 0.24), or ``blocks // groups x block_size`` (the older
-   "GPU KV cache size" line).
-5. Sequences at context T: usable blocks ``// blocks one T-token sequence holds``.
+4. Capacity as vLLM states it (``kv_capacity_tokens``, the "KV cache size: N tokens" log line):
+   ``int(max_concurrency x max_model_len)`` with ``max_concurrency = blocks / blocks one
+   max_model_len request needs over all groups`` (vLLM >= 0.21; ``kv_cache_size_tokens`` in
+   ``cache_config_info`` from 0.24), or ``blocks // groups x block_size`` before 0.21. The pool's
+   raw token slots, ``blocks x block_size``, are ``kv_pool_tokens``.
+5. Sequences at context T: usable blocks ``// blocks one T-token sequence holds``, capped by the
+   scheduler's ``max_num_seqs`` (:mod:`exporter.sizing.scheduler`): the smaller one binds.
 
 Sliding-window and chunked-local layers (Mistral v0.1, Gemma 2/3, gpt-oss, Llama 4) are modelled
 the way vLLM's hybrid allocator groups them; state-space hybrids are declined (:class:`Declined`).
@@ -28,13 +30,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from exporter.core.ceiling import Ceiling, ceiling
+from exporter.core.reasons import Limit
 from exporter.errors import UnsupportedModelError, UsageError
 from exporter.sizing.overhead import (
     DEFAULT_VOCAB_SIZE,
-    GIB,
     OverheadEstimate,
     estimate_overhead,
 )
+from exporter.sizing.scheduler import SchedulerInputs, SchedulerLimits, scheduler_limits
 from exporter.sizing.weights import ParamSplit, dtype_bytes, weight_format, weights_bytes_total
 from exporter.vllm.version import LATEST_KNOWN, VllmVersion
 
@@ -47,14 +51,16 @@ CPU_BLOCK_SIZE = 128
 #: Default ``--gpu-memory-utilization``: 0.9 before vLLM 0.20, 0.92 from 0.20 on.
 UTILIZATION_BEFORE_0_20 = 0.9
 UTILIZATION = 0.92
-#: From this release vLLM publishes group-aware ``kv_cache_size_tokens``; before, the
-#: "GPU KV cache size" line was ``num_blocks // num_groups x block_size``.
-GROUP_AWARE_CAPACITY_SINCE = VllmVersion(0, 24, 0)
+#: From this release vLLM's "KV cache size: N tokens" log line is group-aware
+#: (``int(max_concurrency x max_model_len)``); before, it was ``num_blocks // groups x block_size``
+#: (0.21 ``vllm/v1/core/kv_cache_utils.py``).
+GROUP_AWARE_CAPACITY_SINCE = VllmVersion(0, 21, 0)
+#: From this release ``cache_config_info`` carries ``kv_cache_size_tokens`` (0.24
+#: ``vllm/config/cache.py``); before, a running vLLM's metrics show only the pool's blocks.
+CAPACITY_LABEL_SINCE = VllmVersion(0, 24, 0)
 #: From this release the hybrid allocator gives sliding-window layers their own block tables;
 #: before, every layer was allocated as full attention.
 HYBRID_ALLOCATOR_SINCE = VllmVersion(0, 10, 0)
-#: vLLM picks larger batch defaults on GPUs with at least this much memory (except A100s).
-LARGE_GPU_BYTES = 70 * GIB
 
 _FP8_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
 
@@ -239,12 +245,12 @@ class SizingResult:
     block_bytes: int
     #: Blocks in the pool, null block included (vLLM's ``num_gpu_blocks``).
     kv_blocks: int
-    #: Token slots in the pool: ``kv_blocks x block_size``.
-    kv_capacity_tokens: int
+    #: Token slots in the pool: ``kv_blocks x block_size`` (null block included).
+    kv_pool_tokens: int
     kv_groups: tuple[KvCacheGroup, ...]
     max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    #: ``max_num_seqs`` and ``max_num_batched_tokens``, given or vLLM's defaults.
+    scheduler: SchedulerLimits
     stages: tuple[StageSizing, ...]
     #: Things the model had to assume, worded for a user.
     assumptions: tuple[str, ...] = ()
@@ -281,10 +287,40 @@ class SizingResult:
 
     @property
     def reported_capacity_tokens(self) -> int:
-        """The capacity this vLLM version itself reports, to compare like with like."""
+        """The "KV cache size: N tokens" of this vLLM version's start-up log line."""
         if self.vllm_version >= GROUP_AWARE_CAPACITY_SINCE:
             return self.kv_cache_size_tokens
         return self.legacy_log_tokens
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV capacity as vLLM states it: its log line's "KV cache size: N tokens".
+
+        The one meaning of ``kv_capacity_tokens`` in ``plan``, ``check`` and the gauges; the
+        pool's raw token slots are :attr:`kv_pool_tokens` (they differ on hybrid models).
+        """
+        return self.reported_capacity_tokens
+
+    @property
+    def comparable_capacity_tokens(self) -> int:
+        """The capacity a running vLLM's metrics show: what the live gauges are checked against.
+
+        ``kv_cache_size_tokens`` where ``cache_config_info`` carries it (0.24+); before, the
+        metrics have only ``num_gpu_blocks x block_size``, the pool's token slots.
+        """
+        if self.vllm_version >= CAPACITY_LABEL_SINCE:
+            return self.kv_cache_size_tokens
+        return self.kv_pool_tokens
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The scheduler's ``max_num_seqs`` (given or vLLM's default)."""
+        return self.scheduler.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The scheduler's ``max_num_batched_tokens`` (given or vLLM's default)."""
+        return self.scheduler.max_num_batched_tokens
 
     @property
     def fits(self) -> bool:
@@ -314,8 +350,14 @@ class SizingResult:
         )
 
     def sequences_at(self, context_tokens: int) -> int:
-        """How many sequences of ``context_tokens`` fit at once in the usable blocks."""
+        """How many sequences of ``context_tokens`` the KV pool holds at once (usable blocks)."""
         return self.usable_blocks // self.blocks_per_sequence(context_tokens)
+
+    def ceiling_at(self, context_tokens: int) -> Ceiling:
+        """Sequences of ``context_tokens`` vLLM runs at once: the KV pool or the scheduler."""
+        kv = float(self.sequences_at(context_tokens))
+        found = ceiling(kv, running_limit=self.scheduler.running_limit)
+        return found or Ceiling(kv, Limit.KV_CACHE, kv)
 
 
 def _all_full(num_layers: int) -> tuple[LayerKind, ...]:
@@ -534,15 +576,19 @@ def default_utilization(version: VllmVersion) -> float:
     return UTILIZATION if version.at_least(0, 20) else UTILIZATION_BEFORE_0_20
 
 
-def batch_defaults(deployment: Deployment) -> tuple[int, int]:
-    """``(max_num_seqs, max_num_batched_tokens)`` as vLLM's API server picks them."""
-    large = deployment.gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in (
-        deployment.gpu_name or ""
-    )
-    seqs, batched = (1024, 8192) if large and deployment.device == "cuda" else (256, 2048)
-    return (
-        deployment.max_num_seqs or seqs,
-        deployment.max_num_batched_tokens or batched,
+def batch_limits(deployment: Deployment, *, max_model_len: int | None = None) -> SchedulerLimits:
+    """The scheduler limits vLLM's API server runs ``deployment`` with (given or defaulted)."""
+    return scheduler_limits(
+        SchedulerInputs(
+            version=deployment.vllm_version,
+            device=deployment.device,
+            gpu_memory_bytes=deployment.gpu_memory_bytes,
+            gpu_name=deployment.gpu_name,
+            world_size=deployment.tensor_parallel * deployment.pipeline_parallel,
+            max_model_len=max_model_len,
+            max_num_seqs=deployment.max_num_seqs,
+            max_num_batched_tokens=deployment.max_num_batched_tokens,
+        )
     )
 
 
@@ -639,7 +685,8 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         raise UsageError(
             f"{arch.name}: the model does not say its context length: give --max-model-len"
         )
-    max_num_seqs, batched = batch_defaults(deployment)
+    scheduler = batch_limits(deployment, max_model_len=max_model_len)
+    max_num_seqs, batched = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
     groups, group_size = kv_cache_groups(
         arch,
         max_model_len=max_model_len,
@@ -714,11 +761,10 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         ),
         block_bytes=limiting.block_bytes,
         kv_blocks=limiting.kv_blocks,
-        kv_capacity_tokens=limiting.kv_blocks * block_size,
+        kv_pool_tokens=limiting.kv_blocks * block_size,
         kv_groups=groups,
         max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=batched,
+        scheduler=scheduler,
         stages=stages,
         assumptions=tuple(assumptions),
     )

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.reasons import Limit
 from exporter.errors import UsageError
 from exporter.sizing.catalog import gpus, smallest_gpu
 from exporter.sizing.model import require_sized, size_deployment, utilization_needed
 from exporter.sizing.overhead import GIB
 
 if TYPE_CHECKING:
+    from exporter.core.ceiling import Ceiling
     from exporter.sizing.model import Deployment, ModelArch, SizingResult
 
 #: How far the what-ifs move ``--gpu-memory-utilization`` up and down.
@@ -62,6 +64,7 @@ def what_ifs(
             trials.append(
                 (f"max-model-len {length:,} ({label})", replace(deployment, max_model_len=length))
             )
+    trials.extend(_max_num_seqs_trials(deployment, result, contexts))
     rows: list[dict[str, Any]] = []
     for label, trial in trials:
         try:
@@ -69,15 +72,68 @@ def what_ifs(
         except UsageError as exc:
             rows.append({"change": label, "error": str(exc)})
             continue
+        ceilings = {t: other.ceiling_at(t) if other.fits else None for t in contexts}
         rows.append(
             {
                 "change": label,
                 "bytes_per_token": other.bytes_per_token,
                 "kv_budget_bytes": other.kv_budget_bytes,
                 "kv_capacity_tokens": other.kv_capacity_tokens if other.fits else 0,
-                "kv_cache_size_tokens": other.kv_cache_size_tokens if other.fits else 0,
+                "kv_pool_tokens": other.kv_pool_tokens if other.fits else 0,
                 "max_model_len_fits": other.max_model_len_fits,
-                "sequences": {str(t): other.sequences_at(t) if other.fits else 0 for t in contexts},
+                "max_num_seqs": other.max_num_seqs,
+                "sequences": {str(t): _sequences(c) for t, c in ceilings.items()},
+                "kv_sequences": {str(t): _kv_sequences(c) for t, c in ceilings.items()},
+                "limited_by": {str(t): _limit(c) for t, c in ceilings.items()},
+                "moves_limit": any(
+                    _limit(c) != str(result.ceiling_at(t).limited_by) for t, c in ceilings.items()
+                ),
+            }
+        )
+    return rows
+
+
+def _sequences(found: Ceiling | None) -> int:
+    return int(found.sequences) if found is not None else 0
+
+
+def _kv_sequences(found: Ceiling | None) -> int:
+    return int(found.kv_sequences or 0) if found is not None else 0
+
+
+def _limit(found: Ceiling | None) -> str:
+    return str(found.limited_by) if found is not None else str(Limit.KV_CACHE)
+
+
+def _max_num_seqs_trials(
+    deployment: Deployment, result: SizingResult, contexts: list[int]
+) -> list[tuple[str, Deployment]]:
+    """Where the scheduler binds at some context: the ``--max-num-seqs`` that would lift it."""
+    bound = [t for t in contexts if result.ceiling_at(t).limited_by == Limit.MAX_NUM_SEQS]
+    if not bound:
+        return []
+    held = max(result.sequences_at(t) for t in bound)
+    doubled = result.max_num_seqs * 2
+    values = sorted({doubled, held} - {result.max_num_seqs})
+    return [
+        (f"max-num-seqs {value:,}", replace(deployment, max_num_seqs=value))
+        for value in values
+        if value > result.max_num_seqs
+    ]
+
+
+def ceiling_rows(result: SizingResult, contexts: list[int]) -> list[dict[str, Any]]:
+    """Per context length: blocks per sequence, the ceiling, the KV pool's figure, the limit."""
+    rows = []
+    for t in contexts:
+        found = result.ceiling_at(t)
+        rows.append(
+            {
+                "context_tokens": t,
+                "blocks_per_sequence": result.blocks_per_sequence(t),
+                "sequences": int(found.sequences),
+                "kv_sequences": result.sequences_at(t),
+                "limited_by": str(found.limited_by),
             }
         )
     return rows
@@ -92,6 +148,7 @@ def what_it_needs(
         gpu = smallest_gpu(
             arch, deployment=deployment, sequences=sequences, context_tokens=context_tokens
         )
+    running_limit = require_sized(size_deployment(arch, deployment=deployment)).scheduler
     return {
         "sequences": sequences,
         "context_tokens": context_tokens,
@@ -99,4 +156,6 @@ def what_it_needs(
             arch, deployment=deployment, sequences=sequences, context_tokens=context_tokens
         ),
         "smallest_gpu": gpu.name if gpu else None,
+        # The KV figures above size the pool; the scheduler must allow as many too.
+        "max_num_seqs_too_low": sequences > running_limit.running_limit,
     }

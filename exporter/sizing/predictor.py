@@ -181,7 +181,7 @@ class ModelPredictor:
             weights_bytes=outcome.weights_bytes,
             overhead_bytes=outcome.overhead.total_bytes,
             kv_budget_bytes=outcome.kv_budget_bytes,
-            capacity_tokens=outcome.reported_capacity_tokens,
+            capacity_tokens=outcome.comparable_capacity_tokens,
             info=labels,
         )
 

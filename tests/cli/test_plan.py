@@ -140,3 +140,89 @@ def test_inverse_questions(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(needs, dict)
     assert 0 < needs["utilization"] <= 1
     assert needs["smallest_gpu"] is not None
+
+
+# --- every limit of the scheduler, not only the KV pool ----------------------------------------
+
+SMALL_CONTEXT = ["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--kv-dtype", "fp8"]
+
+
+def test_max_num_seqs_binds_and_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """An 8B model with FP8 KV on an H100 at 1.5k tokens: --max-num-seqs 256 binds, not the pool."""
+    out = run_json(capsys, *SMALL_CONTEXT, "--context-tokens", "1500", "--max-num-seqs", "256")
+    (row,) = out["sequences"]  # type: ignore[misc]
+    assert row["sequences"] == 256
+    assert row["limited_by"] == "max_num_seqs"
+    assert row["kv_sequences"] > 256
+    assert out["max_num_seqs"] == 256
+    assert out["max_num_seqs_source"] == "flag"
+
+
+def test_the_text_report_says_which_limit_binds(capsys: pytest.CaptureFixture[str]) -> None:
+    """The human output names the binding limit and what the pool would hold."""
+    assert main([*SMALL_CONTEXT, "--context-tokens", "1500", "--max-num-seqs", "256"]) == 0
+    text = capsys.readouterr().out
+    assert "limited by max_num_seqs 256; the KV pool would hold" in text
+
+
+def test_default_max_num_seqs_follows_the_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the flag, vLLM's default for the version and GPU: 1,024 on an H100, 256 on A100."""
+    h100 = run_json(capsys, *SMALL_CONTEXT)
+    assert (h100["max_num_seqs"], h100["max_num_seqs_source"]) == (1024, "default")
+    a100 = run_json(capsys, "plan", "--model", "llama-3.1-8b", "--gpu", "A100-80GB")
+    assert a100["max_num_seqs"] == 256
+    old = run_json(
+        capsys, "plan", "--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--vllm-version", "0.8.5"
+    )
+    assert old["max_num_seqs"] == 1024  # 0.8.5 judged by memory alone
+
+
+def test_kv_pool_binds_at_long_contexts(capsys: pytest.CaptureFixture[str]) -> None:
+    """At 8k tokens the same deployment is limited by the KV cache, and says so."""
+    out = run_json(capsys, *SMALL_CONTEXT, "--context-tokens", "8000", "--max-num-seqs", "256")
+    (row,) = out["sequences"]  # type: ignore[misc]
+    assert row["limited_by"] == "kv_cache"
+    assert row["sequences"] == row["kv_sequences"] < 256
+
+
+def test_what_ifs_show_when_a_change_moves_the_binding_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Raising --max-num-seqs past the pool hands the limit to the KV cache, and the row says so."""
+    out = run_json(capsys, *SMALL_CONTEXT, "--context-tokens", "1500", "--max-num-seqs", "256")
+    rows = {row["change"]: row for row in out["what_if"]}  # type: ignore[union-attr]
+    raised = [row for name, row in rows.items() if name.startswith("max-num-seqs")]
+    assert raised, "a binding max_num_seqs gets what-ifs that raise it"
+    assert any(row["moves_limit"] and row["limited_by"]["1500"] == "kv_cache" for row in raised)
+    assert rows["utilization 0.87"]["moves_limit"] is False
+    # A larger --max-num-seqs costs sampler warm-up memory: its KV budget is smaller.
+    assert all(row["kv_budget_bytes"] < out["kv_budget_bytes"] for row in raised)
+
+
+def test_needs_says_when_max_num_seqs_must_rise_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """Asking for more sequences than --max-num-seqs allows says the flag must rise too."""
+    out = run_json(capsys, *SMALL_CONTEXT, "--max-num-seqs", "256", "--sequences", "400")
+    assert out["needs"]["max_num_seqs_too_low"] is True  # type: ignore[index]
+    within = run_json(capsys, *SMALL_CONTEXT, "--max-num-seqs", "256", "--sequences", "100")
+    assert within["needs"]["max_num_seqs_too_low"] is False  # type: ignore[index]
+
+
+@pytest.mark.parametrize("flag", ["--max-num-seqs", "--max-num-batched-tokens"])
+def test_scheduler_flags_must_be_positive(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    """A zero limit is refused with one line naming the flag."""
+    assert main([*SMALL_CONTEXT, flag, "0"]) == 2
+    err = capsys.readouterr().err
+    assert flag in err
+    assert "Traceback" not in err
+
+
+def test_kv_capacity_tokens_means_what_vllm_logs_on_hybrid_models(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Gemma 2 (sliding + full): kv_capacity_tokens is the log line's figure; the pool is apart."""
+    out = run_json(
+        capsys, "plan", "--model", "gemma-2-9b-it", "--gpu", "H100", "--max-model-len", "8192"
+    )
+    assert out["kv_capacity_tokens"] == out["kv_cache_size_tokens"]
+    assert out["kv_pool_tokens"] == out["kv_blocks"] * out["block_size"]  # type: ignore[operator]
+    assert out["kv_capacity_tokens"] != out["kv_pool_tokens"]
