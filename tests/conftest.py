@@ -33,3 +33,15 @@ def static_vllm() -> Iterator[FakeVllm]:
     state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
     with FakeVllm(state=state, payload=capture) as server:
         yield server
+
+
+@pytest.fixture
+def busy_vllm() -> Iterator[FakeVllm]:
+    """The fake vLLM serving a real 0.32 payload taken mid-burst: requests running, KV in use.
+
+    Every figure that needs something running (tokens per running sequence) is defined on it.
+    """
+    capture = (paths.FIXTURES / "vllm-cpu" / "burst" / "005.prom").read_bytes()
+    state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
+    with FakeVllm(state=state, payload=capture) as server:
+        yield server

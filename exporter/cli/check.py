@@ -17,20 +17,23 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from exporter.core.derive import Sample, WindowSettings, derive_target
-from exporter.core.reasons import PredictionState
+from exporter.core.reasons import Limit, PredictionState
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import ParseError, SourceError, UsageError
 from exporter.service.metricdefs import Row, check_values
 from exporter.sizing.catalog import find_gpu
+from exporter.sizing.limits import LimitInputs, resolve_running_limit
 from exporter.sizing.overhead import GIB
 from exporter.sizing.predictor import ModelPredictor
 from exporter.vllm.client import VllmClient
+from exporter.vllm.coverage import missing_families
 from exporter.vllm.metrics import parse_vllm_metrics
 from exporter.vllm.version import guess_vllm_version
 
 if TYPE_CHECKING:
     import argparse
 
+    from exporter.core.ceiling import RunningLimit
     from exporter.core.derive import EngineDerived
     from exporter.core.snapshot import VllmSnapshot
 
@@ -58,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, help="vLLM --pipeline-parallel-size (default 1)")
     parser.add_argument("--max-model-len", type=int, help="vLLM --max-model-len (files only)")
     parser.add_argument("--vllm-version", help="vLLM version (files only; URLs ask /version)")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="vLLM --max-num-seqs (default: vLLM's default for its version and GPU)",
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -74,7 +82,12 @@ class CheckReport:
 
 
 def analyse(
-    snapshot: VllmSnapshot, *, source: str, info: TargetInfo, prediction: PredictionView
+    snapshot: VllmSnapshot,
+    *,
+    source: str,
+    info: TargetInfo,
+    prediction: PredictionView,
+    running_limit: RunningLimit | None = None,
 ) -> CheckReport:
     """Derive the one-sample figures of a snapshot (pure)."""
     derived = derive_target(
@@ -82,6 +95,7 @@ def analyse(
         windows=WindowSettings(),
         predicted_capacity_tokens=prediction.capacity_tokens,
         max_model_len=info.max_model_len,
+        running_limit=running_limit,
     )
     return CheckReport(source, snapshot, info, derived.engines, prediction)
 
@@ -107,6 +121,13 @@ def to_json(report: CheckReport) -> dict[str, Any]:
                 "engine": e.engine,
                 "model_name": e.model_name,
                 **check_values(Row.ENGINE, e),
+                "kv_pool_tokens": (
+                    e.kv_blocks * e.kv_block_size_tokens
+                    if e.kv_blocks is not None and e.kv_block_size_tokens is not None
+                    else None
+                ),
+                "p95_ceiling_limited_by": e.p95_ceiling_limit,
+                "p95_available_limited_by": e.p95_available_limit,
                 "num_preemptions": raw.preemptions_total,
                 "num_requests_finished": raw.requests_finished_total,
                 "context_tokens": (
@@ -134,6 +155,10 @@ def to_json(report: CheckReport) -> dict[str, Any]:
         "num_requests_waiting": _total([e.requests_waiting for e in engines]),
         "num_preemptions": _total([metrics[e.engine].preemptions_total for e in engines]),
         "engines": engine_objects,
+        "missing_families": [
+            {"family": needed.family, "needed_for": needed.needed_for}
+            for needed in missing_families(report.snapshot.families)
+        ],
         "prediction": {
             "state": p.state,
             "message": p.message,
@@ -149,6 +174,10 @@ def _fmt(value: float | None, unit: str = "", *, digits: int = 0) -> str:
         return "n/a"
     text = f"{value:,.{digits}f}"
     return f"{text} {unit}".rstrip()
+
+
+def _limit_value(by_origin: dict[str, float]) -> float | None:
+    return next(iter(by_origin.values()), None)
 
 
 def _gib(value: float | None) -> str:
@@ -174,7 +203,9 @@ def render(report: CheckReport) -> str:
             f"{_fmt(e['kv_usable_tokens'])})",
             f"  in use                 {_fmt(e['kv_tokens_used'], 'tokens')} ({usage}),"
             f" free {_fmt(e['kv_tokens_free'], 'tokens')}",
-            f"  requests               {_fmt(e['num_requests_running'])} running,"
+            f"  requests               {_fmt(e['num_requests_running'])} running"
+            f" ({_fmt(e['num_sequences_running'])} sequences, max_num_seqs"
+            f" {_fmt(_limit_value(e['max_num_seqs']))}),"
             f" {_fmt(e['num_requests_waiting'])} waiting",
             f"  preemptions            {_fmt(e['num_preemptions'])} since start,"
             f" {_fmt(e['num_requests_finished'])} requests finished",
@@ -186,10 +217,21 @@ def render(report: CheckReport) -> str:
                 f" p99 {_fmt(context['p99'])}, mean {_fmt(context['mean'])} tokens"
             )
             lines.append(
-                f"  sequences that fit     {_fmt(e['p95_ceiling_sequences'])} at p95,"
+                f"  sequences that fit     {_fmt(e['p95_ceiling_sequences'])} at p95"
+                f" (limited by {e['p95_ceiling_limited_by'] or 'n/a'}),"
                 f" {_fmt(e['mean_ceiling_sequences'])} at mean;"
                 f" {_fmt(e['p95_available_sequences'])} more p95 sequences fit now"
             )
+            if e["p95_ceiling_limited_by"] == Limit.MAX_NUM_SEQS:
+                lines.append(
+                    f"                         the KV cache alone would hold "
+                    f"{_fmt(e['p95_kv_ceiling_sequences'])}"
+                )
+            if e["p95_effective_ceiling_sequences"] is not None:
+                lines.append(
+                    f"  with shared prefixes   {_fmt(e['p95_effective_ceiling_sequences'])} at p95"
+                    f" (prefix cache hits {_fmt((e['prefix_cache_hit_ratio'] or 0) * 100)}%)"
+                )
         else:
             lines.append("  context since start    no finished requests yet")
         if e["kv_capacity_error_ratio"] is not None:
@@ -197,6 +239,10 @@ def render(report: CheckReport) -> str:
                 f"  predicted capacity     {_fmt(e['kv_capacity_predicted_tokens'], 'tokens')}"
                 f" ({e['kv_capacity_error_ratio']:+.1%} against vLLM's)"
             )
+        lines.append("")
+    for missing in data["missing_families"]:
+        lines.append(f"missing: {missing['family']} (needed for {missing['needed_for']})")
+    if data["missing_families"]:
         lines.append("")
     p = data["prediction"]
     if p["state"] == PredictionState.OK:
@@ -296,11 +342,37 @@ def _predict(
     return predictor.predict(snapshot, info, ())
 
 
+def _running_limit(
+    args: argparse.Namespace, snapshot: VllmSnapshot, info: TargetInfo
+) -> RunningLimit:
+    """``--max-num-seqs``, else vLLM's default for the version and GPU the flags give."""
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise UsageError("--max-num-seqs must be at least 1")
+    gpu = find_gpu(args.gpu) if args.gpu else None
+    memory = gpu.memory_bytes if gpu else int(args.gpu_mem_gib * GIB) if args.gpu_mem_gib else None
+    cache = next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
+    return resolve_running_limit(
+        LimitInputs(
+            setting=args.max_num_seqs,
+            vllm_version=info.vllm_version,
+            gpu_memory_bytes=memory,
+            gpu_name=gpu.name if gpu else None,
+            tensor_parallel=args.tp,
+            pipeline_parallel=args.pp,
+            max_model_len=info.max_model_len,
+            cache_config=cache,
+        )
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``check``."""
     snapshot, info, notes = _read_source(args)
+    limit = _running_limit(args, snapshot, info)
     prediction = _predict(args, snapshot, info, notes)
-    report = analyse(snapshot, source=args.source, info=info, prediction=prediction)
+    report = analyse(
+        snapshot, source=args.source, info=info, prediction=prediction, running_limit=limit
+    )
     if args.json:
         json.dump(to_json(report), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

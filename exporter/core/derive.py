@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
+from exporter.core.reasons import Limit
 from exporter.core.windows import (
     BucketCounts,
     bucket_quantile,
@@ -104,16 +106,68 @@ class EngineDerived:
     kv_free_tokens: float | None = None
     kv_usage_ratio: float | None = None
     context: ContextEstimate | None = None
+    #: The ceiling under every limit (the smaller of the KV pool's and the scheduler's).
     p95_ceiling_sequences: float | None = None
+    #: What the KV pool alone holds of p95 sequences, counting none of them shared.
+    p95_kv_ceiling_sequences: float | None = None
+    p95_ceiling_limit: Limit | None = None
     mean_ceiling_sequences: float | None = None
+    #: More p95 sequences vLLM would start now under every limit (the headroom).
     p95_available_sequences: float | None = None
+    p95_kv_available_sequences: float | None = None
+    p95_available_limit: Limit | None = None
     p95_available_ratio: float | None = None
+    #: The same two figures counting prefix-cache blocks shared between sequences once.
+    p95_effective_ceiling_sequences: float | None = None
+    p95_effective_available_sequences: float | None = None
+    #: Prompt tokens found in the device prefix cache over those looked up, in the window.
+    prefix_cache_hit_ratio: float | None = None
+    #: Mean prompt tokens per request served from the prefix cache (hit ratio x mean prompt).
+    shared_prefix_tokens: float | None = None
+    #: KV tokens in use per running sequence (shared blocks counted once).
+    kv_tokens_per_running_sequence: float | None = None
+    #: Prompt tokens served from each cache tier over all prompt tokens, in the window (0.32+).
+    prompt_tokens_cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
+    #: The scheduler's limit on running sequences, and where it was learnt.
+    max_num_seqs: float | None = None
+    max_num_seqs_source: str | None = None
+    #: True while the engine sleeps (``vllm:engine_sleep_state``); None where not exposed.
+    asleep: bool | None = None
+    #: Mean ``n`` (sequences per request) of requests finished in the window (exact).
+    sequences_per_request: float | None = None
+    #: More p95 requests that fit now: the headroom in sequences over the mean ``n``.
+    p95_available_requests: float | None = None
     preemptions_per_second: float | None = None
     preemptions_per_finished_request: float | None = None
     finished_requests_per_second: float | None = None
+    #: Requests (parents) running: vLLM V1 counts each of a request's ``n`` sequences.
     requests_running: float | None = None
+    #: Sequences running (what ``max_num_seqs`` and the KV pool limit).
+    sequences_running: float | None = None
     requests_waiting: float | None = None
     requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def p95_ceiling_limited_by(self) -> dict[str, float]:
+        """One-hot over every limit: which one caps the p95 ceiling ({} when unknown)."""
+        return _one_hot(self.p95_ceiling_limit)
+
+    @property
+    def p95_available_limited_by(self) -> dict[str, float]:
+        """One-hot over every limit: which one stops the next p95 sequence now."""
+        return _one_hot(self.p95_available_limit)
+
+    @property
+    def max_num_seqs_by_source(self) -> dict[str, float]:
+        """``{source: max_num_seqs}`` for the gauge labelled by where it was learnt."""
+        if self.max_num_seqs is None or self.max_num_seqs_source is None:
+            return {}
+        return {self.max_num_seqs_source: self.max_num_seqs}
+
+    @property
+    def engine_asleep(self) -> float | None:
+        """1 while the engine sleeps, 0 while awake, None where vLLM does not say."""
+        return None if self.asleep is None else float(self.asleep)
 
     def context_quantile(self, q: float) -> float | None:
         """The ``q`` quantile of the context length, if estimated."""
@@ -145,6 +199,12 @@ class EngineDerived:
         return self.context.window_requests if self.context is not None else None
 
 
+def _one_hot(limit: Limit | None) -> dict[str, float]:
+    if limit is None:
+        return {}
+    return {str(each): 1.0 if each == limit else 0.0 for each in Limit}
+
+
 @dataclass(frozen=True, slots=True)
 class TargetDerived:
     """The derived figures of one target at its latest sample."""
@@ -152,6 +212,9 @@ class TargetDerived:
     engines: tuple[EngineDerived, ...]
     #: A restart was detected between the last two samples.
     restarted: bool = False
+    #: Requests the API server refused at a queue limit, per second over the rate window
+    #: (``vllm:admission_rejections_total``, 0.32+; None where not exposed).
+    admission_rejections_per_second: float | None = None
 
 
 def _engine_counters(engine: EngineMetrics) -> tuple[float | None, ...]:
@@ -234,6 +297,9 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
             generation_tokens=_shared_bounds(
                 engine.generation_tokens, old.generation_tokens if old else None
+            ),
+            request_params_n=_shared_bounds(
+                engine.request_params_n, old.request_params_n if old else None
             ),
             time_to_first_token=None,
             inter_token_latency=None,
@@ -383,35 +449,101 @@ def _kv_state(
     return _KvState(capacity, blocks, block_size, usable, used, free)
 
 
-def _context(
-    name: str,
-    samples: Sequence[Sample],
-    *,
-    seconds: float,
-    max_model_len: int | None,
-) -> ContextEstimate | None:
-    """Context estimate over the window, else since vLLM started (see the module docstring)."""
-    start = _tail(samples, seconds)
-    window = samples[start:]
+@dataclass(frozen=True, slots=True)
+class _Traffic:
+    """The per-request histograms over the context window (or since vLLM started)."""
+
+    prompt: BucketCounts | None
+    generation: BucketCounts | None
+    params_n: BucketCounts | None
+    #: Requests finished in the window (0 when the figures are since vLLM started).
+    window_requests: float
+    basis: str
+
+
+def _traffic(name: str, samples: Sequence[Sample], *, seconds: float) -> _Traffic:
+    """Histograms over the window; since vLLM started when nothing finished in it."""
+    window = samples[_tail(samples, seconds) :]
     prompt = _histogram_window(window, name, lambda e: e.prompt_tokens)
-    generation = _histogram_window(window, name, lambda e: e.generation_tokens)
-    context = estimate_context(
-        prompt,
-        generation,
-        window_requests=prompt.total if prompt is not None else 0.0,
-        basis="window",
-        max_model_len=max_model_len,
-    )
-    if context is not None:
-        return context
+    if prompt is not None and prompt.total > 0:
+        return _Traffic(
+            prompt,
+            _histogram_window(window, name, lambda e: e.generation_tokens),
+            _histogram_window(window, name, lambda e: e.request_params_n),
+            prompt.total,
+            "window",
+        )
     latest = samples[-1].snapshot.engines[name]
-    return estimate_context(
+    return _Traffic(
         _lifetime(latest.prompt_tokens),
         _lifetime(latest.generation_tokens),
-        window_requests=0.0,
-        basis="lifetime",
+        _lifetime(latest.request_params_n),
+        0.0,
+        "lifetime",
+    )
+
+
+def _context(traffic: _Traffic, *, max_model_len: int | None) -> ContextEstimate | None:
+    """Context estimate of the traffic (see the module docstring)."""
+    return estimate_context(
+        traffic.prompt,
+        traffic.generation,
+        window_requests=traffic.window_requests,
+        basis=traffic.basis,
         max_model_len=max_model_len,
     )
+
+
+def _mean_n(traffic: _Traffic) -> float | None:
+    """Exact mean ``n`` of the finished requests: sum over count of ``request_params_n``."""
+    n = traffic.params_n
+    if n is None or n.total <= 0 or n.mean is None:
+        return None
+    return max(1.0, n.mean)
+
+
+@dataclass(frozen=True, slots=True)
+class _Caching:
+    hit_ratio: float | None = None
+    cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
+
+
+def _caching(name: str, samples: Sequence[Sample], seconds: float) -> _Caching:
+    """Prefix-cache hit ratio and cached prompt share by source over the window."""
+    window = samples[_tail(samples, seconds) :]
+    resets = _restarts(window)
+    engines = [s.snapshot.engines.get(name) for s in window]
+    latest = engines[-1]
+    if latest is None:
+        return _Caching()
+
+    def increase(pick: Callable[[EngineMetrics], float | None]) -> float:
+        return window_increase([pick(e) if e is not None else None for e in engines], resets)
+
+    def ratio(
+        part: Callable[[EngineMetrics], float | None],
+        whole: Callable[[EngineMetrics], float | None],
+    ) -> float | None:
+        # Over the window; since vLLM started when nothing was looked up in it.
+        part_now, whole_now = part(latest), whole(latest)
+        if part_now is None or whole_now is None:
+            return None
+        denominator = increase(whole) if len(window) > 1 else 0.0
+        numerator = increase(part) if denominator > 0 else part_now
+        if denominator <= 0:
+            denominator = whole_now
+        return min(1.0, numerator / denominator) if denominator > 0 else None
+
+    hit_ratio = ratio(lambda e: e.prefix_cache_hits_total, lambda e: e.prefix_cache_queries_total)
+    by_source: dict[str, float] = {}
+    for source in latest.prompt_tokens_cached_by_source:
+        share = ratio(
+            lambda e, s=source: e.prompt_tokens_cached_by_source.get(s),  # type: ignore[misc]
+            lambda e: e.prompt_tokens_total,
+        )
+        if share is not None:
+            by_source[source] = share
+    return _Caching(hit_ratio, by_source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +579,101 @@ def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
     return _Rates(per_second, per_request, finished_per_second)
 
 
+def _asleep(engine: EngineMetrics) -> bool | None:
+    """Whether ``vllm:engine_sleep_state`` says the engine sleeps (any level, or paused)."""
+    state = engine.sleep_state
+    if not state:
+        return None
+    return state.get("awake", 0.0) < 1.0
+
+
+def _running(engine: EngineMetrics, mean_n: float | None) -> tuple[float | None, float | None]:
+    """(requests, sequences) running.
+
+    V1 runs a request's ``n`` samples as ``n`` requests of its own and counts each; V0 (which
+    exposes ``num_requests_swapped``) counts requests.
+    """
+    figure = engine.requests_running
+    if figure is None:
+        return None, None
+    n = mean_n or 1.0
+    if engine.requests_swapped is not None:
+        return figure, figure * n
+    return figure / n, figure
+
+
+@dataclass(frozen=True, slots=True)
+class _Headroom:
+    p95_ceiling: Ceiling | None = None
+    mean_ceiling: float | None = None
+    p95_available: Ceiling | None = None
+    effective_ceiling: float | None = None
+    effective_available: float | None = None
+    shared_tokens: float | None = None
+
+
+def _headroom(
+    kv: _KvState,
+    context: ContextEstimate | None,
+    *,
+    limit: RunningLimit | None,
+    sequences_running: float | None,
+    asleep: bool,
+    shared_tokens: float | None,
+) -> _Headroom:
+    """Ceilings and headroom at p95 under every limit, unshared and with shared prefixes."""
+    running_limit = limit.sequences if limit is not None else None
+    kv_ceiling = kv_available = mean_ceiling = None
+    effective = effective_free = None
+    granularity = kv.block_size or 1
+    if context is not None and kv.usable is not None and not asleep:
+        p95 = context.quantiles[0.95]
+        kv_ceiling = sequences_that_fit(kv.usable, p95, granularity)
+        mean_ceiling = sequences_that_fit(kv.usable, context.mean, granularity)
+        if kv.free is not None:
+            kv_available = sequences_that_fit(kv.free, p95, granularity)
+        if shared_tokens is not None:
+            effective = shared_ceiling(
+                kv.usable, context_tokens=p95, shared_tokens=shared_tokens, block_size=granularity
+            )
+            if kv.free is not None:
+                # The shared prefix is already held while anything runs: new sequences add
+                # only their own blocks. With nothing running it must be held once more.
+                held = shared_tokens if (sequences_running or 0) > 0 else 0.0
+                effective_free = shared_ceiling(
+                    kv.free + held,
+                    context_tokens=p95,
+                    shared_tokens=shared_tokens,
+                    block_size=granularity,
+                )
+    p95_ceiling = ceiling(kv_ceiling, running_limit=running_limit, asleep=asleep)
+    p95_available = headroom(
+        kv_available, running_limit=running_limit, running=sequences_running, asleep=asleep
+    )
+    effective_ceiling = ceiling(effective, running_limit=running_limit, asleep=asleep)
+    effective_headroom = headroom(
+        effective_free, running_limit=running_limit, running=sequences_running, asleep=asleep
+    )
+    return _Headroom(
+        p95_ceiling=p95_ceiling,
+        mean_ceiling=(
+            min(mean_ceiling, running_limit)
+            if mean_ceiling is not None and running_limit
+            else mean_ceiling
+        ),
+        p95_available=p95_available,
+        effective_ceiling=effective_ceiling.sequences
+        if effective_ceiling and effective is not None
+        else None,
+        effective_available=(
+            effective_headroom.sequences
+            if effective_headroom and effective_free is not None
+            else None
+        ),
+        shared_tokens=shared_tokens,
+    )
+
+
 def derive_engine(
     name: str,
     samples: Sequence[Sample],
@@ -454,29 +681,55 @@ def derive_engine(
     windows: WindowSettings,
     predicted_capacity_tokens: float | None = None,
     max_model_len: int | None = None,
+    running_limit: RunningLimit | None = None,
 ) -> EngineDerived:
-    """Derive one engine's figures from the target's samples (the last one is "now")."""
+    """Derive one engine's figures from the target's samples (the last one is "now").
+
+    ``running_limit`` is the scheduler's ``max_num_seqs`` as learnt by the caller; without it
+    only the KV pool limits the ceiling.
+    """
     latest = samples[-1].snapshot
     engine = latest.engines[name]
     engine_count = sum(1 for e in latest.engines.values() if e.cache_config is not None) or 1
     kv = _kv_state(engine, engine_count, predicted_capacity_tokens)
-    context = _context(name, samples, seconds=windows.context_seconds, max_model_len=max_model_len)
-
-    p95_ceiling = mean_ceiling = p95_available = p95_ratio = None
-    if context is not None and kv.usable is not None:
-        granularity = kv.block_size or 1
-        p95 = context.quantiles[0.95]
-        p95_ceiling = sequences_that_fit(kv.usable, p95, granularity)
-        mean_ceiling = sequences_that_fit(kv.usable, context.mean, granularity)
-        if kv.free is not None:
-            p95_available = sequences_that_fit(kv.free, p95, granularity)
-            p95_ratio = p95_available / p95_ceiling if p95_ceiling > 0 else 0.0
+    traffic = _traffic(name, samples, seconds=windows.context_seconds)
+    context = _context(traffic, max_model_len=max_model_len)
+    mean_n = _mean_n(traffic)
+    requests_running, sequences_running = _running(engine, mean_n)
+    asleep = _asleep(engine)
+    caching = _caching(name, samples, windows.context_seconds)
+    shared = None
+    prompt_mean = traffic.prompt.mean if traffic.prompt is not None else None
+    if caching.hit_ratio is not None and prompt_mean is not None:
+        shared = caching.hit_ratio * prompt_mean
+    room = _headroom(
+        kv,
+        context,
+        limit=running_limit,
+        sequences_running=sequences_running,
+        asleep=bool(asleep),
+        shared_tokens=shared,
+    )
+    ceiling_figure = room.p95_ceiling
+    available = room.p95_available
+    p95_ratio = None
+    if (
+        ceiling_figure is not None
+        and available is not None
+        and (ceiling_figure.kv_sequences is not None or ceiling_figure.limited_by != Limit.KV_CACHE)
+    ):
+        p95_ratio = (
+            available.sequences / ceiling_figure.sequences if ceiling_figure.sequences > 0 else 0.0
+        )
+    per_running = None
+    if kv.used is not None and sequences_running:
+        per_running = kv.used / sequences_running
 
     rates = _rates(name, samples, windows.rate_seconds)
     error = None
     if predicted_capacity_tokens is not None and kv.capacity:
         error = (predicted_capacity_tokens - kv.capacity) / kv.capacity
-
+    has_context = context is not None
     return EngineDerived(
         engine=name,
         model_name=engine.model_name or "",
@@ -490,17 +743,48 @@ def derive_engine(
         kv_free_tokens=kv.free,
         kv_usage_ratio=engine.kv_cache_usage_ratio,
         context=context,
-        p95_ceiling_sequences=p95_ceiling,
-        mean_ceiling_sequences=mean_ceiling,
-        p95_available_sequences=p95_available,
-        p95_available_ratio=p95_ratio,
+        p95_ceiling_sequences=ceiling_figure.sequences if ceiling_figure and has_context else None,
+        p95_kv_ceiling_sequences=ceiling_figure.kv_sequences if ceiling_figure else None,
+        p95_ceiling_limit=ceiling_figure.limited_by if ceiling_figure and has_context else None,
+        mean_ceiling_sequences=room.mean_ceiling,
+        p95_available_sequences=available.sequences if available and has_context else None,
+        p95_kv_available_sequences=available.kv_sequences if available else None,
+        p95_available_limit=available.limited_by if available and has_context else None,
+        p95_available_ratio=p95_ratio if has_context else None,
+        p95_effective_ceiling_sequences=room.effective_ceiling,
+        p95_effective_available_sequences=room.effective_available,
+        prefix_cache_hit_ratio=caching.hit_ratio,
+        shared_prefix_tokens=room.shared_tokens,
+        kv_tokens_per_running_sequence=per_running,
+        prompt_tokens_cached_ratio_by_source=caching.cached_ratio_by_source,
+        max_num_seqs=float(running_limit.sequences) if running_limit is not None else None,
+        max_num_seqs_source=running_limit.source if running_limit is not None else None,
+        asleep=asleep,
+        sequences_per_request=mean_n,
+        p95_available_requests=(
+            float(math.floor(available.sequences / (mean_n or 1.0)))
+            if available is not None and has_context
+            else None
+        ),
         preemptions_per_second=rates.preemptions_per_second,
         preemptions_per_finished_request=rates.preemptions_per_finished_request,
         finished_requests_per_second=rates.finished_requests_per_second,
-        requests_running=engine.requests_running,
+        requests_running=requests_running,
+        sequences_running=sequences_running,
         requests_waiting=engine.requests_waiting,
         requests_waiting_by_reason=dict(engine.requests_waiting_by_reason),
     )
+
+
+def _admission_rate(samples: Sequence[Sample], seconds: float) -> float | None:
+    window = samples[_tail(samples, seconds) :]
+    if window[-1].snapshot.admission_rejections_total is None:
+        return None
+    span = window[-1].t - window[0].t
+    if len(window) < 2 or span <= 0:
+        return None
+    values = [s.snapshot.admission_rejections_total for s in window]
+    return window_increase(values, _restarts(window)) / span
 
 
 def derive_target(
@@ -509,11 +793,13 @@ def derive_target(
     windows: WindowSettings,
     predicted_capacity_tokens: float | None = None,
     max_model_len: int | None = None,
+    running_limit: RunningLimit | None = None,
 ) -> TargetDerived:
     """Derive every engine's figures at the latest of ``samples`` (oldest first).
 
     ``predicted_capacity_tokens`` is the sizing model's per-engine capacity in vLLM's own terms
-    (``None`` when the prediction is unavailable).
+    (``None`` when the prediction is unavailable); ``running_limit`` the scheduler's
+    ``max_num_seqs`` of each engine, where known.
     """
     if not samples:
         return TargetDerived(engines=())
@@ -524,7 +810,12 @@ def derive_target(
             windows=windows,
             predicted_capacity_tokens=predicted_capacity_tokens,
             max_model_len=max_model_len,
+            running_limit=running_limit,
         )
         for name in samples[-1].snapshot.engines  # in rank order, as the parser keeps them
     )
-    return TargetDerived(engines=engines, restarted=len(samples) > 1 and samples[-1].restarted)
+    return TargetDerived(
+        engines=engines,
+        restarted=len(samples) > 1 and samples[-1].restarted,
+        admission_rejections_per_second=_admission_rate(samples, windows.rate_seconds),
+    )

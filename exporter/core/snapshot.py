@@ -90,6 +90,21 @@ class EngineMetrics:
     e2e_request_latency: Histogram | None = None
     #: ``vllm:request_queue_time_seconds``.
     request_queue_time: Histogram | None = None
+    #: ``vllm:request_params_n``: the ``n`` of each finished request, observed once per request
+    #: when its last sequence ends (V1 runs a request with ``n > 1`` as ``n`` sequences).
+    request_params_n: Histogram | None = None
+    #: ``vllm:engine_sleep_state`` (0.12+): ``{"awake": 1, "weights_offloaded": 0, ...}``.
+    sleep_state: Mapping[str, float] = field(default_factory=dict)
+    #: ``vllm:prefix_cache_queries_total`` / ``_hits_total``: prompt tokens looked up in, and
+    #: found in, the device prefix cache at admission (tokens from 0.9; before 0.9.2 the
+    #: ``gpu_prefix_cache_*`` names, counted in blocks before 0.9).
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    #: ``vllm:prompt_tokens_cached_total`` (0.16+): prompt tokens served from any cache.
+    prompt_tokens_cached_total: float | None = None
+    #: ``vllm:prompt_tokens_cached_by_source_total`` (0.32+): by ``device``, ``host``, ``disk``,
+    #: ``p2p`` and ``external_unspecified``.
+    prompt_tokens_cached_by_source: Mapping[str, float] = field(default_factory=dict)
     cache_config: CacheConfig | None = None
 
 

@@ -109,6 +109,11 @@ class TargetView:
         return {**dict.fromkeys(DropReason, 0), **self.dropped}
 
     @property
+    def admission_rejections_per_second(self) -> float | None:
+        """Queue-limit refusals per second (absent before the first window or before 0.32)."""
+        return self.derived.admission_rejections_per_second if self.derived else None
+
+    @property
     def up(self) -> bool:
         """Whether the latest read of vLLM's ``/metrics`` succeeded."""
         health = self.sources.get(Source.VLLM_METRICS)

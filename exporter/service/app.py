@@ -41,6 +41,7 @@ from exporter.service.httpserver import (
     landing_page,
     tls_context,
 )
+from exporter.service.launch import ProcessLaunchSource
 from exporter.service.poller import PollSettings, TargetPoller
 from exporter.service.resolver import BoundedResolver, system_resolve
 from exporter.service.settings import GpuDiscovery, Mode, Settings, env_name
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from pydantic import SecretStr
 
     from exporter.service.allowlist import IPAddress, ProbeTarget
-    from exporter.service.poller import GpuSource, Predictor
+    from exporter.service.poller import GpuSource, LaunchSource, Predictor
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +75,15 @@ class Components:
     gpu_source: Callable[[Settings], GpuSource | None] | None = None
     #: Fleet mode's blocking name lookup (default: the system resolver).
     resolve: Callable[[str], list[IPAddress]] | None = None
+    #: The vLLM server's command line for a target URL (default: /proc, sidecar mode only).
+    launch: Callable[[Settings, str], LaunchSource | None] | None = None
+
+
+def default_launch_source(settings: Settings, url: str) -> LaunchSource | None:
+    """The sidecar's vLLM command line from the shared process table; none in fleet mode."""
+    if settings.mode is Mode.FLEET:
+        return None
+    return ProcessLaunchSource(settings.proc_root, url)
 
 
 def default_gpu_source(settings: Settings) -> GpuSource | None:
@@ -128,6 +138,10 @@ def _poll_settings(settings: Settings) -> PollSettings:
         model_retry_seconds=settings.poll_interval_seconds * MODEL_RETRY_POLLS,
         gpu_timeout_seconds=settings.poll_timeout_seconds,
         max_engine_samples=engine_samples,
+        max_num_seqs=settings.max_num_seqs,
+        gpu_memory_bytes=settings.gpu_memory_bytes,
+        tensor_parallel=settings.tensor_parallel_size,
+        pipeline_parallel=settings.pipeline_parallel_size,
     )
 
 
@@ -182,7 +196,13 @@ async def serve(
         if settings.mode is Mode.SIDECAR:
             gpus = (parts.gpu_source or default_gpu_source)(settings)
 
-        make_poller = _poller_factory(settings, http, parts.predictor or default_predictor, gpus)
+        make_poller = _poller_factory(
+            settings,
+            http,
+            parts.predictor or default_predictor,
+            gpus,
+            parts.launch or default_launch_source,
+        )
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProcessCollector(registry=None))
         fleet: Fleet | None = None
@@ -258,6 +278,7 @@ def _poller_factory(
     http: httpx.AsyncClient,
     predictor_for: Callable[[Settings], Predictor | None],
     gpus: GpuSource | None,
+    launch_for: Callable[[Settings, str], LaunchSource | None] = default_launch_source,
 ) -> Callable[[str, SecretStr | None], TargetPoller]:
     """How a target's poller is made: its client, the predictor, the GPUs, the settings."""
     budget = None
@@ -279,6 +300,7 @@ def _poller_factory(
             parse=parse_vllm_metrics,
             predictor=predictor_for(settings),
             gpus=gpus,
+            launch=launch_for(settings, url),
             settings=_poll_settings(settings),
         )
 

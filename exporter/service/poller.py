@@ -31,13 +31,16 @@ from exporter.core.derive import (
 from exporter.core.reasons import HttpReason, Source
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
 from exporter.errors import ParseError, SourceError
+from exporter.sizing.limits import LimitInputs, resolve_running_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from exporter.core.ceiling import RunningLimit
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
     from exporter.vllm.client import VllmClient
+    from exporter.vllm.launch import LaunchFlags
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +59,14 @@ class Predictor(Protocol):
         self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
     ) -> PredictionView:
         """The prediction for the current snapshot (pure, given what ``load`` read)."""
+        ...
+
+
+class LaunchSource(Protocol):
+    """The flags the vLLM server was started with (blocking ``/proc`` reads; run in a thread)."""
+
+    def read(self) -> LaunchFlags | None:
+        """The server's scheduler flags; None when its process cannot be seen."""
         ...
 
 
@@ -112,6 +123,12 @@ class PollSettings:
     #: Counters that go down twice within this many seconds, without a new process start
     #: time, mark a broken target rather than a restart storm: no figures until they stop.
     counter_reset_seconds: float = 60.0
+    #: The ``max_num_seqs`` setting: used when vLLM's command line does not say it.
+    max_num_seqs: int | None = None
+    #: Settings that also pick vLLM's default ``max_num_seqs`` when NVML cannot say.
+    gpu_memory_bytes: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
 
 
 class TargetPoller:
@@ -125,6 +142,7 @@ class TargetPoller:
         parse: Callable[[bytes], VllmSnapshot],
         predictor: Predictor | None = None,
         gpus: GpuSource | None = None,
+        launch: LaunchSource | None = None,
         settings: PollSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -134,6 +152,10 @@ class TargetPoller:
         self._parse = parse
         self._predictor = predictor
         self._gpus = gpus
+        self._launch = launch
+        #: What the vLLM server's command line says, read at each discovery.
+        self._flags: LaunchFlags | None = None
+        self._limit: RunningLimit | None = None
         self._settings = settings or PollSettings()
         self._clock = clock
         self._wall = wall_clock
@@ -217,10 +239,63 @@ class TargetPoller:
             max_model_len=models.max_model_len if models else self._info.max_model_len,
             vllm_version=version or self._info.vllm_version,
         )
+        await self._read_launch()
         # Retry discovery on the next poll while a part of it is missing.
         self._needs_discovery = models is None or version is None
         if models is not None:
             await self._load_model()
+
+    async def _read_launch(self) -> None:
+        """Re-read the vLLM server's command line (it may have restarted with other flags)."""
+        if self._launch is None:
+            return
+        try:
+            flags = await asyncio.to_thread(self._launch.read)
+        except Exception:  # an odd /proc must not stop the polls (logged)
+            log.exception("launch_read_crashed", target=self.target)
+            flags = None
+        if flags is not None and flags.invalid:
+            log.warning(
+                "launch_flags_invalid",
+                target=self.target,
+                flags=dict(flags.invalid),
+                hint="vLLM would refuse these values; they are ignored here",
+            )
+        if flags is not None and flags.config_file and flags.max_num_seqs is None:
+            log.info(
+                "launch_config_file_not_read",
+                target=self.target,
+                config=flags.config_file,
+                hint="set max_num_seqs if the config file sets --max-num-seqs",
+            )
+        self._flags = flags
+
+    def _running_limit(self, snapshot: VllmSnapshot, gpus: Sequence[GpuMemoryView]) -> RunningLimit:
+        """The engine's ``max_num_seqs``, from what is known now; logs when its origin changes."""
+        settings = self._settings
+        cache = next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
+        limit = resolve_running_limit(
+            LimitInputs(
+                flags=self._flags,
+                setting=settings.max_num_seqs,
+                vllm_version=self._info.vllm_version,
+                gpus=gpus,
+                gpu_memory_bytes=settings.gpu_memory_bytes,
+                tensor_parallel=settings.tensor_parallel,
+                pipeline_parallel=settings.pipeline_parallel,
+                max_model_len=self._info.max_model_len,
+                cache_config=cache,
+            )
+        )
+        if limit != self._limit:
+            log.info(
+                "max_num_seqs",
+                target=self.target,
+                max_num_seqs=limit.sequences,
+                origin=limit.source,
+            )
+            self._limit = limit
+        return limit
 
     async def _load_model(self) -> None:
         """Let the predictor read the model's files; schedule a retry if that failed."""
@@ -385,6 +460,7 @@ class TargetPoller:
             windows=self._settings.windows,
             predicted_capacity_tokens=prediction.capacity_tokens,
             max_model_len=self._info.max_model_len,
+            running_limit=self._running_limit(snapshot, gpus),
         )
         self._view = TargetView(
             target=self.target,

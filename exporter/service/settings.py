@@ -151,6 +151,16 @@ class Settings(BaseSettings):
     gpu_memory_bytes: int | None = Field(
         default=None, gt=0, description="Memory of one GPU, when NVML cannot tell (fleet mode)."
     )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "vLLM --max-num-seqs, when its command line cannot be read (fleet mode, no shared "
+            "process namespace) or it is set in a --config file. Default: the command line's, "
+            "else vLLM's default for its version and GPU."
+        ),
+    )
     weights_bytes: int | None = Field(
         default=None, gt=0, description="Weights per GPU, when known better than the model files."
     )

@@ -67,6 +67,24 @@ _COUNTERS: Final = {
     "vllm:request_success": "requests_finished_total",
     "vllm:prompt_tokens": "prompt_tokens_total",
     "vllm:generation_tokens": "generation_tokens_total",
+    # Prefix caching, in tokens (0.9.2+; the gpu_ names before, in blocks until 0.9.0).
+    "vllm:prefix_cache_queries": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits": "prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries": "gpu_prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits": "gpu_prefix_cache_hits_total",
+    "vllm:prompt_tokens_cached": "prompt_tokens_cached_total",  # 0.16+
+    # Split counters: the engine's total is their sum, each value is kept too (_SPLITS).
+    "vllm:prompt_tokens_cached_by_source": "prompt_tokens_cached_by_source",  # 0.32+
+}
+# The label vLLM splits a counter by; each value is kept in EngineMetrics under the field.
+_SPLITS: Final = {
+    "vllm:request_success": "finished_reason",
+    "vllm:prompt_tokens_cached_by_source": "source",
+}
+# Gauges split by a label, kept per value: family -> (label, EngineMetrics field).
+_SPLIT_GAUGES: Final = {
+    "vllm:num_requests_waiting_by_reason": ("reason", "requests_waiting_by_reason"),  # 0.20+
+    "vllm:engine_sleep_state": ("sleep_state", "sleep_state"),  # 0.12+
 }
 # Histograms by family -> field; for a renamed family the first name listed wins.
 _HISTOGRAMS: Final = {
@@ -77,10 +95,10 @@ _HISTOGRAMS: Final = {
     "vllm:time_per_output_token_seconds": "inter_token_latency",  # before 0.11
     "vllm:e2e_request_latency_seconds": "e2e_request_latency",
     "vllm:request_queue_time_seconds": "request_queue_time",
+    "vllm:request_params_n": "request_params_n",
 }
 # KV-cache usage, newest name first (gpu_cache_usage_perc renamed in 0.9.2, removed in 0.12).
 _USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-_WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"  # 0.20+
 _CACHE_CONFIG: Final = "vllm:cache_config_info"
 _ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # per server, no engine label
 _PROCESS_START: Final = "process_start_time_seconds"
@@ -92,7 +110,7 @@ WANTED: Final = wanted_families(
         *_COUNTERS,
         *_HISTOGRAMS,
         *_USAGE,
-        _WAITING_BY_REASON,
+        *_SPLIT_GAUGES,
         _CACHE_CONFIG,
         _ADMISSION_REJECTIONS,
         _PROCESS_START,
@@ -156,7 +174,8 @@ class _EngineParts:
     model_name: str | None = None
     sums: dict[str, float] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=dict)
-    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    #: Split gauges and counters by field, then by the split label's value.
+    split_values: dict[str, dict[str, float]] = field(default_factory=dict)
     histograms: dict[str, _HistogramParts] = field(default_factory=dict)
     cache_config: TextSample | None = None
     #: The labels of the first series of each family: another series (other labels, but for
@@ -423,12 +442,13 @@ def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimit
 def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
     if sample.suffix != "_total":
         return None
-    # vLLM splits only request_success, by finished_reason; the engine total is their sum.
-    split = "finished_reason" if sample.family == "vllm:request_success" else ""
+    split = _SPLITS.get(sample.family, "")
     if not _first_series(parts, sample.family, sample.labels, split):
         return DropReason.UNEXPECTED_SERIES
     target = _COUNTERS[sample.family]
     value = sample.labels.get(split, "") if split else ""
+    if len(value) > limits.max_label_value_chars:
+        return DropReason.LABEL_TOO_LONG
     _once(parts, (target, value), sample)
     if split:
         values = parts.splits.setdefault(target, set())
@@ -440,6 +460,8 @@ def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLim
         parts.invalid.add(target)
         return reason
     parts.sums[target] = parts.sums.get(target, 0.0) + sample.value
+    if split:
+        parts.split_values.setdefault(target, {})[value] = sample.value
     return None
 
 
@@ -457,23 +479,24 @@ def _add_usage(parts: _EngineParts, sample: TextSample, limits: CardinalityLimit
     return reason
 
 
-def _add_waiting_reason(
+def _add_split_gauge(
     parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
 ) -> str | None:
     if sample.suffix != "":
         return None
-    if not _first_series(parts, sample.family, sample.labels, "reason"):
+    split, target = _SPLIT_GAUGES[sample.family]
+    if not _first_series(parts, sample.family, sample.labels, split):
         return DropReason.UNEXPECTED_SERIES
-    reason = sample.labels.get("reason", "")
-    if len(reason) > limits.max_label_value_chars:
+    value = sample.labels.get(split, "")
+    if len(value) > limits.max_label_value_chars:
         return DropReason.LABEL_TOO_LONG
-    _once(parts, (sample.family, reason), sample)
-    reasons = parts.waiting_by_reason
-    if reason not in reasons and len(reasons) >= limits.max_split_values:
+    _once(parts, (sample.family, value), sample)
+    values = parts.split_values.setdefault(target, {})
+    if value not in values and len(values) >= limits.max_split_values:
         return DropReason.TOO_MANY_SERIES
     invalid = _valid(sample.value)
     if invalid is None:
-        reasons[reason] = sample.value
+        values[value] = sample.value
     return invalid
 
 
@@ -494,7 +517,7 @@ _ADDERS: Final[
     **dict.fromkeys(_GAUGES, _add_gauge),
     **dict.fromkeys(_COUNTERS, _add_counter),
     **dict.fromkeys(_USAGE, _add_usage),
-    _WAITING_BY_REASON: _add_waiting_reason,
+    **dict.fromkeys(_SPLIT_GAUGES, _add_split_gauge),
     _CACHE_CONFIG: _add_cache_config,
 }
 
@@ -527,12 +550,19 @@ def _freeze(
         cache_config = _cache_config(parts.cache_config, limits, dropped)
     usage = next((parts.usage[name] for name in _USAGE if name in parts.usage), None)
     sums = {k: v for k, v in parts.sums.items() if k not in parts.invalid}
+    splits = {
+        k: dict(sorted(v.items())) for k, v in parts.split_values.items() if k not in parts.invalid
+    }
+    queries, hits = "prefix_cache_queries_total", "prefix_cache_hits_total"
+    if queries not in sums and hits not in sums:  # before 0.9.2: the gpu_ names
+        queries, hits = f"gpu_{queries}", f"gpu_{hits}"
     return EngineMetrics(
         engine=engine,
         model_name=parts.model_name,
         requests_running=sums.get("requests_running"),
         requests_waiting=sums.get("requests_waiting"),
-        requests_waiting_by_reason=dict(sorted(parts.waiting_by_reason.items())),
+        requests_waiting_by_reason=splits.get("requests_waiting_by_reason", {}),
+        sleep_state=splits.get("sleep_state", {}),
         requests_swapped=sums.get("requests_swapped"),
         kv_cache_usage_ratio=usage,
         preemptions_total=sums.get("preemptions_total"),
@@ -545,6 +575,11 @@ def _freeze(
         inter_token_latency=histograms.get("inter_token_latency"),
         e2e_request_latency=histograms.get("e2e_request_latency"),
         request_queue_time=histograms.get("request_queue_time"),
+        request_params_n=histograms.get("request_params_n"),
+        prefix_cache_queries_total=sums.get(queries),
+        prefix_cache_hits_total=sums.get(hits),
+        prompt_tokens_cached_total=sums.get("prompt_tokens_cached_total"),
+        prompt_tokens_cached_by_source=splits.get("prompt_tokens_cached_by_source", {}),
         cache_config=cache_config,
     )
 

@@ -142,3 +142,73 @@ def test_the_json_keys_are_the_documented_ones(capsys: pytest.CaptureFixture[str
     assert set(result) == _documented_keys("One object;")
     assert set(engines[0]) == _documented_keys("Per engine")
     assert set(prediction) == _documented_keys("The prediction")
+
+
+# --- partial captures and the scheduler's limit ----------------------------------------------
+
+
+def _histograms_only(tmp_path: Path) -> Path:
+    """The real 0.32 capture cut down to its token histograms (what some people save)."""
+    text = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    kept = [
+        line
+        for line in text.splitlines()
+        if "request_prompt_tokens" in line or "request_generation_tokens" in line
+    ]
+    path = tmp_path / "partial.prom"
+    path.write_text("\n".join(kept) + "\n")
+    return path
+
+
+def test_a_partial_capture_reports_what_it_can_and_names_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Histograms without cache_config_info: the context figures, and a line per missing family."""
+    path = _histograms_only(tmp_path)
+    assert main(["check", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "no vllm: series" not in text
+    assert "context since start    p50" in text
+    assert "missing: vllm:cache_config_info (needed for KV capacity" in text
+    result = run_json(capsys, str(path))
+    missing = {m["family"] for m in result["missing_families"]}  # type: ignore[union-attr, index]
+    assert "vllm:cache_config_info" in missing
+    assert "vllm:request_prompt_tokens" not in missing
+    engines = result["engines"]
+    assert isinstance(engines, list)
+    assert engines[0]["context_tokens"] is not None
+
+
+def test_max_num_seqs_flag_caps_the_ceiling_and_names_the_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--max-num-seqs 1 on the real capture: the ceiling is 1, limited by max_num_seqs."""
+    capture = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
+    result = run_json(capsys, capture, "--max-num-seqs", "1")
+    (engine,) = result["engines"]  # type: ignore[misc]
+    assert engine["max_num_seqs"] == {"setting": 1.0}
+    assert engine["p95_ceiling_sequences"] <= 1
+    default = run_json(capsys, capture)
+    (engine,) = default["engines"]  # type: ignore[misc]
+    # The CPU backend's default for vLLM 0.33 rules (no --vllm-version): 128 x 1.
+    assert engine["max_num_seqs"] == {"default": 128.0}
+    assert engine["p95_ceiling_limited_by"] == "kv_cache"
+
+
+def test_a_bad_max_num_seqs_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-num-seqs 0: one line naming the flag, exit 2."""
+    capture = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
+    assert main(["check", capture, "--max-num-seqs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-seqs" in err
+    assert "Traceback" not in err
+
+
+def test_kv_capacity_tokens_is_vllms_and_the_pool_is_apart(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """kv_capacity_tokens is vLLM's kv_cache_size_tokens; kv_pool_tokens blocks x block size."""
+    result = run_json(capsys, str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom"))
+    (engine,) = result["engines"]  # type: ignore[misc]
+    assert engine["kv_capacity_tokens"] == 1024
+    assert engine["kv_pool_tokens"] == 8 * 128

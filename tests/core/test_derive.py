@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import (
     Sample,
     WindowSettings,
@@ -18,6 +19,7 @@ from exporter.core.derive import (
     next_sample,
     sequences_that_fit,
 )
+from exporter.core.reasons import Limit, MaxNumSeqsSource
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
 from exporter.core.windows import BucketCounts
 
@@ -263,3 +265,230 @@ def test_sequences_never_exceed_tokens_over_context(
 ) -> None:
     """Sequences that fit never exceed tokens / context (block rounding only lowers it)."""
     assert sequences_that_fit(tokens, context, block_size) <= tokens / context + 1e-9
+
+
+# --- every limit of the scheduler, not only the KV pool ----------------------------------------
+
+
+def limited(limit: int) -> RunningLimit:
+    """A max_num_seqs learnt from vLLM's command line."""
+    return RunningLimit(limit, MaxNumSeqsSource.COMMAND_LINE)
+
+
+def test_max_num_seqs_caps_the_ceiling_and_is_named() -> None:
+    """Short requests fit the pool many times over: --max-num-seqs 2 is the ceiling."""
+    small = replace(engine(finished=10), prompt_tokens=token_hist(2, 10, 4.0))
+    small = replace(small, generation_tokens=token_hist(2, 10, 4.0))
+    derived = derive_target([Sample(0.0, snap(small))], windows=WINDOWS, running_limit=limited(2))
+    (e,) = derived.engines
+    assert e.p95_kv_ceiling_sequences == 7.0  # one block each, 7 usable blocks
+    assert e.p95_ceiling_sequences == 2.0
+    assert e.p95_ceiling_limit == Limit.MAX_NUM_SEQS
+    assert e.p95_ceiling_limited_by == {"kv_cache": 0.0, "max_num_seqs": 1.0, "engine_asleep": 0.0}
+    assert e.max_num_seqs_by_source == {"command_line": 2.0}
+
+
+def test_headroom_is_zero_when_the_scheduler_is_full_however_free_the_pool() -> None:
+    """2 running under --max-num-seqs 2 with the pool nearly empty: 0 more, limited by it."""
+    busy = replace(engine(finished=10, running=2, waiting=5, usage=2 / 7))
+    busy = replace(
+        busy, prompt_tokens=token_hist(2, 10, 4.0), generation_tokens=token_hist(2, 10, 4.0)
+    )
+    (e,) = derive_target(
+        [Sample(0.0, snap(busy))], windows=WINDOWS, running_limit=limited(2)
+    ).engines
+    assert e.p95_kv_available_sequences == 5.0
+    assert e.p95_available_sequences == 0.0
+    assert e.p95_available_limit == Limit.MAX_NUM_SEQS
+    assert e.p95_available_ratio == 0.0
+
+
+def test_without_a_limit_the_kv_pool_alone_decides() -> None:
+    """No max_num_seqs known: the ceiling is the pool's, named kv_cache."""
+    (e,) = derive_target([Sample(0.0, snap(engine(finished=10)))], windows=WINDOWS).engines
+    assert e.p95_ceiling_sequences == e.p95_kv_ceiling_sequences
+    assert e.p95_ceiling_limit == Limit.KV_CACHE
+    assert e.max_num_seqs_by_source == {}
+
+
+def test_a_sleeping_engine_has_no_ceiling_and_no_headroom() -> None:
+    """engine_sleep_state awake=0: the ceiling and headroom are 0, limited by the sleep."""
+    asleep = replace(
+        engine(finished=10),
+        sleep_state={"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0},
+    )
+    (e,) = derive_target(
+        [Sample(0.0, snap(asleep))], windows=WINDOWS, running_limit=limited(8)
+    ).engines
+    assert e.asleep is True
+    assert e.engine_asleep == 1.0
+    assert e.p95_ceiling_sequences == 0.0
+    assert e.p95_available_sequences == 0.0
+    assert e.p95_ceiling_limit == Limit.ENGINE_ASLEEP
+    awake = replace(
+        asleep, sleep_state={"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
+    )
+    (e,) = derive_target([Sample(0.0, snap(awake))], windows=WINDOWS).engines
+    assert e.engine_asleep == 0.0
+    assert e.p95_ceiling_limit == Limit.KV_CACHE
+
+
+def test_sleep_state_absent_before_0_12_means_unknown_not_asleep() -> None:
+    """No vllm:engine_sleep_state: the engine is taken as awake, the gauge absent."""
+    (e,) = derive_target([Sample(0.0, snap(engine(finished=10)))], windows=WINDOWS).engines
+    assert e.asleep is None
+    assert e.engine_asleep is None
+
+
+# --- sequences versus requests (n > 1) ----------------------------------------------------------
+
+N_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, INF)
+
+
+def params_n(requests: int, n: int) -> Histogram:
+    """``vllm:request_params_n`` after ``requests`` requests of ``n`` each."""
+    index = N_BOUNDS.index(next(b for b in N_BOUNDS if n <= b))
+    cumulative = tuple(float(requests) if i >= index else 0.0 for i in range(len(N_BOUNDS)))
+    return Histogram(N_BOUNDS, cumulative, float(requests), float(requests * n))
+
+
+def test_n_2_requests_count_twice_as_sequences_and_once_as_requests() -> None:
+    """V1 runs an n=2 request as 2 sequences: 4 running sequences are 2 running requests."""
+    e0 = replace(engine(finished=20, running=4), request_params_n=params_n(10, 2))
+    (e,) = derive_target([Sample(0.0, snap(e0))], windows=WINDOWS).engines
+    assert e.sequences_per_request == 2.0
+    assert e.sequences_running == 4.0
+    assert e.requests_running == 2.0
+
+
+def test_headroom_in_requests_divides_by_the_mean_n() -> None:
+    """6 more sequences fit and each request holds 2: 3 more requests."""
+    e0 = replace(
+        engine(finished=20, running=0),
+        prompt_tokens=token_hist(2, 20, 4.0),
+        generation_tokens=token_hist(2, 20, 4.0),
+        request_params_n=params_n(10, 2),
+    )
+    (e,) = derive_target([Sample(0.0, snap(e0))], windows=WINDOWS, running_limit=limited(6)).engines
+    assert e.p95_available_sequences == 6.0
+    assert e.p95_available_requests == 3.0
+
+
+def test_v0_counts_requests_so_sequences_are_requests_times_n() -> None:
+    """V0 (num_requests_swapped exposed) counts sequence groups: 2 running requests of n=2."""
+    e0 = replace(
+        engine(finished=20, running=2), requests_swapped=0.0, request_params_n=params_n(10, 2)
+    )
+    (e,) = derive_target([Sample(0.0, snap(e0))], windows=WINDOWS).engines
+    assert e.requests_running == 2.0
+    assert e.sequences_running == 4.0
+
+
+def test_mean_n_comes_from_the_window_not_the_lifetime() -> None:
+    """10 requests of n=1 before the window, 10 of n=4 inside it: the window's n is 4."""
+    before = replace(engine(finished=10), request_params_n=params_n(10, 1))
+    inside = replace(
+        engine(finished=50),
+        request_params_n=Histogram(
+            N_BOUNDS, (10.0, 10.0, 20.0, 20.0, 20.0, 20.0), 20.0, 10.0 + 40.0
+        ),
+    )
+    samples = chain(Sample(0.0, snap(before)), Sample(30.0, snap(inside)))
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.sequences_per_request == 4.0
+
+
+# --- prefix sharing -----------------------------------------------------------------------------
+
+
+def sharing(
+    *, finished: int, queries: float, hits: float, running: float = 0.0, usage: float = 0.0
+) -> EngineMetrics:
+    """Requests of a 384-token shared prefix + 64 own prompt tokens + 64 output tokens."""
+    return replace(
+        engine(finished=finished, running=running, usage=usage),
+        prompt_tokens=Histogram(
+            TOKEN_BOUNDS, (0,) * 8 + (float(finished),) * 2, float(finished), finished * 448.0
+        ),
+        generation_tokens=Histogram(
+            TOKEN_BOUNDS, (0,) * 6 + (float(finished),) * 4, float(finished), finished * 64.0
+        ),
+        prefix_cache_queries_total=queries,
+        prefix_cache_hits_total=hits,
+    )
+
+
+def test_shared_prefixes_raise_the_effective_ceiling_above_the_unshared_one() -> None:
+    """Every request hits its 384-token prefix: 4 sequences share 3 blocks, 1 block each."""
+    before = sharing(finished=0, queries=0.0, hits=0.0)
+    after = sharing(finished=10, queries=4480.0, hits=3840.0, running=4, usage=1.0)
+    samples = chain(Sample(0.0, snap(before)), Sample(30.0, snap(after)))
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.prefix_cache_hit_ratio == pytest.approx(3840 / 4480)
+    assert e.shared_prefix_tokens == pytest.approx(384.0)
+    assert e.p95_kv_ceiling_sequences is not None
+    assert e.p95_effective_ceiling_sequences is not None
+    assert e.p95_effective_ceiling_sequences > e.p95_kv_ceiling_sequences
+    # 896 usable tokens: the 384 shared once, then one own block of 128 per sequence.
+    context = e.context_p95_tokens
+    assert context is not None
+    own = math.ceil(context / 128) * 128 - 384
+    assert e.p95_effective_ceiling_sequences == math.floor((896 - 384) / own)
+    assert e.kv_tokens_per_running_sequence == pytest.approx(896 / 4)
+
+
+def test_no_prefix_hits_means_the_effective_ceiling_is_the_unshared_one() -> None:
+    """A hit ratio of 0 shares nothing: both ceilings agree."""
+    before = sharing(finished=0, queries=0.0, hits=0.0)
+    after = sharing(finished=10, queries=4480.0, hits=0.0)
+    (e,) = derive_target(
+        chain(Sample(0.0, snap(before)), Sample(30.0, snap(after))), windows=WINDOWS
+    ).engines
+    assert e.prefix_cache_hit_ratio == 0.0
+    assert e.p95_effective_ceiling_sequences == e.p95_kv_ceiling_sequences
+
+
+def test_the_effective_ceiling_is_capped_by_max_num_seqs_too() -> None:
+    """Sharing cannot lift the ceiling past the scheduler's limit."""
+    before = sharing(finished=0, queries=0.0, hits=0.0)
+    after = sharing(finished=10, queries=4480.0, hits=3840.0)
+    samples = chain(Sample(0.0, snap(before)), Sample(30.0, snap(after)))
+    (e,) = derive_target(samples, windows=WINDOWS, running_limit=limited(2)).engines
+    assert e.p95_effective_ceiling_sequences == 2.0
+
+
+def test_without_prefix_cache_counters_there_is_no_effective_figure() -> None:
+    """Before vLLM exposes prefix cache counters the effective figures are absent, not guessed."""
+    (e,) = derive_target([Sample(0.0, snap(engine(finished=10)))], windows=WINDOWS).engines
+    assert e.prefix_cache_hit_ratio is None
+    assert e.p95_effective_ceiling_sequences is None
+    assert e.kv_tokens_per_running_sequence is None  # nothing running
+
+
+def test_cached_prompt_share_by_source_over_the_window() -> None:
+    """600 of 1,000 prompt tokens in the window came from host memory: host 0.6, device 0."""
+
+    def cached(prompt: float, host: float) -> EngineMetrics:
+        return replace(
+            engine(finished=1),
+            prompt_tokens_total=prompt,
+            prompt_tokens_cached_by_source={"device": 0.0, "host": host},
+        )
+
+    samples = chain(
+        Sample(0.0, snap(cached(500.0, 100.0))), Sample(30.0, snap(cached(1500.0, 700.0)))
+    )
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.prompt_tokens_cached_ratio_by_source == {"device": 0.0, "host": 0.6}
+
+
+def test_admission_rejections_are_a_rate_per_server() -> None:
+    """10 queue-limit refusals in 20 s: 0.5 per second; absent where vLLM does not count them."""
+    first = replace(snap(engine()), admission_rejections_total=5.0)
+    second = replace(snap(engine()), admission_rejections_total=15.0)
+    derived = derive_target(chain(Sample(0.0, first), Sample(20.0, second)), windows=WINDOWS)
+    assert derived.admission_rejections_per_second == 0.5
+    plain = derive_target(
+        chain(Sample(0.0, snap(engine())), Sample(20.0, snap(engine()))), windows=WINDOWS
+    )
+    assert plain.admission_rejections_per_second is None

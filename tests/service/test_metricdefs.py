@@ -53,6 +53,17 @@ UNITLESS = {
     "headroom_probe_targets",
     "headroom_window_samples",
     "headroom_dropped_samples",
+    # Counts of sequences and requests, named as vLLM names them.
+    "headroom_max_num_seqs",
+    "headroom_sequences_running",
+    "headroom_p95_available_requests",
+    # Ratios of counts: sequences per request, tokens per sequence.
+    "headroom_sequences_per_request",
+    "headroom_kv_tokens_per_running_sequence",
+    # One-hot states.
+    "headroom_p95_ceiling_limited_by",
+    "headroom_p95_available_limited_by",
+    "headroom_engine_asleep",
 }
 
 
@@ -113,11 +124,11 @@ def _recorded_gpus(_settings: object) -> NvmlGpuSource:
     return NvmlGpuSource(reader, allow_all=True, discover=lambda **_: visibility)
 
 
-def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: FakeVllm) -> None:
+def test_the_sidecar_exposes_exactly_the_defined_metrics(busy_vllm: FakeVllm) -> None:
     """Sidecar mode with every source up exposes every target and exporter metric, no other."""
     running = ExporterThread(
         {
-            "target": static_vllm.url,
+            "target": busy_vllm.url,
             "poll_interval_seconds": 0.2,
             "poll_timeout_seconds": 0.2,
             "model": str(TINY),
@@ -136,7 +147,7 @@ def test_the_sidecar_exposes_exactly_the_defined_metrics(static_vllm: FakeVllm) 
 
 
 def test_fleet_mode_exposes_probe_metrics_and_target_metrics_on_probe(
-    static_vllm: FakeVllm,
+    busy_vllm: FakeVllm,
 ) -> None:
     """In fleet mode /metrics has the exporter's own metrics and /probe the target's."""
     running = ExporterThread(
@@ -144,7 +155,7 @@ def test_fleet_mode_exposes_probe_metrics_and_target_metrics_on_probe(
     )
     try:
         for _ in range(2):
-            probe = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
+            probe = httpx.get(f"{running.url}/probe", params={"target": busy_vllm.url})
         own = httpx.get(f"{running.url}/metrics").text
     finally:
         running.stop()

@@ -10,9 +10,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.core.views import PredictionView, TargetInfo
-from exporter.service.poller import TargetPoller
+from exporter.service.poller import PollSettings, TargetPoller
 from exporter.testing.fakevllm import FakeVllm, Fault, VllmState
 from exporter.vllm.client import VllmClient
+from exporter.vllm.launch import parse_launch_flags
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
     from exporter.errors import SourceError
+    from exporter.vllm.launch import LaunchFlags
 
 CAPTURES = paths.CAPTURES
 AFTER_LOAD = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
@@ -215,3 +217,99 @@ def test_the_predictor_loads_after_discovery_and_feeds_the_derivation() -> None:
     assert poller.view.derived is not None
     assert poller.view.derived.engines[0].kv_capacity_error_ratio == 0.0
     assert poller.view.sources["model_config"].up
+
+
+# --- max_num_seqs: learnt from the vLLM process, else the setting, else the default ----------
+
+
+class Launch:
+    """A LaunchSource answering a fixed command line, counting its reads."""
+
+    def __init__(self, argv: list[str] | None) -> None:
+        self.argv = argv
+        self.reads = 0
+
+    def read(self) -> LaunchFlags | None:
+        self.reads += 1
+        return parse_launch_flags(self.argv) if self.argv is not None else None
+
+
+def test_max_num_seqs_is_learnt_from_the_vllm_command_line() -> None:
+    """vLLM started with --max-num-seqs 2: the engine's limit is 2, from its command line."""
+    launch = Launch(["vllm", "serve", "/models/tiny", "--max-num-seqs", "2"])
+    with capture_logs() as logs:
+        poller = poll(fake_vllm(), Clock(), times=2, launch=launch)
+    assert poller.view.derived is not None
+    (engine,) = poller.view.derived.engines
+    assert engine.max_num_seqs_by_source == {"command_line": 2.0}
+    assert launch.reads == 1, "read at discovery, not on every poll"
+    learnt = [e for e in logs if e["event"] == "max_num_seqs"]
+    assert len(learnt) == 1, "logged when it changes, not every poll"
+    assert learnt[0]["origin"] == "command_line"
+
+
+def test_without_the_flag_the_setting_then_the_default() -> None:
+    """No flag on the command line: the max_num_seqs setting; without it vLLM's CPU default."""
+    bare = Launch(["vllm", "serve", "/models/tiny"])
+    set_ = poll(fake_vllm(), Clock(), launch=bare, settings=PollSettings(max_num_seqs=7))
+    assert set_.view.derived is not None
+    assert set_.view.derived.engines[0].max_num_seqs_by_source == {"setting": 7.0}
+    default = poll(fake_vllm(), Clock(), launch=Launch(None))
+    assert default.view.derived is not None
+    # The capture is vLLM 0.32's CPU backend (128-token blocks, no GPU): 128 x 1.
+    assert default.view.derived.engines[0].max_num_seqs_by_source == {"default": 128.0}
+
+
+def test_a_restarted_vllm_has_its_command_line_read_again() -> None:
+    """After a restart the flags may differ: discovery reads them again."""
+    fake = fake_vllm()
+    launch = Launch(["vllm", "serve", "m", "--max-num-seqs", "2"])
+    clock = Clock()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
+            client = VllmClient(
+                "http://vllm:8000", client=http, timeout_seconds=2.0, max_bytes=1 << 20
+            )
+            poller = TargetPoller(
+                "http://vllm:8000",
+                client=client,
+                parse=parse_vllm_metrics,
+                clock=clock,
+                launch=launch,
+            )
+            await poller.poll_once()
+            launch.argv = ["vllm", "serve", "m", "--max-num-seqs", "16"]
+            fake.payload = AFTER_LOAD.replace(  # a new process start time: a restart
+                b"process_start_time_seconds 1.", b"process_start_time_seconds 2."
+            )
+            clock.now += 5.0
+            await poller.poll_once()
+            assert poller.view.derived is not None
+            assert poller.view.derived.engines[0].max_num_seqs_by_source == {"command_line": 16.0}
+
+    asyncio.run(go())
+    assert launch.reads == 2
+
+
+def test_a_crashing_launch_source_is_logged_and_the_default_used() -> None:
+    """An odd /proc must not stop the polls: the crash is logged, the default stands in."""
+
+    class Broken:
+        def read(self) -> LaunchFlags | None:
+            raise RuntimeError("boom")
+
+    with capture_logs() as logs:
+        poller = poll(fake_vllm(), Clock(), launch=Broken())
+    assert poller.view.derived is not None
+    assert poller.view.derived.engines[0].max_num_seqs_by_source == {"default": 128.0}
+    assert any(e["event"] == "launch_read_crashed" for e in logs)
+
+
+def test_invalid_flags_are_warned_about() -> None:
+    """--max-num-seqs=abc on vLLM's command line: a warning naming it; the default is used."""
+    with capture_logs() as logs:
+        poll(fake_vllm(), Clock(), launch=Launch(["vllm", "serve", "m", "--max-num-seqs=abc"]))
+    warned = [e for e in logs if e["event"] == "launch_flags_invalid"]
+    assert warned
+    assert warned[0]["flags"] == {"--max-num-seqs": "abc"}

@@ -111,7 +111,8 @@ def test_the_help_type_only_capture_gives_one_engine_without_samples() -> None:
     assert engine.engine == "0"
     values = {f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)}
     assert values.pop("engine") == "0"
-    assert values.pop("requests_waiting_by_reason") == {}
+    for split in ("requests_waiting_by_reason", "sleep_state", "prompt_tokens_cached_by_source"):
+        assert values.pop(split) == {}
     assert set(values.values()) == {None}
     assert "vllm:num_preemptions_total" in snapshot.families
 
@@ -626,3 +627,66 @@ def test_a_corrupted_real_capture_parses_or_raises_parse_error(data: st.DataObje
     corrupted = text[:position] + character + text[position + (0 if keep else 1) :]
     with contextlib.suppress(ParseError):
         parse_vllm_metrics(corrupted)
+
+
+# --- the families every limit needs (issue 16) -------------------------------------------------
+
+
+def test_the_032_capture_reports_sleep_prefix_cache_and_n() -> None:
+    """The real 0.32 capture: awake, 1,212 prompt tokens looked up, none hit, 12 requests of n=1."""
+    engine = parse_vllm_metrics(_capture(AFTER_LOAD)).engines["0"]
+    assert engine.sleep_state == {"awake": 1.0, "discard_all": 0.0, "weights_offloaded": 0.0}
+    assert (engine.prefix_cache_queries_total, engine.prefix_cache_hits_total) == (1212.0, 0.0)
+    assert engine.prompt_tokens_cached_by_source == {
+        "device": 0.0,
+        "disk": 0.0,
+        "external_unspecified": 0.0,
+        "host": 0.0,
+        "p2p": 0.0,
+    }
+    assert engine.request_params_n is not None
+    assert (engine.request_params_n.count, engine.request_params_n.sum) == (12.0, 12.0)
+
+
+def test_prefix_cache_counters_before_0_9_2_have_the_gpu_prefix() -> None:
+    """vllm:gpu_prefix_cache_* stand in when the newer names are absent; the newer win."""
+    old = parse_vllm_metrics(
+        'vllm:gpu_prefix_cache_queries_total{engine="0"} 10\n'
+        'vllm:gpu_prefix_cache_hits_total{engine="0"} 4\n'
+    ).engines["0"]
+    assert (old.prefix_cache_queries_total, old.prefix_cache_hits_total) == (10.0, 4.0)
+    both = parse_vllm_metrics(
+        'vllm:gpu_prefix_cache_queries_total{engine="0"} 10\n'
+        'vllm:prefix_cache_queries_total{engine="0"} 30\n'
+        'vllm:prefix_cache_hits_total{engine="0"} 9\n'
+    ).engines["0"]
+    assert (both.prefix_cache_queries_total, both.prefix_cache_hits_total) == (30.0, 9.0)
+
+
+def test_a_cache_source_written_twice_is_refused() -> None:
+    """Two samples of one source of one engine: the series is written twice."""
+    line = 'vllm:prompt_tokens_cached_by_source_total{engine="0",source="host"} 1\n'
+    with pytest.raises(ParseError, match="written twice"):
+        parse_vllm_metrics(line * 2)
+
+
+def test_cache_sources_past_the_cap_are_dropped_and_counted() -> None:
+    """Only the first sources are kept; the others are counted, never summed in silently."""
+    text = "".join(
+        f'vllm:prompt_tokens_cached_by_source_total{{engine="0",source="s{i}"}} 1\n'
+        for i in range(4)
+    )
+    snapshot = parse_vllm_metrics(text, limits=SMALL)
+    assert snapshot.engines["0"].prompt_tokens_cached_by_source == {"s0": 1.0, "s1": 1.0}
+    assert snapshot.dropped_samples == 2
+
+
+def test_an_impossible_sleep_state_is_dropped_and_counted() -> None:
+    """A NaN sleep state is left out and counted, the others kept."""
+    text = (
+        'vllm:engine_sleep_state{engine="0",sleep_state="awake"} NaN\n'
+        'vllm:engine_sleep_state{engine="0",sleep_state="discard_all"} 0\n'
+    )
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].sleep_state == {"discard_all": 0.0}
+    assert snapshot.dropped == {"not_finite": 1}

@@ -1,0 +1,122 @@
+"""What a vLLM server was started with: the scheduler flags read from its command line.
+
+No metric, endpoint or INFO log line of vLLM says ``max_num_seqs`` (docs/sizing.md), but the
+flags a user gave are on the server's command line, which the sidecar already reads from
+``/proc`` to find vLLM's GPUs. This module reads them the way vLLM's argparse does: ``--flag N``
+and ``--flag=N``, underscores or dashes, the last occurrence winning, and the human-readable
+integers (``8k``, ``16K``) vLLM accepts for token counts. Values in a ``--config`` YAML file are
+not read (the flag's presence is reported, so the caller can say so).
+
+Pure: argv in, plain data out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+#: vLLM's default ``--port``.
+DEFAULT_PORT = 8000
+
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+# Flag spellings (after underscores become dashes) -> field.
+_INT_FLAGS = {
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-num-active-seqs": "max_num_active_seqs",
+    "--tensor-parallel-size": "tensor_parallel",
+    "-tp": "tensor_parallel",
+    "--pipeline-parallel-size": "pipeline_parallel",
+    "-pp": "pipeline_parallel",
+    "--port": "port",
+}
+_TEXT_FLAGS = {"--performance-mode": "performance_mode", "--config": "config_file"}
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFlags:
+    """The scheduler-relevant flags of one vLLM server (``None``: not on its command line)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_active_seqs: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    performance_mode: str | None = None
+    port: int | None = None
+    #: ``--config FILE``: flags may be set there instead (not read).
+    config_file: str | None = None
+    #: Flags given a value vLLM would refuse (``--max-num-seqs abc``): name -> text.
+    invalid: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def listen_port(self) -> int:
+        """The port the API server listens on."""
+        return self.port if self.port is not None else DEFAULT_PORT
+
+
+def human_readable_int(text: str) -> int | None:
+    """``"8192"``, ``"8k"`` (8,000) or ``"8K"`` (8,192) as vLLM reads them; None otherwise."""
+    value = text.strip()
+    if value.isascii() and value.isdigit():
+        return int(value)
+    match = _HUMAN.fullmatch(value)
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        return None  # vLLM refuses fractions of binary units
+    return int(number) * _BINARY[suffix]
+
+
+def _split(argv: Sequence[str]) -> list[tuple[str, str | None]]:
+    """``(flag, value)`` pairs; a flag's value is the next word unless given with ``=``."""
+    pairs: list[tuple[str, str | None]] = []
+    words = list(argv)
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if not word.startswith("-") or word == "-":
+            continue
+        name, sep, value = word.partition("=")
+        if name.startswith("--"):
+            name = "--" + name[2:].replace("_", "-")
+        known = name in _INT_FLAGS or name in _TEXT_FLAGS
+        if not sep and known and index < len(words):
+            value = words[index]
+            index += 1
+            pairs.append((name, value))
+        elif known:
+            pairs.append((name, value if sep else None))
+    return pairs
+
+
+def parse_launch_flags(argv: Sequence[str]) -> LaunchFlags:
+    """The scheduler flags of a vLLM command line (``vllm serve ...`` or ``python -m ...``)."""
+    found: dict[str, object] = {}
+    invalid: dict[str, str] = {}
+    for name, value in _split(argv):
+        if value is None:
+            invalid[name] = ""
+            continue
+        if name in _TEXT_FLAGS:
+            found[_TEXT_FLAGS[name]] = value
+            continue
+        number = human_readable_int(value)
+        if number is None or number < 1:
+            invalid[name] = value
+            found.pop(_INT_FLAGS[name], None)
+            continue
+        invalid.pop(name, None)
+        found[_INT_FLAGS[name]] = number
+    return LaunchFlags(**found, invalid=tuple(sorted(invalid.items())))  # type: ignore[arg-type]
