@@ -3,11 +3,18 @@
 # non-root user. Build from the repository root:
 #
 #   docker build -t vllm-headroom:0.1.0 .
+#   podman build --format docker -t vllm-headroom:0.1.0 .     # --format docker keeps HEALTHCHECK
+#   scripts/image/build.sh       # no registry: podman on a debootstrap base (docs/kubernetes.md)
 #
 # Stage "build" makes our wheel (the same `pip wheel --no-deps` tests/test_helm.py runs) and the
 # wheels of its dependencies; the final stage installs only those wheels: no compiler, no source
 # tree, no pip cache. Pin the base by digest in your pipeline:
 #   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>
+# Behind a corporate mirror or TLS-intercepting proxy, only the build stage reaches the network:
+#   --build-arg PIP_INDEX_URL=https://pypi.example.com/simple   (also PIP_EXTRA_INDEX_URL,
+#       PIP_TRUSTED_HOST; build args of the build stage only, not in the image's history)
+#   --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt      (a full CA bundle pip trusts; a
+#       secret is mounted for that one RUN and never becomes a layer)
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -17,7 +24,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN pip wheel --no-deps --wheel-dir /wheels . \
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip wheel --no-deps --wheel-dir /wheels . \
  && pip wheel --wheel-dir /wheels /wheels/vllm_headroom-*.whl
 
 FROM ${PYTHON_IMAGE}

@@ -1,12 +1,13 @@
 # The two set-up commands of the README (`make demo`, `make test`) and their helpers.
-# The project installs into ./.venv; only `deps` installs elsewhere (the e2e tests' vLLM venv and
-# Helm in ~/.cache/vllm-headroom, Debian's prometheus package system-wide: scripts/ci-deps.sh).
+# The project installs into ./.venv; only `deps` installs elsewhere: the e2e tests' vLLM venv, Helm
+# and Debian's Prometheus, promtool and Alertmanager unpacked into the cache (any user), and, as
+# root only, podman and debootstrap for the image test (scripts/ci-deps.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint deps docs
+.PHONY: demo test lint deps docs image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +32,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The e2e tests' vLLM, Prometheus and Helm (cached outside the project; see scripts/ci-deps.sh).
+# The e2e tests' vLLM, Prometheus, Alertmanager and Helm (cached outside the project; as root also
+# podman and debootstrap; see scripts/ci-deps.sh).
 deps:
 	bash scripts/ci-deps.sh
 
+# The tests find the cached tools themselves (tests/e2e/harness.py locators).
 test: $(STAMP) lint deps
 	$(BIN)/pytest
+
+# The image, with podman on a Debian base made by debootstrap (root; no registry needed). Prints its
+# reference; docs/kubernetes.md says how to push and sign it.
+image:
+	bash scripts/image/build.sh

@@ -21,19 +21,19 @@ import copy
 import json
 import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
 from tests import paths
+from tests.e2e.harness import MissingResourceError, promtool_binary
 from tests.promql import PromQLSyntaxError, metric_names, number_literals
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 REPO = paths.REPO
 RULES = REPO / "alerts" / "vllm-headroom.rules.yml"
@@ -89,14 +89,13 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    """promtool; fails in CI and skips elsewhere when it is not installed."""
-    found = shutil.which("promtool")
-    if found is None:
-        message = "promtool is missing; install it with: bash scripts/e2e/install-prometheus.sh"
+    """promtool (the cache's, else PATH's); fails in CI and skips elsewhere when not installed."""
+    try:
+        return promtool_binary()
+    except MissingResourceError as exc:
         if _in_ci():
-            pytest.fail(f"CI=true and {message}", pytrace=False)
-        pytest.skip(message)
-    return Path(found)
+            pytest.fail(f"CI=true and {exc}", pytrace=False)
+        pytest.skip(str(exc))
 
 
 def _run(argv: list[str | Path], *, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

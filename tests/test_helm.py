@@ -41,6 +41,7 @@ import exporter
 from exporter.service.allowlist import AllowlistError, parse_allowlist
 from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
 from tests import paths
+from tests.e2e.harness import MissingResourceError, promtool_binary
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -116,9 +117,12 @@ def helm() -> Path:
 
 @pytest.fixture(scope="session")
 def promtool() -> Path:
-    """promtool from Debian's prometheus package."""
-    found = shutil.which("promtool")
-    return _require(Path(found) if found else None, "promtool", PROMTOOL_INSTALL)
+    """promtool from Debian's prometheus package (unpacked into the cache, else on PATH)."""
+    try:
+        found: Path | None = promtool_binary()
+    except MissingResourceError:
+        found = None
+    return _require(found, "promtool", PROMTOOL_INSTALL)
 
 
 class RenderError(Exception):

