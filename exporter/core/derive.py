@@ -576,6 +576,12 @@ def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
         elif preempted == 0:
             per_request = 0.0
     finished_per_second = finished / span if latest.requests_finished_total is not None else None
+    if latest.request_params_n is not None:
+        # V1 counts each of a request's n sequences in request_success; request_params_n is
+        # observed once per request.
+        engines = (s.snapshot.engines.get(name) for s in window)
+        counts = [e.request_params_n.count if e and e.request_params_n else None for e in engines]
+        finished_per_second = window_increase(counts, window_resets) / span
     return _Rates(per_second, per_request, finished_per_second)
 
 

@@ -410,7 +410,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_preemptions_per_finished_request",
         Kind.GAUGE,
-        "Preemptions per finished request over the rate window; absent when none finished.",
+        "Preemptions per finished sequence over the rate window (vLLM counts each of a "
+        "request's n sequences as a request); absent when none finished.",
         ENGINE,
         source="increase of vllm:num_preemptions_total / increase of vllm:request_success_total",
         row=Row.ENGINE,
@@ -419,9 +420,10 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_finished_requests_per_second",
         Kind.GAUGE,
-        "Requests finished per second over the rate window.",
+        "Requests finished per second over the rate window; a request with n > 1 counts once.",
         ENGINE,
-        source="increase of vllm:request_success_total (all finished reasons)",
+        source="increase of vllm:request_params_n_count (once per request), else of "
+        "vllm:request_success_total (all finished reasons)",
         row=Row.ENGINE,
         field="finished_requests_per_second",
     ),

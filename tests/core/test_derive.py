@@ -492,3 +492,13 @@ def test_admission_rejections_are_a_rate_per_server() -> None:
         chain(Sample(0.0, snap(engine())), Sample(20.0, snap(engine()))), windows=WINDOWS
     )
     assert plain.admission_rejections_per_second is None
+
+
+def test_finished_requests_count_a_request_with_n_2_once() -> None:
+    """10 requests of n=2 finish in 20 s: vLLM counts 20 successes, the rate is 0.5 requests/s."""
+    before = replace(engine(finished=0), request_params_n=params_n(0, 2))
+    after = replace(engine(finished=20), request_params_n=params_n(10, 2))
+    (e,) = derive_target(
+        chain(Sample(0.0, snap(before)), Sample(20.0, snap(after))), windows=WINDOWS
+    ).engines
+    assert e.finished_requests_per_second == 0.5

@@ -821,13 +821,18 @@ def burst(
     count: int | None = None,
     seed: int = 0,
     request_timeout_s: float = 300.0,
+    shared_prefix_tokens: int = 0,
+    n: int = 1,
 ) -> list[Completion]:
     """Send completions from ``concurrency`` parallel clients; return them in request order.
 
     Every request has exactly ``prompt_tokens`` prompt token ids and asks for exactly
-    ``output_tokens`` (``max_tokens`` with ``ignore_eos``). Give ``count`` (total requests) or
-    ``duration_s`` (no request starts after it; those in flight finish). The first failed request
-    stops the others from starting new ones and is raised as :class:`LoadError`.
+    ``output_tokens`` (``max_tokens`` with ``ignore_eos``) per sample; the first
+    ``shared_prefix_tokens`` of every prompt are the same (vLLM's prefix cache shares their
+    blocks), the rest distinct. ``n`` asks for that many samples per request. Give ``count``
+    (total requests) or ``duration_s`` (no request starts after it; those in flight finish). The
+    first failed request stops the others from starting new ones and is raised as
+    :class:`LoadError`.
     """
     if (duration_s is None) == (count is None):
         raise ValueError("burst() needs exactly one of duration_s and count")
@@ -837,6 +842,13 @@ def burst(
     failed = threading.Event()
     results: list[Completion] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    if not 0 <= shared_prefix_tokens <= prompt_tokens:
+        raise ValueError("shared_prefix_tokens must be between 0 and prompt_tokens")
+    prefix = prompt_token_ids(-1, shared_prefix_tokens, seed=seed)
+
+    def prompt(index: int) -> list[int]:
+        own = prompt_token_ids(index, prompt_tokens - shared_prefix_tokens, seed=seed)
+        return prefix + own
 
     def next_index() -> int | None:
         with lock:
@@ -851,10 +863,11 @@ def burst(
         while (index := next_index()) is not None:
             body = {
                 "model": model,
-                "prompt": prompt_token_ids(index, prompt_tokens, seed=seed),
+                "prompt": prompt(index),
                 "max_tokens": output_tokens,
                 "ignore_eos": True,
-                "temperature": 0.0,
+                "temperature": 0.0 if n == 1 else 1.0,
+                "n": n,
             }
             started = time.monotonic()
             try:
