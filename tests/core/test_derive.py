@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import given
@@ -22,6 +23,11 @@ from exporter.core.derive import (
 from exporter.core.reasons import Limit, MaxNumSeqsSource
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
 from exporter.core.windows import BucketCounts
+from exporter.vllm.metrics import parse_vllm_metrics
+from tests import paths
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 INF = math.inf
 TOKEN_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, INF)
@@ -502,3 +508,48 @@ def test_finished_requests_count_a_request_with_n_2_once() -> None:
         chain(Sample(0.0, snap(before)), Sample(20.0, snap(after))), windows=WINDOWS
     ).engines
     assert e.finished_requests_per_second == 0.5
+
+
+# --- every recorded capture: the limits hold together ------------------------------------------
+
+_CAPTURES = sorted(
+    p
+    for p in [
+        *paths.CAPTURES.glob("*.prom"),
+        *(paths.FIXTURES / "vllm-cpu" / "burst").glob("*.prom"),
+    ]
+    if not p.name.startswith("14_")  # the docs' example elides a line: it does not parse
+)
+
+
+@pytest.mark.parametrize("path", _CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("limit", [None, 1, 4, 1024])
+def test_every_capture_derives_a_ceiling_under_its_limits(path: Path, limit: int | None) -> None:
+    """Each real payload (0.6 to 0.33, idle and mid-burst): the limits combine as specified.
+
+    The ceiling is the smaller of the pool's figure and max_num_seqs and names it; the headroom
+    never exceeds the free slots; the effective ceiling is never below the unshared one; requests
+    times the mean n are the sequences.
+    """
+    snapshot = parse_vllm_metrics(path.read_bytes())
+    running_limit = limited(limit) if limit is not None else None
+    samples = chain(Sample(0.0, snapshot), Sample(5.0, snapshot))
+    for e in derive_target(samples, windows=WINDOWS, running_limit=running_limit).engines:
+        if e.p95_ceiling_sequences is not None:
+            kv = e.p95_kv_ceiling_sequences
+            expected = min(x for x in (kv, limit) if x is not None)
+            assert e.p95_ceiling_sequences == expected
+            assert e.p95_ceiling_limit == (
+                Limit.MAX_NUM_SEQS
+                if limit is not None and (kv is None or limit <= kv)
+                else Limit.KV_CACHE
+            )
+        if e.p95_available_sequences is not None and limit is not None:
+            assert e.p95_available_sequences <= max(0.0, limit - (e.sequences_running or 0))
+        if e.p95_effective_ceiling_sequences is not None and e.p95_ceiling_sequences is not None:
+            assert e.p95_effective_ceiling_sequences >= e.p95_ceiling_sequences
+        if e.requests_running is not None and e.sequences_running is not None:
+            assert e.requests_running * (e.sequences_per_request or 1.0) == pytest.approx(
+                e.sequences_running
+            )
+        assert e.engine_asleep in (None, 0.0), "every recorded vLLM was awake"
