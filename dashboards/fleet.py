@@ -1,9 +1,11 @@
 """The fleet overview: every instance by model, how close each is, and what is firing.
 
 Read top to bottom at 2 a.m.: the fleet at a glance (targets down, firing alerts, headroom per
-model), then one table row per engine of every instance with capacity, usage, headroom,
-preemptions, queue, prediction error and foreign GPU memory, then the instances nearest their
-ceiling, then the firing alerts with their runbooks. Every number comes from the sidecars'
+model, which limit binds how many engines, requests refused at queue limits), then one table row
+per engine of every instance with capacity, usage, headroom, preemptions, queue, prediction
+error, foreign GPU memory, the binding limit and the effective headroom, then the instances
+nearest their ceiling, the trends (the ceiling under every limit against the one with today's
+prefix sharing), then the firing alerts with their runbooks. Every number comes from the sidecars'
 ``headroom_*`` series; click an instance to open its drill-down.
 """
 
@@ -21,6 +23,7 @@ from dashboards.queries import (
     JOB,
     NAMESPACE,
     TARGET,
+    binding_limit,
     metric,
     per_engine,
     scope_variables,
@@ -39,6 +42,7 @@ from dashboards.widgets import (
     bargauge_panel,
     dashboard_link,
     firing_alerts_table,
+    limit_mapping,
     restart_annotation,
     runbook_index_link,
     stat_panel,
@@ -192,6 +196,46 @@ def _overview(facts: RuleFacts) -> Row:
                 12,
                 4,
             ),
+            Cell(
+                stat_panel(
+                    "Engines by binding limit",
+                    description=(
+                        "How many engines each limit of vLLM's scheduler stops now: the KV "
+                        "cache, max_num_seqs (every running slot taken) or sleep."
+                    ),
+                    unit="short",
+                    queries=[
+                        Query(
+                            "count by (limit) ("
+                            f"{metric('headroom_p95_available_limited_by', FLEET_ENGINE)} == 1)",
+                            legend="{{limit}}",
+                        )
+                    ],
+                    facts=facts,
+                    alerts=[limits.MAX_NUM_SEQS_BINDING],
+                    show_name=True,
+                ),
+                12,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Requests refused at the queue limit",
+                    description=(
+                        "Requests the selected vLLM servers refused with 503 per second at their "
+                        "queue limits (--max-num-queued-reqs, --max-num-queued-tokens; 0.32+)."
+                    ),
+                    unit="reqps",
+                    queries=[
+                        Query(f"sum({metric('headroom_admission_rejections_per_second', TARGET)})")
+                    ],
+                    facts=facts,
+                    alerts=[limits.ADMISSION_REJECTIONS],
+                    graph=True,
+                ),
+                12,
+                4,
+            ),
         ],
     )
 
@@ -264,6 +308,22 @@ def _instances(facts: RuleFacts) -> Row:
             [limits.FOREIGN_MEMORY],
             coloured=True,
         ),
+        Column(
+            "Limited by",
+            binding_limit("headroom_p95_available_limited_by", FLEET_ENGINE, ENGINE_KEY),
+            "none",
+            mappings=[limit_mapping()],
+        ),
+        Column(
+            "max_num_seqs",
+            f"{by} ({metric('headroom_max_num_seqs', FLEET_ENGINE)})",
+            "count:seqs",
+        ),
+        Column(
+            "Headroom @p95, shared prefixes",
+            f"{by} ({metric('headroom_p95_effective_available_sequences', FLEET_ENGINE)})",
+            "count:seqs",
+        ),
     ]
     return Row(
         "Instances",
@@ -273,8 +333,9 @@ def _instances(facts: RuleFacts) -> Row:
                     "Instances by model",
                     description=(
                         "One row per vLLM engine: KV capacity, usage and headroom for sequences "
-                        "of p95 context, preemptions, queue, sizing error and foreign GPU memory "
-                        "(click an instance to drill down)."
+                        "of p95 context, preemptions, queue, sizing error, foreign GPU memory, "
+                        "the limit that binds, max_num_seqs and the headroom with today's prefix "
+                        "sharing (click an instance to drill down)."
                     ),
                     unit="short",
                     facts=facts,
@@ -298,7 +359,8 @@ def _instances(facts: RuleFacts) -> Row:
                     description=(
                         "Per model and namespace, summed over its instances: capacity, tokens in "
                         "use, headroom at p95 context (as the fleet alert counts it), "
-                        "preemptions and queue."
+                        "preemptions, queue, and the ceiling and headroom with and without "
+                        "today's prefix sharing."
                     ),
                     unit="short",
                     facts=facts,
@@ -348,6 +410,17 @@ def _totals() -> list[Column]:
         ),
         Column("Preemptions", total("headroom_preemptions_per_second"), "count:/s"),
         Column("Waiting", total("headroom_requests_waiting"), "count:req"),
+        Column("Ceiling @p95", total("headroom_p95_ceiling_sequences"), "count:seqs"),
+        Column(
+            "Ceiling @p95, shared prefixes",
+            total("headroom_p95_effective_ceiling_sequences"),
+            "count:seqs",
+        ),
+        Column(
+            "Headroom @p95, shared prefixes",
+            total("headroom_p95_effective_available_sequences"),
+            "count:seqs",
+        ),
     ]
 
 
@@ -488,6 +561,57 @@ def _trends(facts: RuleFacts) -> Row:
                     minimum=0,
                 ),
                 6,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Fleet ceiling: every limit vs shared prefixes",
+                    description=(
+                        "Each model's p95 ceiling summed over its engines: under every limit "
+                        "counting no block shared (what the fleet alert reads), the KV caches "
+                        "alone, and with today's prefix sharing counted once."
+                    ),
+                    unit="count:seqs",
+                    queries=[
+                        Query(
+                            total("headroom_p95_ceiling_sequences"),
+                            legend="every limit, " + MODEL_LEGEND,
+                        ),
+                        Query(
+                            total("headroom_p95_kv_ceiling_sequences"),
+                            legend="KV cache alone, " + MODEL_LEGEND,
+                        ),
+                        Query(
+                            total("headroom_p95_effective_ceiling_sequences"),
+                            legend="with shared prefixes, " + MODEL_LEGEND,
+                        ),
+                    ],
+                    facts=facts,
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Engines by binding limit over time",
+                    description=(
+                        "How many engines each limit of vLLM's scheduler stopped over time: a "
+                        "shift to max_num_seqs or to sleep is a change of configuration or use."
+                    ),
+                    unit="short",
+                    queries=[
+                        Query(
+                            "count by (limit) ("
+                            f"{metric('headroom_p95_available_limited_by', FLEET_ENGINE)} == 1)",
+                            legend="{{limit}}",
+                        )
+                    ],
+                    facts=facts,
+                    alerts=[limits.MAX_NUM_SEQS_BINDING],
+                    minimum=0,
+                ),
+                12,
                 8,
             ),
         ],

@@ -2,9 +2,12 @@
 
 Top to bottom: the sizing chain as it stands (bytes per token -> weights and overhead -> KV
 budget -> capacity -> concurrency at mean and p95 context) and the inputs behind it; predicted
-against actual capacity and tokens in use over time; headroom and context length; preemptions
-and the queue; latency from vLLM's own histograms; GPU memory per GPU; and the exporter's own
-health. Panels reading vLLM directly support vLLM's old and new metric names side by side.
+against actual capacity and tokens in use over time; headroom and context length; the scheduler's
+limits (which one binds, the ceiling under every limit against the KV cache's alone and with
+shared prefixes, max_num_seqs and where it was learnt, sleep, queue-limit refusals); prefix
+sharing; preemptions and the queue; latency from vLLM's own histograms; GPU memory per GPU; and
+the exporter's own health. Panels reading vLLM directly support vLLM's old and new metric names
+side by side.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dashboards.queries import (
     NAMESPACE,
     TARGET,
     VLLM,
+    binding_limit,
     bucket_rate,
     histogram_quantile,
     metric,
@@ -46,9 +50,11 @@ from dashboards.widgets import (
     assemble,
     dashboard_link,
     firing_alerts_table,
+    limit_mapping,
     restart_annotation,
     runbook_index_link,
     stat_panel,
+    state_timeline_panel,
     table_panel,
     timeseries_panel,
 )
@@ -68,6 +74,12 @@ _UP_MAPPING = dm.ValueMap(
     options={
         "0": dm.ValueMappingResult(text="DOWN", color="red", index=0),
         "1": dm.ValueMappingResult(text="UP", color="green", index=1),
+    }
+)
+_ASLEEP_MAPPING = dm.ValueMap(
+    options={
+        "0": dm.ValueMappingResult(text="awake", color="green", index=0),
+        "1": dm.ValueMappingResult(text="asleep", color="blue", index=1),
     }
 )
 
@@ -162,14 +174,16 @@ def _sizing(facts: RuleFacts) -> Row:
                 "Concurrency at mean context",
                 "headroom_mean_ceiling_sequences",
                 "count:seqs",
-                "Sequences of the mean context length the usable KV cache holds at once.",
+                "Sequences of the mean context length vLLM runs at once under every limit (the "
+                "usable KV cache counting no block shared, max_num_seqs).",
                 engine=True,
             ),
             chain(
                 "Concurrency at p95 context",
                 "headroom_p95_ceiling_sequences",
                 "count:seqs",
-                "Sequences of the p95 context length the usable KV cache holds at once.",
+                "Sequences of the p95 context length vLLM runs at once under every limit (the "
+                "usable KV cache counting no block shared, max_num_seqs; 0 asleep).",
                 engine=True,
             ),
             Cell(
@@ -380,8 +394,10 @@ def _headroom(facts: RuleFacts) -> Row:
                 timeseries_panel(
                     "Headroom at p95 context",
                     description=(
-                        "How many more sequences of p95 context length fit in the free KV cache "
-                        "now, against how many fit in all of it."
+                        "How many more sequences of p95 context length vLLM would start now "
+                        "under every limit, counting no block shared (what the alerts read), "
+                        "against the ceiling, with the headroom today's prefix sharing gives and "
+                        "the headroom in requests (n sequences each)."
                     ),
                     unit="count:seqs",
                     queries=[
@@ -392,6 +408,14 @@ def _headroom(facts: RuleFacts) -> Row:
                         Query(
                             metric("headroom_p95_ceiling_sequences", ENGINE_SERIES),
                             legend="ceiling, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_p95_effective_available_sequences", ENGINE_SERIES),
+                            legend="available with shared prefixes, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_p95_available_requests", ENGINE_SERIES),
+                            legend="available requests, engine {{engine}}",
                         ),
                     ],
                     facts=facts,
@@ -432,6 +456,296 @@ def _headroom(facts: RuleFacts) -> Row:
                     queries=[*quantiles, yesterday],
                     facts=facts,
                     alerts=[limits.CONTEXT_GROWTH_ALERT],
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+        ],
+    )
+
+
+def _limits(facts: RuleFacts) -> Row:
+    by_engine = "engine"
+    next_limit = binding_limit("headroom_p95_available_limited_by", ENGINE_SERIES, by_engine)
+    ceiling_limit = binding_limit("headroom_p95_ceiling_limited_by", ENGINE_SERIES, by_engine)
+    return Row(
+        "Scheduler limits",
+        [
+            Cell(
+                stat_panel(
+                    "Binding limit",
+                    description=(
+                        "The limit of vLLM's scheduler that stops the next p95 sequence now: "
+                        "the KV cache, max_num_seqs (every running slot taken) or sleep."
+                    ),
+                    unit="none",
+                    queries=[Query(next_limit, legend=ENGINE_LEGEND)],
+                    facts=facts,
+                    alerts=[limits.HEADROOM_LOW, limits.MAX_NUM_SEQS_BINDING],
+                    mappings=[limit_mapping()],
+                ),
+                5,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Ceiling set by",
+                    description=(
+                        "The limit that sets the p95 ceiling: the KV cache when it holds fewer "
+                        "p95 sequences than max_num_seqs, else max_num_seqs (on a tie too)."
+                    ),
+                    unit="none",
+                    queries=[Query(ceiling_limit, legend=ENGINE_LEGEND)],
+                    facts=facts,
+                    mappings=[limit_mapping()],
+                ),
+                5,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "max_num_seqs",
+                    description=(
+                        "The scheduler's limit on running sequences and where the sidecar learnt "
+                        "it: vLLM's command line, the sidecar's setting, or vLLM's default."
+                    ),
+                    unit="count:seqs",
+                    queries=[
+                        Query(
+                            metric("headroom_max_num_seqs", ENGINE_SERIES),
+                            legend="{{origin}}, engine {{engine}}",
+                        )
+                    ],
+                    facts=facts,
+                    alerts=[limits.MAX_NUM_SEQS_BINDING],
+                    decimals=0,
+                    show_name=True,
+                ),
+                5,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Engine state",
+                    description=(
+                        "Whether the engine is awake or sleeps or is paused (vLLM 0.12+), when "
+                        "its ceiling and headroom are 0."
+                    ),
+                    unit="none",
+                    queries=[
+                        Query(metric("headroom_engine_asleep", ENGINE_SERIES), legend=ENGINE_LEGEND)
+                    ],
+                    facts=facts,
+                    mappings=[_ASLEEP_MAPPING],
+                ),
+                4,
+                4,
+            ),
+            Cell(
+                stat_panel(
+                    "Sequences per request",
+                    description=(
+                        "Mean n (parallel samples) of the requests finished in the window: each "
+                        "request runs that many sequences against max_num_seqs and the KV cache."
+                    ),
+                    unit="short",
+                    queries=[
+                        Query(
+                            metric("headroom_sequences_per_request", ENGINE_SERIES),
+                            legend=ENGINE_LEGEND,
+                        )
+                    ],
+                    facts=facts,
+                    decimals=2,
+                ),
+                5,
+                4,
+            ),
+            Cell(
+                state_timeline_panel(
+                    "Binding limit over time",
+                    description=(
+                        "Per engine, the limit that stopped the next p95 sequence and the one "
+                        "that set the ceiling, over time."
+                    ),
+                    unit="none",
+                    queries=[
+                        Query(next_limit, legend="next sequence, engine {{engine}}"),
+                        Query(ceiling_limit, legend="ceiling, engine {{engine}}"),
+                    ],
+                    facts=facts,
+                    mappings=[limit_mapping()],
+                    alerts=[limits.MAX_NUM_SEQS_BINDING],
+                ),
+                24,
+                5,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Ceiling: every limit, KV cache alone, shared prefixes",
+                    description=(
+                        "Sequences of p95 context vLLM runs at once under every limit (the "
+                        "alerts' figure), what the KV cache alone holds counting no block "
+                        "shared, what it holds with today's prefix sharing (under max_num_seqs), "
+                        "and max_num_seqs."
+                    ),
+                    unit="count:seqs",
+                    queries=[
+                        Query(
+                            metric("headroom_p95_ceiling_sequences", ENGINE_SERIES),
+                            legend="every limit, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_p95_kv_ceiling_sequences", ENGINE_SERIES),
+                            legend="KV cache alone, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_p95_effective_ceiling_sequences", ENGINE_SERIES),
+                            legend="with shared prefixes, engine {{engine}}",
+                        ),
+                        Query(
+                            f"max by (engine) ({metric('headroom_max_num_seqs', ENGINE_SERIES)})",
+                            legend="max_num_seqs, engine {{engine}}",
+                        ),
+                    ],
+                    facts=facts,
+                    alerts=[limits.MAX_NUM_SEQS_BINDING],
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Running sequences vs max_num_seqs",
+                    description=(
+                        "Sequences running (what max_num_seqs counts), requests running (n "
+                        "sequences each) and waiting, against max_num_seqs: running flat at the "
+                        "limit while requests wait is the limit binding."
+                    ),
+                    unit="short",
+                    queries=[
+                        Query(
+                            metric("headroom_sequences_running", ENGINE_SERIES),
+                            legend="sequences running, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_requests_running", ENGINE_SERIES),
+                            legend="requests running, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_requests_waiting", ENGINE_SERIES),
+                            legend="requests waiting, engine {{engine}}",
+                        ),
+                        Query(
+                            f"max by (engine) ({metric('headroom_max_num_seqs', ENGINE_SERIES)})",
+                            legend="max_num_seqs, engine {{engine}}",
+                        ),
+                    ],
+                    facts=facts,
+                    alerts=[limits.MAX_NUM_SEQS_BINDING],
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Requests refused at the queue limit",
+                    description=(
+                        "Requests vLLM's API server refused with 503 per second because its "
+                        "queue was at --max-num-queued-reqs or --max-num-queued-tokens (0.32+)."
+                    ),
+                    unit="reqps",
+                    queries=[
+                        Query(
+                            metric("headroom_admission_rejections_per_second", TARGET),
+                            legend="refused",
+                        )
+                    ],
+                    facts=facts,
+                    alerts=[limits.ADMISSION_REJECTIONS],
+                    minimum=0,
+                ),
+                8,
+                8,
+            ),
+        ],
+    )
+
+
+def _sharing(facts: RuleFacts) -> Row:
+    return Row(
+        "Prefix sharing",
+        [
+            Cell(
+                timeseries_panel(
+                    "Prefix cache hit ratio",
+                    description=(
+                        "Prompt tokens found in the device prefix cache over those looked up in "
+                        "the window: what the effective ceiling and headroom count as shared."
+                    ),
+                    unit="percentunit",
+                    queries=[
+                        Query(
+                            metric("headroom_prefix_cache_hit_ratio", ENGINE_SERIES),
+                            legend=ENGINE_LEGEND,
+                        )
+                    ],
+                    facts=facts,
+                    minimum=0,
+                    maximum=1,
+                ),
+                8,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Prompt tokens served from cache, by tier",
+                    description=(
+                        "Share of prompt tokens served from each cache tier in the window "
+                        "(device, host or disk offloading, p2p, external; vLLM 0.32+): only "
+                        "device hits are blocks the GPU pool shares."
+                    ),
+                    unit="percentunit",
+                    queries=[
+                        Query(
+                            metric("headroom_prompt_tokens_cached_ratio", ENGINE_SERIES),
+                            legend="{{source}}, engine {{engine}}",
+                        )
+                    ],
+                    facts=facts,
+                    minimum=0,
+                    maximum=1,
+                ),
+                8,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "KV tokens per running sequence vs shared prefix",
+                    description=(
+                        "KV tokens in use per running sequence (shared blocks counted once) "
+                        "against the mean context length and the prefix an average request "
+                        "finds cached: below the context when running sequences share blocks."
+                    ),
+                    unit="count:tokens",
+                    queries=[
+                        Query(
+                            metric("headroom_kv_tokens_per_running_sequence", ENGINE_SERIES),
+                            legend="in use per running sequence, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_context_length_mean_tokens", ENGINE_SERIES),
+                            legend="mean context, engine {{engine}}",
+                        ),
+                        Query(
+                            metric("headroom_shared_prefix_tokens", ENGINE_SERIES),
+                            legend="shared prefix, engine {{engine}}",
+                        ),
+                    ],
+                    facts=facts,
                     minimum=0,
                 ),
                 8,
@@ -819,7 +1133,8 @@ def build(facts: RuleFacts) -> dm.Dashboard:
         .uid(INSTANCE_UID)
         .description(
             "One vLLM instance: its KV-cache sizing chain, capacity and headroom for real "
-            "traffic, preemptions, latency, GPU memory and the exporter's health."
+            "traffic under every limit of vLLM's scheduler, prefix sharing, preemptions, "
+            "latency, GPU memory and the exporter's health."
         )
         .tags(TAGS)
         .editable()
@@ -837,6 +1152,8 @@ def build(facts: RuleFacts) -> dm.Dashboard:
         _sizing(facts),
         _capacity(facts),
         _headroom(facts),
+        _limits(facts),
+        _sharing(facts),
         _traffic(facts),
         _latency(facts),
         _gpu(facts),

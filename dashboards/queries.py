@@ -71,6 +71,35 @@ def bucket_rate(name: str, sel: str) -> str:
     return f"sum by (le) ({rate(name + '_bucket', sel)})"
 
 
+#: The limits of vLLM's scheduler that the sidecar's one-hot ``headroom_p95_*_limited_by{limit}``
+#: gauges name, with the text and colour a panel shows for each. :func:`binding_limit` gives the
+#: one at 1 the code of its position here (1, 2, 3...), so that one value per engine can say
+#: which limit binds (a table cell, a state timeline band).
+SCHEDULER_LIMITS = (
+    ("kv_cache", "KV cache", "green"),
+    ("max_num_seqs", "max_num_seqs", "orange"),
+    ("engine_asleep", "asleep", "blue"),
+)
+
+
+def with_matchers(sel: str, *matchers: str) -> str:
+    """``sel`` (a ``{...}`` selector) with ``matchers`` added."""
+    return sel.removesuffix("}") + ", " + ", ".join(matchers) + "}"
+
+
+def binding_limit(name: str, sel: str, by: str) -> str:
+    """The limit whose one-hot series of ``name`` is 1, as its code in :data:`SCHEDULER_LIMITS`.
+
+    ``max by (by)`` over ``(name{limit="<limit>"} == 1) * <code>`` for every limit: one series
+    per ``by`` group whose value a value mapping turns back into the limit's name.
+    """
+    codes = []
+    for code, (limit, _, _) in enumerate(SCHEDULER_LIMITS, start=1):
+        one_hot = metric(name, with_matchers(sel, f'limit="{limit}"'))
+        codes.append(f"({one_hot} == 1) * {code}")
+    return f"max by ({by}) ({' or '.join(codes)})"
+
+
 def per_engine(instance_level: str, engines: str) -> str:
     """Attach an instance-level value (e.g. GPU memory) to every engine row of the instance.
 

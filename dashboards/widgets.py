@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from grafana_foundation_sdk.builders import bargauge, stat, table, timeseries
+from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as pb
@@ -27,6 +27,7 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from dashboards.queries import SCHEDULER_LIMITS
 from dashboards.templating import DATASOURCE
 
 if TYPE_CHECKING:
@@ -233,13 +234,23 @@ def stat_panel(
     decimals: int | None = None,
     graph: bool = False,
     text_mode_name: bool = False,
+    show_name: bool = False,
 ) -> stat.Panel:
     """A big number coloured by its thresholds: the value now (``graph``: and its sparkline).
 
     Without ``graph`` the queries are instant, so a series that existed earlier in the time
     range (an old state, a restarted engine) does not linger. ``text_mode_name`` shows the
-    series' name instead of its value (for state gauges whose one series at 1 names the state).
+    series' name instead of its value (for state gauges whose one series at 1 names the state);
+    ``show_name`` shows the name beside the value even for one series (a value and the label
+    that says where it came from).
     """
+    if text_mode_name and show_name:
+        raise ValueError("text_mode_name and show_name are two different text modes")
+    text_mode = cm.BigValueTextMode.AUTO
+    if text_mode_name:
+        text_mode = cm.BigValueTextMode.NAME
+    elif show_name:
+        text_mode = cm.BigValueTextMode.VALUE_AND_NAME
     panel = (
         stat.Panel()
         .title(title)
@@ -250,7 +261,7 @@ def stat_panel(
         .thresholds(thresholds(facts, limits))
         .color_mode(cm.BigValueColorMode.VALUE)
         .graph_mode(cm.BigValueGraphMode.AREA if graph else cm.BigValueGraphMode.NONE)
-        .text_mode(cm.BigValueTextMode.NAME if text_mode_name else cm.BigValueTextMode.AUTO)
+        .text_mode(text_mode)
         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .no_value("no data")
         .links(runbook_links(facts, limits, alerts))
@@ -358,6 +369,58 @@ def bargauge_panel(
     return panel
 
 
+def state_timeline_panel(
+    title: str,
+    *,
+    description: str,
+    unit: str,
+    queries: Sequence[Query],
+    facts: RuleFacts,
+    mappings: Sequence[dm.ValueMapping],
+    alerts: Sequence[str] = (),
+) -> statetimeline.Panel:
+    """One band per series, coloured by the state its value maps to (a limit, a mode).
+
+    The states come from ``mappings`` (text and colour per value); thresholds stay plain green,
+    so a value no mapping knows shows as itself rather than in an alarming colour.
+    """
+    if not mappings:
+        raise ValueError("a state timeline needs value mappings: they are its states")
+    return (
+        statetimeline.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .targets(_targets(queries))
+        .unit(unit)
+        .thresholds(thresholds(facts, []))
+        .mappings(list(mappings))
+        .show_value(cm.VisibilityMode.AUTO)
+        .merge_values(True)
+        .row_height(0.8)
+        .fill_opacity(70)
+        .line_width(0)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.LIST)
+            .placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI))
+        .links(runbook_links(facts, [], alerts))
+    )
+
+
+def limit_mapping() -> dm.ValueMap:
+    """The codes of :func:`dashboards.queries.binding_limit` mapped back to the limits' names."""
+    return dm.ValueMap(
+        options={
+            str(code): dm.ValueMappingResult(text=text, color=colour, index=code - 1)
+            for code, (_, text, colour) in enumerate(SCHEDULER_LIMITS, start=1)
+        }
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """A value column of a table panel: one instant query, its header, unit and thresholds."""
@@ -370,6 +433,8 @@ class Column:
     coloured: bool = False
     #: Query only for its labels (an info metric): the value column is not shown.
     hidden: bool = False
+    #: Value mappings of the cells (a code shown as the name it stands for).
+    mappings: Sequence[dm.ValueMapping] = ()
 
 
 def table_panel(
@@ -433,6 +498,8 @@ def table_panel(
                 id_val="thresholds", value=thresholds_model(facts, column.limits)
             ),
         ]
+        if column.mappings:
+            properties.append(dm.DynamicConfigValue(id_val="mappings", value=list(column.mappings)))
         if column.coloured:
             properties.append(
                 dm.DynamicConfigValue(

@@ -9,7 +9,9 @@ What this pins, beyond ``promtool test rules tests/alerts/*.yml`` (run here too)
 - the Helm chart's contract: tunables only as ``headroom:threshold:*`` rules, every one guarded
   by VllmHeadroomThresholdMissing, and overrides applied structurally (by rule name) work;
 - every alert has a runbook page with the agreed sections, linking back, and the index documents
-  every threshold with the default the file really has.
+  every threshold with the default the file really has;
+- the alerts read the conservative figures (every limit of the scheduler, no block shared), and
+  the runbooks say what to change for every limit the exporter names.
 
 promtool comes from Debian's ``prometheus`` package (``bash scripts/e2e/install-prometheus.sh``):
 without it these tests fail when ``CI`` is set and skip otherwise.
@@ -64,6 +66,19 @@ CAPACITY_ALERTS = {
     "VllmHeadroomLow",
     "VllmHeadroomFleetLow",
     "VllmHeadroomContextGrowth",
+    "VllmHeadroomAdmissionRejections",
+}
+#: Alerts about a scheduler limit other than the KV cache: quiet when idle too, but their first
+#: fix is the limit's own setting, not the KV levers.
+LIMIT_ALERTS = {"VllmHeadroomMaxNumSeqsBinding"}
+#: The sidecar's per-engine ceiling and headroom figures, which are 0 while an engine sleeps: an
+#: alert reading any of them (directly or through a recording rule) has a case with one asleep.
+SLEEP_SENSITIVE = {
+    "headroom_p95_available_sequences",
+    "headroom_p95_available_ratio",
+    "headroom_p95_ceiling_sequences",
+    "headroom_p95_available_limited_by",
+    "headroom_p95_ceiling_limited_by",
 }
 
 #: The capacity fixes, in the order every capacity runbook gives them.
@@ -240,11 +255,13 @@ def test_unit_tests_cover_restart_v0_names_idle_and_data_parallel_engines() -> N
             assert covered(alert, "V0"), f"{alert}: no case with V0 names"
         if reads_vllm and alert in CAPACITY_ALERTS:
             assert covered(alert, "restart"), f"{alert}: no vLLM restart case"
-        if alert in CAPACITY_ALERTS:
+        if alert in CAPACITY_ALERTS | LIMIT_ALERTS:
             assert covered(alert, "idle"), f"{alert}: no idle-instance case"
-        engine_level = alert in CAPACITY_ALERTS or alert == "VllmHeadroomCapacityDrift"
+        engine_level = alert in CAPACITY_ALERTS | LIMIT_ALERTS | {"VllmHeadroomCapacityDrift"}
         if engine_level and (reads_vllm or names & per_engine):
             assert covered(alert, "data-parallel"), f"{alert}: no data-parallel case"
+        if names & SLEEP_SENSITIVE:
+            assert covered(alert, "asleep"), f"{alert}: no case with an engine asleep"
 
 
 # ------------------------------------------------------------------- names in exposition
@@ -272,6 +289,19 @@ def test_every_metric_name_the_rules_read_exists_in_real_exposition() -> None:
                 if not known:
                     unknown.setdefault(where, set()).add(name)
     assert unknown == {}
+
+
+def test_alerts_read_the_conservative_figures_never_the_effective_ones() -> None:
+    """No rule's expression reads a figure that counts shared prefix blocks once.
+
+    Sharing belongs to today's traffic mix and vanishes when it changes; the effective figures
+    are context in annotations and on dashboards, never what an alert or a fleet sum compares.
+    """
+    assert "headroom_p95_available_sequences" in _expr_names(ALERTS["VllmHeadroomLow"])
+    assert "headroom_p95_available_sequences" in _expr_names(ALERTS["VllmHeadroomFleetLow"])
+    for _, rule in _rules(DOCUMENT):
+        effective = {n for n in metric_names(rule["expr"]) if "effective" in n}
+        assert effective == set(), rule.get("alert") or rule["record"]
 
 
 def test_the_name_check_reads_annotation_queries_and_rejects_unknown_names() -> None:
@@ -556,6 +586,55 @@ def test_capacity_runbooks_give_the_fixes_in_order(name: str) -> None:
         assert match, f"{name}: the fixes do not mention {label}"
         positions.append(match.start())
     assert positions == sorted(positions), f"{name}: fixes out of order"
+
+
+def _exposed_limits() -> set[str]:
+    """The limits the sidecar's one-hot ``*_limited_by`` gauges name in our golden expositions."""
+    found: set[str] = set()
+    for path in GOLDENS:
+        text = path.read_text(encoding="utf-8")
+        found |= set(re.findall(r'^headroom_p95_\w+_limited_by\{[^}]*limit="(\w+)"', text, re.M))
+    return found
+
+
+def test_runbooks_say_what_to_change_for_every_limit_the_exporter_names() -> None:
+    """VllmHeadroomLow's fixes and the index's levers name each limit (and prefix sharing)."""
+    exposed = _exposed_limits()
+    assert {"kv_cache", "max_num_seqs", "engine_asleep"} <= exposed
+    fixes = _section(_runbook("VllmHeadroomLow"), "Fix")
+    index = (RUNBOOKS / "README.md").read_text(encoding="utf-8")
+    levers = _section(index, "The capacity levers")
+    for limit in exposed:
+        assert f"**`{limit}`**" in fixes, f"VllmHeadroomLow: no fix for {limit}"
+        assert f"| `{limit}` |" in levers, f"the capacity levers: no row for {limit}"
+    for words in (
+        "[Pp]refix-friendly prompts",
+        "[Pp]refix-aware",
+        "FP8 KV cache",
+        "--max-num-seqs",
+    ):
+        assert re.search(words, levers), words
+    assert re.search(r"[Pp]refix-friendly prompts", fixes)
+
+
+def test_the_max_num_seqs_runbook_raises_the_limit_first_and_prices_it_with_plan() -> None:
+    """Its first fix raises --max-num-seqs, priced with plan's what-if, capped by the KV figure."""
+    fixes = _section(_runbook("VllmHeadroomMaxNumSeqsBinding"), "Fix")
+    first = fixes.split("\n2. ", 1)[0]
+    assert "**Raise `--max-num-seqs`**" in first
+    assert re.search(r"vllm-headroom plan [^`]*--max-num-seqs", first, re.S)
+    assert "headroom_p95_kv_ceiling_sequences" in first, "raise it towards the KV figure"
+
+
+def test_the_index_documents_why_alerts_use_the_conservative_figures() -> None:
+    """The index says why alerts read the conservative figures; VllmHeadroomLow says it too."""
+    index = (RUNBOOKS / "README.md").read_text(encoding="utf-8")
+    why = _section(index, "Conservative figures, not the effective ones")
+    meaning = _section(_runbook("VllmHeadroomLow"), "Meaning")
+    for text in (why, meaning):
+        assert "**conservative**" in text
+        assert "headroom_p95_available_sequences" in text
+        assert "headroom_p95_effective_available_sequences" in text
 
 
 def _panel_titles(node: Any) -> set[str]:

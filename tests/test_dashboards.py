@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dashboards import fleet, generate, instance, limits
+from dashboards.queries import SCHEDULER_LIMITS
 from dashboards.rules import RuleFacts, RulesFileError, load_rules, parse_rules
 from dashboards.templating import expand, prometheus_regex_escape, referenced_variables
 from dashboards.widgets import (
@@ -33,6 +34,7 @@ from dashboards.widgets import (
     Static,
     place,
     stat_panel,
+    state_timeline_panel,
     threshold_steps,
 )
 from tests import paths
@@ -440,6 +442,104 @@ def test_vllm_series_are_never_filtered_by_the_sidecars_job(
                 assert "$host" in selector, where
 
 
+# ----------------------------------------------------------------------------- limits
+
+#: A binding-limit query's terms: ``(<gauge>{..., limit="<limit>"} == 1) * <code>``.
+_LIMIT_CODE = re.compile(r'limit="(\w+)"\} == 1\) \* (\d+)')
+
+
+def _exposed_limits() -> set[str]:
+    """The limits our goldens' one-hot ``headroom_p95_*_limited_by`` gauges name."""
+    found: set[str] = set()
+    for path in sorted(GOLDEN.glob("*.prom")):
+        text = path.read_text(encoding="utf-8")
+        found |= set(re.findall(r'^headroom_p95_\w+_limited_by\{[^}]*limit="(\w+)"', text, re.M))
+    return found
+
+
+def _mapping_texts(panel: dict[str, Any], ref_id: str) -> dict[str, str]:
+    """Value -> text of the value mappings that apply to query ``ref_id`` of ``panel``."""
+    mappings = panel["fieldConfig"]["defaults"].get("mappings", [])
+    if panel["type"] == "table":
+        [organize] = [x for x in panel["transformations"] if x["id"] == "organize"]
+        header = organize["options"]["renameByName"][f"Value #{ref_id}"]
+        [override] = [
+            o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == header
+        ]
+        mappings = next(p["value"] for p in override["properties"] if p["id"] == "mappings")
+    return {k: v["text"] for m in mappings for k, v in m["options"].items()}
+
+
+def test_every_binding_limit_query_codes_each_limit_the_exporter_names(
+    boards: dict[str, dict[str, Any]],
+) -> None:
+    """Each limit in real exposition gets a code, and the panel maps that code to its name."""
+    exposed = _exposed_limits()
+    assert exposed == {limit for limit, _, _ in SCHEDULER_LIMITS}
+    texts = {limit: text for limit, text, _ in SCHEDULER_LIMITS}
+    seen = 0
+    for board in boards.values():
+        for panel in _visuals(board):
+            for target in panel.get("targets", []):
+                codes = dict(_LIMIT_CODE.findall(target["expr"]))
+                if not codes:
+                    continue
+                seen += 1
+                assert set(codes) == exposed, (panel["title"], codes)
+                mapped = _mapping_texts(panel, target["refId"])
+                assert {limit: mapped[code] for limit, code in codes.items()} == texts
+    # The instance's stat, ceiling stat and two timeline bands; the fleet table's column.
+    assert seen == 5
+
+
+def test_each_effective_figure_is_shown_beside_its_conservative_one(
+    boards: dict[str, dict[str, Any]],
+) -> None:
+    """A panel that reads a shared-prefix (effective) figure also reads the conservative one.
+
+    The alerts read the conservative figures; the effective ones are today's expectation, never
+    to be read alone.
+    """
+    shown = 0
+    for board in boards.values():
+        for panel in _visuals(board):
+            names = set().union(*(metric_names(t["expr"]) for t in panel.get("targets", [])))
+            for name in {n for n in names if n.startswith("headroom_p95_effective_")}:
+                shown += 1
+                conservative = name.replace("_effective_", "_")
+                assert conservative in names, (panel["title"], name)
+    assert shown >= 5
+
+
+def test_the_scheduler_limits_have_their_panels(boards: dict[str, dict[str, Any]]) -> None:
+    """The binding limit, the ceilings, max_num_seqs by origin, sleep and refusals are shown."""
+    board = boards["vllm-headroom-instance"]
+    names_of = {
+        p["title"]: set().union(*(metric_names(t["expr"]) for t in p["targets"]))
+        for p in _visuals(board)
+    }
+    assert _panel(board, "Binding limit over time", "state-timeline")
+    assert {
+        "headroom_p95_ceiling_sequences",
+        "headroom_p95_kv_ceiling_sequences",
+        "headroom_p95_effective_ceiling_sequences",
+        "headroom_max_num_seqs",
+    } <= names_of["Ceiling: every limit, KV cache alone, shared prefixes"]
+    [origin] = _panel(board, "max_num_seqs", "stat")["targets"]
+    assert "{{origin}}" in origin["legendFormat"]
+    assert names_of["Engine state"] == {"headroom_engine_asleep"}
+    assert names_of["Requests refused at the queue limit"] == {
+        "headroom_admission_rejections_per_second"
+    }
+    assert {"headroom_sequences_running", "headroom_requests_running"} <= names_of[
+        "Running sequences vs max_num_seqs"
+    ]
+    assert {"headroom_prefix_cache_hit_ratio"} == names_of["Prefix cache hit ratio"]
+    assert {"headroom_prompt_tokens_cached_ratio"} == names_of[
+        "Prompt tokens served from cache, by tier"
+    ]
+
+
 # ----------------------------------------------------------------------------- thresholds
 
 FLEET, INSTANCE = "vllm-headroom-fleet", "vllm-headroom-instance"
@@ -761,6 +861,28 @@ def test_place_never_overlaps_and_numbers_panels_in_order(
         p.setdefault("title", "row")
     _assert_grid(placed)
     assert [p["id"] for p in placed] == list(range(1, len(placed) + 1))
+
+
+def test_a_state_timeline_needs_its_states() -> None:
+    """A state timeline without value mappings would draw bare codes: refused."""
+    with pytest.raises(ValueError, match="needs value mappings"):
+        state_timeline_panel(
+            "t", description="d.", unit="none", queries=[Query("up")], facts=_EMPTY, mappings=[]
+        )
+
+
+def test_a_stat_shows_either_the_name_or_the_name_and_value() -> None:
+    """The two text modes of a stat exclude each other."""
+    with pytest.raises(ValueError, match="two different text modes"):
+        stat_panel(
+            "t",
+            description="d.",
+            unit="short",
+            queries=[Query("up")],
+            facts=_EMPTY,
+            text_mode_name=True,
+            show_name=True,
+        )
 
 
 def test_place_rejects_a_cell_wider_than_the_grid() -> None:
