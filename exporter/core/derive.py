@@ -14,17 +14,16 @@ Definitions (documented for users in ``docs/metrics.md``):
   (block-granular; evictable prefix-cache blocks count as free, as in vLLM).
 - **Context length** of a finished request = prompt + generated tokens. Its quantiles come from
   the per-request histograms ``vllm:request_prompt_tokens`` and
-  ``vllm:request_generation_tokens``: the observations added within the context window (bucket
-  deltas), interpolated inside a bucket as PromQL's ``histogram_quantile`` does, and the
-  context quantile is the *sum* of the prompt and generation quantiles. That sum is exact when
-  long prompts go with long outputs and an upper bound otherwise, so capacity at p95 errs on the
-  safe side; bucket interpolation adds up to a bucket's width of error either way. The mean is
-  exact (from the histograms' sums). When no request finished within the window, the figures
-  fall back to everything vLLM has finished since it started; with nothing finished at all
-  they are absent.
-- **Sequences at context T** need ``ceil(T / block_size)`` blocks each: the *ceiling* is how
-  many fit in the usable tokens, the *available* figure how many more fit in the free tokens
-  now (the headroom), both counted in whole sequences.
+  ``vllm:request_generation_tokens``: each poll interval's bucket deltas and exact sums, placed
+  by :mod:`exporter.core.context` (exact for one request per interval and for constant shapes,
+  leaning high only where the data cannot say more). The mean is exact (the histograms' sums).
+  When no request finished within the window, the figures fall back to everything vLLM has
+  finished since it started; with nothing finished at all they are absent.
+- **Sequences at context T** need ``ceil(T / block_size)`` blocks each. The *ceiling* is the
+  smallest of every limit of vLLM's scheduler (:mod:`exporter.core.ceiling`): how many fit in
+  the usable tokens, ``max_num_seqs``, 0 while the engine sleeps; the *available* figure (the
+  headroom) how many more vLLM would start now under the same limits, both in whole sequences.
+  The *effective* figures count prefix-cache blocks shared between sequences once.
 - **Preemption rate** is the reset-aware increase of ``vllm:num_preemptions_total`` over the
   rate window divided by the time it spans; per finished request it is divided by the increase
   of ``vllm:request_success_total`` instead (absent when nothing finished).
@@ -38,10 +37,10 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
+from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.reasons import Limit
 from exporter.core.windows import (
     BucketCounts,
-    bucket_quantile,
     histogram_increase,
     merge_buckets,
     window_increase,
@@ -363,39 +362,6 @@ def _lifetime(histogram: Histogram | None) -> BucketCounts | None:
     return histogram_increase(None, histogram) if histogram is not None else None
 
 
-def estimate_context(
-    prompt: BucketCounts | None,
-    generation: BucketCounts | None,
-    *,
-    window_requests: float,
-    basis: str,
-    max_model_len: int | None = None,
-) -> ContextEstimate | None:
-    """Combine prompt and generation distributions into a context-length estimate.
-
-    Quantiles add (see the module docstring for the bias); the mean is exact. Values are capped
-    at ``max_model_len`` when known: no request can be longer.
-    """
-    if prompt is None or generation is None or prompt.total <= 0 or generation.total <= 0:
-        return None
-    cap = float(max_model_len) if max_model_len else math.inf
-    quantiles: dict[float, float] = {}
-    for q in CONTEXT_QUANTILES:
-        p, g = bucket_quantile(q, prompt), bucket_quantile(q, generation)
-        if p is None or g is None:
-            return None
-        quantiles[q] = min(p + g, cap)
-    mean_p, mean_g = prompt.mean, generation.mean
-    if mean_p is None or mean_g is None:
-        return None
-    return ContextEstimate(
-        quantiles=quantiles,
-        mean=min(mean_p + mean_g, cap),
-        window_requests=window_requests,
-        basis=basis,
-    )
-
-
 def sequences_that_fit(tokens: float, context: float, block_size: int) -> float:
     """Whole sequences of ``context`` tokens that fit in ``tokens``, each rounded up to blocks."""
     per_sequence = max(1, math.ceil(context / block_size)) * block_size
@@ -451,46 +417,74 @@ def _kv_state(
 
 @dataclass(frozen=True, slots=True)
 class _Traffic:
-    """The per-request histograms over the context window (or since vLLM started)."""
+    """The requests finished over the context window (or since vLLM started), per interval."""
 
-    prompt: BucketCounts | None
-    generation: BucketCounts | None
+    #: Both token histograms' increases over each poll interval that finished requests.
+    intervals: tuple[IntervalCounts, ...]
     params_n: BucketCounts | None
     #: Requests finished in the window (0 when the figures are since vLLM started).
     window_requests: float
     basis: str
 
+    @property
+    def prompt_mean(self) -> float | None:
+        """Exact mean prompt tokens per request: the sums over the counts."""
+        count = math.fsum(i.prompt.total for i in self.intervals)
+        return math.fsum(i.prompt.sum for i in self.intervals) / count if count > 0 else None
+
+
+def _intervals(samples: Sequence[Sample], engine: str) -> list[IntervalCounts]:
+    """Both token histograms' increases over each consecutive pair of samples, oldest first.
+
+    One poll interval's two increases belong together (vLLM observes a request's prompt and
+    output when it finishes): the context estimator relies on that pairing. A restart between
+    two samples counts the new lifetime's values as the increase (as for every counter).
+    """
+    out: list[IntervalCounts] = []
+    previous: tuple[Histogram, Histogram] | None = None
+    pending_reset = False  # a restart seen while a histogram was absent applies to its return
+    for i, sample in enumerate(samples):
+        pending_reset |= sample.restarted and i > 0
+        metrics = sample.snapshot.engines.get(engine)
+        if metrics is None or metrics.prompt_tokens is None or metrics.generation_tokens is None:
+            continue
+        current = (metrics.prompt_tokens, metrics.generation_tokens)
+        if previous is not None or pending_reset:
+            before = previous or (None, None)
+            prompt = histogram_increase(before[0], current[0], reset=pending_reset)
+            output = histogram_increase(before[1], current[1], reset=pending_reset)
+            if prompt is not None and output is not None and (prompt.total or output.total):
+                out.append(IntervalCounts(prompt, output))
+        previous, pending_reset = current, False
+    return out
+
 
 def _traffic(name: str, samples: Sequence[Sample], *, seconds: float) -> _Traffic:
-    """Histograms over the window; since vLLM started when nothing finished in it."""
+    """The window's intervals; since vLLM started (one interval) when nothing finished in it."""
     window = samples[_tail(samples, seconds) :]
-    prompt = _histogram_window(window, name, lambda e: e.prompt_tokens)
-    if prompt is not None and prompt.total > 0:
-        return _Traffic(
-            prompt,
-            _histogram_window(window, name, lambda e: e.generation_tokens),
-            _histogram_window(window, name, lambda e: e.request_params_n),
-            prompt.total,
-            "window",
-        )
+    intervals = _intervals(window, name)
+    finished = math.fsum(i.prompt.total for i in intervals)
+    if finished > 0:
+        params_n = _histogram_window(window, name, lambda e: e.request_params_n)
+        return _Traffic(tuple(intervals), params_n, finished, "window")
     latest = samples[-1].snapshot.engines[name]
-    return _Traffic(
-        _lifetime(latest.prompt_tokens),
-        _lifetime(latest.generation_tokens),
-        _lifetime(latest.request_params_n),
-        0.0,
-        "lifetime",
-    )
+    prompt, output = _lifetime(latest.prompt_tokens), _lifetime(latest.generation_tokens)
+    lifetime = (IntervalCounts(prompt, output),) if prompt and output else ()
+    return _Traffic(lifetime, _lifetime(latest.request_params_n), 0.0, "lifetime")
 
 
 def _context(traffic: _Traffic, *, max_model_len: int | None) -> ContextEstimate | None:
-    """Context estimate of the traffic (see the module docstring)."""
-    return estimate_context(
-        traffic.prompt,
-        traffic.generation,
+    """Context quantiles and exact mean of the traffic (:mod:`exporter.core.context`)."""
+    found = estimate_context_quantiles(
+        traffic.intervals, CONTEXT_QUANTILES, max_model_len=max_model_len
+    )
+    if found is None:
+        return None
+    return ContextEstimate(
+        quantiles=found.quantiles,
+        mean=found.mean,
         window_requests=traffic.window_requests,
         basis=traffic.basis,
-        max_model_len=max_model_len,
     )
 
 
@@ -705,7 +699,7 @@ def derive_engine(
     asleep = _asleep(engine)
     caching = _caching(name, samples, windows.context_seconds)
     shared = None
-    prompt_mean = traffic.prompt.mean if traffic.prompt is not None else None
+    prompt_mean = traffic.prompt_mean
     if caching.hit_ratio is not None and prompt_mean is not None:
         shared = caching.hit_ratio * prompt_mean
     room = _headroom(

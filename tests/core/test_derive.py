@@ -16,13 +16,11 @@ from exporter.core.derive import (
     WindowSettings,
     derive_target,
     detect_restart,
-    estimate_context,
     next_sample,
     sequences_that_fit,
 )
 from exporter.core.reasons import Limit, MaxNumSeqsSource
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
-from exporter.core.windows import BucketCounts
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
@@ -251,13 +249,25 @@ def test_prediction_stands_in_for_headroom_when_vllm_reports_no_capacity() -> No
 
 
 def test_context_is_capped_at_max_model_len() -> None:
-    """No request is longer than max_model_len, whatever the bucket interpolation says."""
-    prompt = BucketCounts(TOKEN_BOUNDS, (0, 0, 0, 0, 0, 0, 0, 0, 10, 0), 4000.0)
-    context = estimate_context(
-        prompt, prompt, window_requests=10, basis="window", max_model_len=512
+    """No request is longer than max_model_len, whatever the buckets would allow."""
+    long = replace(
+        engine(finished=10),
+        prompt_tokens=token_hist(8, 10, 400.0),
+        generation_tokens=token_hist(8, 10, 400.0),
     )
-    assert context is not None
-    assert max(context.quantiles.values()) == 512
+    samples = chain(Sample(0.0, snap(engine())), Sample(30.0, snap(long)))
+    (e,) = derive_target(samples, windows=WINDOWS, max_model_len=512).engines
+    assert e.context is not None
+    assert max(e.context.quantiles.values()) == 512
+    assert e.context_mean_tokens == 512
+
+
+def test_a_constant_shape_is_exact_however_wide_its_buckets() -> None:
+    """Requests of 101 + 380 tokens finishing over several polls: p95 is 481, not 680."""
+    samples = chain(*(Sample(5.0 * i, snap(engine(finished=2 * i))) for i in range(6)))
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.context_p95_tokens == pytest.approx(481.0)
+    assert e.context_mean_tokens == pytest.approx(481.0)
 
 
 def test_no_targets_samples_derive_nothing() -> None:

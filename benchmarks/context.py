@@ -1,0 +1,307 @@
+"""Context-length benchmark: our estimator against PromQL's sum of quantiles, on known traffic.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/context.py              # about 10 s
+    .venv/bin/python benchmarks/context.py --windows 5  # a quick look
+
+Each traffic shape draws per-request (prompt, output) lengths; requests finish in 5 s poll
+intervals at a Poisson rate (0.5, 2 and 10 per interval), 120 intervals a window (the default
+600 s context window). Each interval is bucketed with vLLM's 1-2-5 bounds up to
+``max_model_len`` (bucket counts and sums, as the sidecar sees the deltas). For p50, p95 and
+p99 it compares, with the exact quantile of the true prompt + output lengths:
+
+- old: the prompt quantile plus the generation quantile, each by PromQL's ``histogram_quantile``
+  over the window's merged buckets (``exporter.core.windows.bucket_quantile``), capped at
+  ``max_model_len``: what the exporter did before;
+- new: ``exporter.core.context.estimate_context_quantiles`` over the per-interval deltas.
+
+Errors are relative to the truth, over several windows per shape and rate (median, and the worst
+below and above). The goal (issue): the new p95 within 10 % of the truth for every shape whose
+lengths lie in one bucket pair (one prompt bucket, one output bucket), and never more than 5 %
+below the truth for any shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from exporter.core.context import IntervalCounts, estimate_context_quantiles
+from exporter.core.windows import BucketCounts, bucket_quantile, merge_buckets
+from exporter.sim.families import build_1_2_5_buckets
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+QUANTILES = (0.5, 0.95, 0.99)
+RATES = (0.5, 2.0, 10.0)
+INTERVALS = 120  # 600 s window, 5 s polls
+GOAL_WITHIN = 0.10
+GOAL_FLOOR = -0.05
+
+Draw = Callable[[random.Random], tuple[int, int]]
+
+
+def _uniform(lo: int, hi: int) -> Callable[[random.Random], int]:
+    """Whole tokens evenly in ``(lo, hi]``, i.e. inside one 1-2-5 bucket when lo, hi are bounds."""
+    return lambda rng: rng.randint(lo + 1, hi)
+
+
+def _lognormal(
+    median: float, sigma: float, lo: int = 0, hi: int = 10**9
+) -> Callable[[random.Random], int]:
+    """Whole tokens log-normally around ``median``, redrawn until within ``(lo, hi]``."""
+
+    def draw(rng: random.Random) -> int:
+        while True:
+            value = max(1, round(rng.lognormvariate(math.log(median), sigma)))
+            if lo < value <= hi:
+                return value
+
+    return draw
+
+
+def _pair(prompt: Callable[[random.Random], int], output: Callable[[random.Random], int]) -> Draw:
+    """Prompt and output drawn independently."""
+    return lambda rng: (prompt(rng), output(rng))
+
+
+def _bimodal(rng: random.Random) -> tuple[int, int]:
+    """70 % chat turns (100-200 + 20-50), 30 % long documents (2,000-5,000 + 200-500)."""
+    if rng.random() < 0.7:
+        return rng.randint(101, 200), rng.randint(21, 50)
+    return rng.randint(2001, 5000), rng.randint(201, 500)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A traffic shape: its name, how to draw one request, and the server's max_model_len."""
+
+    name: str
+    draw: Draw
+    max_model_len: int = 8192
+
+
+SHAPES: tuple[Shape, ...] = (
+    Shape("constant 128+256", lambda rng: (128, 256)),
+    Shape("uniform, one pair", _pair(_uniform(100, 200), _uniform(200, 500))),
+    Shape("uniform, wide", _pair(_uniform(0, 2000), _uniform(0, 1000))),
+    Shape(
+        "log-normal, one pair",
+        _pair(_lognormal(140, 0.2, 100, 200), _lognormal(320, 0.25, 200, 500)),
+    ),
+    Shape("log-normal, wide", _pair(_lognormal(500, 1.0, 0, 6000), _lognormal(200, 0.8, 0, 2000))),
+    Shape("bimodal", _bimodal),
+    Shape("long prompt+short out, one pair", _pair(_uniform(2000, 5000), _uniform(20, 50))),
+    Shape(
+        "long prompt+short out, wide",
+        _pair(_lognormal(3000, 0.4, 0, 7000), _lognormal(30, 0.5, 0, 1000)),
+    ),
+    Shape("short prompt+long out, one pair", _pair(_uniform(20, 50), _uniform(1000, 2000))),
+    Shape(
+        "short prompt+long out, wide",
+        _pair(_lognormal(30, 0.5, 0, 1000), _lognormal(1500, 0.4, 0, 7000)),
+    ),
+    Shape(
+        "production 2,000-5,000",
+        _pair(_lognormal(3000, 0.25, 2000, 5000), _lognormal(300, 0.3, 200, 500)),
+        32768,
+    ),
+)
+
+
+def bounds_for(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's token buckets for ``max_model_len``: 1-2-5 bounds, then +Inf."""
+    return (*build_1_2_5_buckets(max_model_len), math.inf)
+
+
+def bucketed(values: Sequence[int], bounds: tuple[float, ...]) -> BucketCounts:
+    """Bucket deltas of these observations, as the sidecar computes them between two polls."""
+    counts = [0.0] * len(bounds)
+    for value in values:
+        counts[bisect.bisect_left(bounds, value)] += 1.0  # Prometheus buckets are "<= le"
+    return BucketCounts(bounds, tuple(counts), float(sum(values)))
+
+
+def _poisson(rng: random.Random, rate: float) -> int:
+    limit, k, p = math.exp(-rate), 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
+
+
+def window(
+    shape: Shape, rate: float, rng: random.Random, *, intervals: int = INTERVALS
+) -> tuple[list[IntervalCounts], list[int]]:
+    """One window of traffic: the per-interval bucket deltas and the true context lengths."""
+    bounds = bounds_for(shape.max_model_len)
+    deltas: list[IntervalCounts] = []
+    truth: list[int] = []
+    for _ in range(intervals):
+        requests = [shape.draw(rng) for _ in range(_poisson(rng, rate))]
+        prompts = [min(p, shape.max_model_len - 1) for p, _ in requests]
+        outputs = [
+            min(o, shape.max_model_len - p) for p, (_, o) in zip(prompts, requests, strict=True)
+        ]
+        deltas.append(IntervalCounts(bucketed(prompts, bounds), bucketed(outputs, bounds)))
+        truth.extend(p + o for p, o in zip(prompts, outputs, strict=True))
+    return deltas, truth
+
+
+def true_quantile(values: Sequence[int], q: float) -> float:
+    """The exact ``q`` quantile: the smallest value with at least a share ``q`` at or below it."""
+    ordered = sorted(values)
+    rank = max(math.ceil(q * len(ordered) - 1e-9), 1)
+    return float(ordered[rank - 1])
+
+
+def old_quantiles(deltas: Sequence[IntervalCounts], max_model_len: int) -> dict[float, float]:
+    """The previous method: PromQL's histogram_quantile of each histogram, added, capped."""
+    prompt = merge_buckets(d.prompt for d in deltas)
+    output = merge_buckets(d.generation for d in deltas)
+    found: dict[float, float] = {}
+    for q in QUANTILES:
+        p = bucket_quantile(q, prompt) if prompt is not None else None
+        g = bucket_quantile(q, output) if output is not None else None
+        found[q] = min((p or 0.0) + (g or 0.0), float(max_model_len))
+    return found
+
+
+def one_pair(pairs: Sequence[tuple[int, int]], bounds: tuple[float, ...]) -> bool:
+    """Whether every request's prompt and output lie in one bucket pair."""
+    cells = {(bisect.bisect_left(bounds, p), bisect.bisect_left(bounds, o)) for p, o in pairs}
+    return len(cells) == 1
+
+
+@dataclass(slots=True)
+class Errors:
+    """Relative errors of both methods per quantile over the windows of one shape and rate."""
+
+    old: dict[float, list[float]] = field(default_factory=lambda: {q: [] for q in QUANTILES})
+    new: dict[float, list[float]] = field(default_factory=lambda: {q: [] for q in QUANTILES})
+    truth_p95: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+def run_case(shape: Shape, rate: float, windows: int, rng: random.Random) -> Errors:
+    """Both methods against the truth over ``windows`` windows with at least one request."""
+    errors = Errors()
+    while len(errors.seconds) < windows:
+        deltas, truth = window(shape, rate, rng)
+        if not truth:
+            continue
+        start = time.perf_counter()
+        new = estimate_context_quantiles(deltas, QUANTILES, max_model_len=shape.max_model_len)
+        errors.seconds.append(time.perf_counter() - start)
+        if new is None:
+            raise AssertionError(shape.name)  # requests finished: never None
+        old = old_quantiles(deltas, shape.max_model_len)
+        errors.truth_p95.append(true_quantile(truth, 0.95))
+        for q in QUANTILES:
+            exact = true_quantile(truth, q)
+            errors.old[q].append(old[q] / exact - 1.0)
+            errors.new[q].append(new.quantiles[q] / exact - 1.0)
+    return errors
+
+
+def burst(intervals: int) -> tuple[float, float, float]:
+    """The issue's run: 24 requests of 128 + 256 tokens on a max_model_len 512 server.
+
+    Returns (truth, old, new) p95 when the 24 finish within ``intervals`` poll intervals.
+    """
+    bounds = bounds_for(512)
+    sizes = [24 // intervals + (1 if i < 24 % intervals else 0) for i in range(intervals)]
+    deltas = [
+        IntervalCounts(bucketed([128] * n, bounds), bucketed([256] * n, bounds)) for n in sizes
+    ]
+    new = estimate_context_quantiles(deltas, QUANTILES, max_model_len=512)
+    if new is None:
+        raise AssertionError("burst")
+    return 384.0, old_quantiles(deltas, 512)[0.95], new.quantiles[0.95]
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:+6.1f}%"
+
+
+def _spread(values: Sequence[float]) -> str:
+    return f"{_pct(statistics.median(values))} [{_pct(min(values))}, {_pct(max(values))}]"
+
+
+def _both(errors: Errors, q: float) -> str:
+    return f"{_pct(statistics.median(errors.old[q]))} /{_pct(statistics.median(errors.new[q]))}"
+
+
+def main() -> None:
+    """Print the comparison table, the goal per shape and the issue's run."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--windows", type=int, default=40, help="windows per shape and rate")
+    parser.add_argument("--seed", type=int, default=20261201)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)  # noqa: S311 - a reproducible simulation, not secrets
+
+    print(
+        f"{INTERVALS} poll intervals a window, {args.windows} windows per shape and rate, "
+        f"seed {args.seed}. Error relative to the true quantile of prompt + output:\n"
+        "median over the windows [lowest, highest]; old = sum of histogram_quantile.\n"
+    )
+    header = (
+        f"{'shape':32} {'req/poll':>8} {'true p95':>8} | {'old p95':^27} | {'new p95':^27} |"
+        f" {'p50 old / new':^17} | {'p99 old / new':^17}"
+    )
+    print(header)
+    print("-" * len(header))
+    verdicts: list[str] = []
+    seconds: list[float] = []
+    started = time.perf_counter()
+    for shape in SHAPES:
+        probe = random.Random(args.seed)  # noqa: S311 - a reproducible simulation
+        narrow = one_pair([shape.draw(probe) for _ in range(5000)], bounds_for(shape.max_model_len))
+        meets = True
+        worst = dict.fromkeys(QUANTILES, 0.0)
+        for rate in RATES:
+            errors = run_case(shape, rate, args.windows, rng)
+            seconds.extend(errors.seconds)
+            new95 = errors.new[0.95]
+            meets &= min(new95) >= GOAL_FLOOR
+            meets &= not narrow or max(abs(min(new95)), abs(max(new95))) <= GOAL_WITHIN
+            for q in QUANTILES:
+                worst[q] = min(worst[q], *errors.new[q])
+            p50, p99 = (_both(errors, q) for q in (0.5, 0.99))
+            print(
+                f"{shape.name:32} {rate:8.1f} {statistics.median(errors.truth_p95):8.0f} |"
+                f" {_spread(errors.old[0.95])} | {_spread(new95)} | {p50} | {p99}"
+            )
+        goal = "one bucket pair: p95 within 10%" if narrow else "spread: p95 not below -5%"
+        lows = " ".join(_pct(worst[q]) for q in QUANTILES)
+        verdicts.append(
+            f"  {shape.name:32} {goal:32} {'met   ' if meets else 'MISSED'}"
+            f"   lowest new p50/p95/p99: {lows}"
+        )
+    print("\nGoal per shape (every window, every rate):")
+    print("\n".join(verdicts))
+    print("\nThe issue's run (24 requests of 128 + 256 tokens, max_model_len 512), p95:")
+    for intervals in (1, 2, 3, 24):
+        truth, old_p95, new_p95 = burst(intervals)
+        print(
+            f"  finishing within {intervals:2d} poll interval(s): truth {truth:.0f},"
+            f" old {old_p95:.0f} ({_pct(old_p95 / truth - 1)}),"
+            f" new {new_p95:.0f} ({_pct(new_p95 / truth - 1)})"
+        )
+    print(
+        f"\nEstimator time per window: median {statistics.median(seconds) * 1e3:.1f} ms,"
+        f" max {max(seconds) * 1e3:.1f} ms; whole run {time.perf_counter() - started:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

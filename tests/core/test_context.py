@@ -1,0 +1,219 @@
+"""Specification of the context-length estimate from both histograms' per-interval deltas."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.core.context import IntervalCounts, estimate_context_quantiles
+from exporter.core.windows import BucketCounts, bucket_quantile, merge_buckets
+from exporter.sim.families import build_1_2_5_buckets
+
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def bounds(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's token buckets for ``max_model_len``: 1-2-5 bounds, then +Inf."""
+    return (*build_1_2_5_buckets(max_model_len), math.inf)
+
+
+def bucketed(values: list[int], edges: tuple[float, ...]) -> BucketCounts:
+    """Bucket deltas of these observations, as the sidecar computes them between two polls."""
+    counts = [0.0] * len(edges)
+    for value in values:
+        counts[bisect.bisect_left(edges, value)] += 1.0  # Prometheus buckets are "<= le"
+    return BucketCounts(edges, tuple(counts), float(sum(values)))
+
+
+def intervals(
+    groups: list[list[tuple[int, int]]], *, max_model_len: int = 32768
+) -> list[IntervalCounts]:
+    """One interval per group of (prompt, output) requests, bucketed as vLLM does."""
+    edges = bounds(max_model_len)
+    return [
+        IntervalCounts(bucketed([p for p, _ in g], edges), bucketed([o for _, o in g], edges))
+        for g in groups
+    ]
+
+
+def true_quantile(values: list[int], q: float) -> float:
+    """The smallest value with at least a share ``q`` of the values at or below it."""
+    ordered = sorted(values)
+    return float(ordered[max(math.ceil(q * len(ordered) - 1e-9), 1) - 1])
+
+
+def sum_of_quantiles(deltas: list[IntervalCounts], q: float) -> float:
+    """The previous method: PromQL's histogram_quantile of each histogram, added."""
+    prompt = merge_buckets(d.prompt for d in deltas)
+    output = merge_buckets(d.generation for d in deltas)
+    assert prompt is not None
+    assert output is not None
+    p, g = bucket_quantile(q, prompt), bucket_quantile(q, output)
+    assert p is not None
+    assert g is not None
+    return p + g
+
+
+requests = st.tuples(st.integers(1, 40000), st.integers(0, 8000))
+
+
+@given(st.lists(st.one_of(st.just(None), requests), min_size=1, max_size=60))
+def test_intervals_of_one_request_give_every_context_exactly(
+    polls: list[tuple[int, int] | None],
+) -> None:
+    """With at most one request per interval, every quantile is an exact request's context."""
+    groups = [[] if r is None else [r] for r in polls]
+    result = estimate_context_quantiles(intervals(groups), (0.0, *QUANTILES, 1.0))
+    contexts = [p + o for p, o in (r for r in polls if r is not None)]
+    if not contexts:
+        assert result is None
+        return
+    assert result is not None
+    for q, value in result.quantiles.items():
+        assert value == true_quantile(contexts, q)
+    assert result.mean == pytest.approx(sum(contexts) / len(contexts))
+    assert result.requests == len(contexts)
+
+
+@given(
+    st.tuples(st.integers(1, 20000), st.integers(1, 8000)),
+    st.lists(st.integers(0, 30), min_size=2, max_size=40).filter(
+        lambda sizes: sum(1 for n in sizes if n) >= 2
+    ),
+)
+def test_a_constant_shape_is_exact_whatever_the_requests_per_interval(
+    request: tuple[int, int], sizes: list[int]
+) -> None:
+    """Identical requests seen in two intervals or more read exactly, however many per interval."""
+    result = estimate_context_quantiles(intervals([[request] * n for n in sizes]), QUANTILES)
+    assert result is not None
+    assert set(result.quantiles.values()) == {float(sum(request))}
+    assert result.mean == pytest.approx(sum(request))
+
+
+@pytest.mark.parametrize("sizes", [[8, 8, 8], [12, 12], [1] * 24, [5, 0, 9, 0, 10]])
+def test_the_benchmark_clients_128_plus_256_tokens_read_384(sizes: list[int]) -> None:
+    """The issue's run (24 requests of 128 + 256 tokens) reads 384 at every quantile, not 512."""
+    deltas = intervals([[(128, 256)] * n for n in sizes], max_model_len=512)
+    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=512)
+    assert result is not None
+    assert result.quantiles == dict.fromkeys(QUANTILES, 384.0)
+    assert result.mean == 384.0
+    assert sum_of_quantiles(deltas, 0.95) == pytest.approx(680.0)  # what the sum of quantiles read
+
+
+def test_the_128_plus_256_run_in_one_interval_stays_within_its_bucket_pair() -> None:
+    """All 24 in one poll leave the spread unknown: the mean is exact, p95 within the pair."""
+    deltas = intervals([[(128, 256)] * 24], max_model_len=8192)
+    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=8192)
+    assert result is not None
+    assert result.mean == 384.0
+    assert 384.0 <= result.quantiles[0.95] <= 700.0  # prompt (100, 200], output (200, 500]
+    assert result.quantiles[0.95] < sum_of_quantiles(deltas, 0.95)
+
+
+def test_nothing_finished_gives_no_estimate() -> None:
+    """No interval, or intervals where no request finished, give None rather than zeros."""
+    edges = bounds(512)
+    empty = BucketCounts(edges, (0.0,) * len(edges), 0.0)
+    assert estimate_context_quantiles([], QUANTILES) is None
+    assert estimate_context_quantiles([IntervalCounts(empty, empty)] * 3, QUANTILES) is None
+
+
+def test_max_model_len_caps_the_quantiles_and_the_mean() -> None:
+    """No request is longer than max_model_len, whatever the buckets and sums say."""
+    deltas = intervals([[(400, 300)], [(450, 200), (300, 150)]], max_model_len=512)
+    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=512)
+    assert result is not None
+    assert max(result.quantiles.values()) == 512.0
+    assert result.mean == 512.0
+
+
+def test_a_poll_between_a_requests_two_observations_still_pairs_them() -> None:
+    """A prompt counted one interval and its output the next are merged into one exact request."""
+    edges = bounds(8192)
+    nothing = bucketed([], edges)
+    deltas = [
+        IntervalCounts(bucketed([3000], edges), nothing),
+        IntervalCounts(nothing, bucketed([40], edges)),
+        IntervalCounts(bucketed([100], edges), bucketed([900], edges)),
+    ]
+    result = estimate_context_quantiles(deltas, (0.0, 1.0))
+    assert result is not None
+    assert result.quantiles == {0.0: 1000.0, 1.0: 3040.0}
+
+
+def test_quantiles_outside_zero_to_one_are_refused() -> None:
+    """A quantile of 1.5 is a caller's mistake, not a figure."""
+    with pytest.raises(ValueError, match="within"):
+        estimate_context_quantiles(intervals([[(10, 10)]]), (1.5,))
+
+
+def random_traffic(
+    shape: tuple[float, float, float, float, float], rate: float, seed: int
+) -> tuple[list[IntervalCounts], list[int]]:
+    """120 polls of Poisson(rate) requests, log-normal lengths with correlation ``rho``."""
+    prompt_median, prompt_sigma, output_median, output_sigma, rho = shape
+    rng = random.Random(seed)  # noqa: S311 - test data, not secrets
+    groups: list[list[tuple[int, int]]] = []
+    for _ in range(120):
+        n, product, limit = 0, rng.random(), math.exp(-rate)
+        while product > limit:
+            n, product = n + 1, product * rng.random()
+        group: list[tuple[int, int]] = []
+        while len(group) < n:
+            a = rng.gauss(0.0, 1.0)
+            b = rho * a + math.sqrt(1.0 - rho * rho) * rng.gauss(0.0, 1.0)
+            p = max(1, round(prompt_median * math.exp(prompt_sigma * a)))
+            o = max(1, round(output_median * math.exp(output_sigma * b)))
+            if p + o <= 32768:  # vLLM refuses longer
+                group.append((p, o))
+        groups.append(group)
+    return intervals(groups), [p + o for g in groups for p, o in g]
+
+
+@settings(max_examples=40, derandomize=True)
+@given(
+    st.tuples(
+        st.floats(20.0, 3000.0),
+        st.floats(0.0, 0.6),
+        st.floats(10.0, 1500.0),
+        st.floats(0.0, 0.6),
+        st.floats(-0.9, 0.9),
+    ),
+    st.floats(1.0, 10.0),
+    st.integers(0, 2**32 - 1),
+)
+def test_p95_is_never_more_than_5_percent_below_the_truth_on_random_traffic(
+    shape: tuple[float, float, float, float, float], rate: float, seed: int
+) -> None:
+    """On random (not adversarial) traffic, bucketed by vLLM's rule, p95 is at most 5 % low."""
+    deltas, contexts = random_traffic(shape, rate, seed)
+    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=32768)
+    assert result is not None
+    assert result.quantiles[0.95] >= 0.95 * true_quantile(contexts, 0.95)
+    assert result.mean == pytest.approx(sum(contexts) / len(contexts))
+
+
+def test_lengths_within_one_bucket_pair_read_p95_within_10_percent() -> None:
+    """Prompts of 2,000-5,000 and outputs of 200-500 tokens, 10 a poll: p95 within 10 %."""
+    rng = random.Random(7)  # noqa: S311 - test data, not secrets
+
+    def within(median: float, low: int, high: int) -> int:
+        while not low < (value := round(rng.lognormvariate(math.log(median), 0.25))) <= high:
+            pass
+        return value
+
+    groups = [
+        [(within(3000, 2000, 5000), within(300, 200, 500)) for _ in range(10)] for _ in range(120)
+    ]
+    result = estimate_context_quantiles(intervals(groups), QUANTILES, max_model_len=32768)
+    truth = true_quantile([p + o for g in groups for p, o in g], 0.95)
+    assert result is not None
+    assert abs(result.quantiles[0.95] / truth - 1.0) <= 0.10
+    assert sum_of_quantiles(intervals(groups), 0.95) / truth - 1.0 > 0.10  # the old method
