@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job with no vLLM at hand: the sidecar against the built-in simulated vLLM, at 5x
-# speed for one traffic cycle (calm, burst, calm). `vllm-headroom demo` alone runs until Ctrl-C.
+# speed for one traffic cycle (short, chat, agents, burst, calm: 330 s simulated) and the next
+# one's start. `vllm-headroom demo` alone runs until Ctrl-C.
 demo: $(STAMP)
 	$(BIN)/vllm-headroom demo --speed 5 --duration 75 --every 5
 

@@ -1,11 +1,23 @@
 """``vllm-headroom demo``: the sidecar against a SIMULATED vLLM, with no vLLM and no GPU.
 
-A simulated vLLM V1 engine (``exporter.sim``: paged KV blocks, continuous batching,
-recompute preemption, calm traffic with a burst that overflows the KV cache) serves
-vLLM-format ``/metrics`` on loopback; the real sidecar (``serve``) polls it over HTTP, with a
-simulated GPU standing in for NVML. Everything is labelled a simulation: the model id, the
-vLLM version (``+sim``), the GPU's name and the console lines. The demo prints the derived
-figures as it goes, read back from the sidecar's own ``/metrics`` like Prometheus would.
+A simulated vLLM V1 engine (``exporter.sim``: paged KV blocks, prefix caching, continuous
+batching under ``max_num_seqs``, recompute preemption) serves vLLM-format ``/metrics`` on
+loopback; the real sidecar (``serve``) polls it over HTTP, with a simulated GPU standing in for
+NVML. Its traffic (:func:`exporter.sim.traffic.default_profile`) cycles through phases that make
+each limit bind in turn: short requests fill the scheduler's 256 slots while the KV cache stays
+mostly free, chat makes the KV pool the limit, agents sharing a system prompt lift the ceiling
+that counts shared blocks once, and a burst of long documents overflows the pool into
+preemptions. Everything is labelled a simulation: the model id, the vLLM version (``+sim``), the
+GPU's name and the console lines. The demo prints the derived figures as it goes, read back from
+the sidecar's own ``/metrics`` like Prometheus would, the binding limit and the shared-prefix
+ceiling included.
+
+Two settings differ from a real deployment's, on purpose. ``max_num_seqs`` is given to the
+sidecar (``headroom_max_num_seqs{origin="setting"}``): there is no vLLM process whose command
+line it could read, as for a vLLM in a container the sidecar cannot see into, and the
+simulated engine runs with ``--max-num-seqs 256`` where vLLM's default on this H100 is 1,024.
+The context window looks back 60 simulated seconds instead of 600, so that each phase of a
+minute or so shows in the p95 context while it lasts.
 """
 
 from __future__ import annotations
@@ -32,14 +44,19 @@ if TYPE_CHECKING:
     import argparse
 
     from exporter.service.httpserver import ExporterServer
+    from exporter.sim.traffic import TrafficProfile
+
+#: Simulated seconds the p95 context looks back over (the sidecar's default is 600).
+CONTEXT_WINDOW_SIM_S = 60.0
 
 NAME = "demo"
 HELP = "run the sidecar against a built-in SIMULATED vLLM (no vLLM, no GPU needed)"
 DESCRIPTION = (
-    "Start a simulated vLLM engine (Llama-3.1-8B-like on one simulated H100, calm "
-    "traffic with a burst that causes preemptions) and the vllm-headroom sidecar "
-    "polling it over HTTP. Open the sidecar's /metrics while it runs. Nothing here "
-    "is a real vLLM or a real GPU."
+    "Start a simulated vLLM engine (Llama-3.1-8B-like on one simulated H100, "
+    "--max-num-seqs 256; traffic in phases: short requests that fill max_num_seqs, chat "
+    "that fills the KV cache, agents sharing a system prompt, a burst that causes "
+    "preemptions) and the vllm-headroom sidecar polling it over HTTP. Open the sidecar's "
+    "/metrics while it runs. Nothing here is a real vLLM or a real GPU."
 )
 
 
@@ -55,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speed",
         type=float,
         default=1.0,
-        help="simulated seconds per real second (default 1; the burst starts at 60 s simulated)",
+        help=(
+            "simulated seconds per real second (default 1; one traffic cycle is 330 s "
+            "simulated, the burst starts at 210 s)"
+        ),
     )
     parser.add_argument(
         "--duration",
@@ -76,11 +96,31 @@ class DemoTally:
     max_preemptions_per_second: float = 0.0
     min_available_sequences: float | None = None
     max_waiting: float = 0.0
+    #: Limits that bound the p95 ceiling, in the order seen (each change of limit).
+    limits: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
 
-def read_status(text: str) -> dict[str, float]:
-    """The headline figures of the sidecar's exposition (engine "0"), by short name."""
+@dataclass(frozen=True, slots=True)
+class DemoStatus:
+    """The headline figures of the sidecar's exposition (engine "0")."""
+
+    #: Gauge values by short name (``ceiling``, ``available``, ``effective``...).
+    values: dict[str, float]
+    #: The limit that binds the p95 ceiling (``headroom_p95_ceiling_limited_by``), if known.
+    limit: str | None = None
+
+    def get(self, key: str) -> float | None:
+        """The value of one figure, or None when the sidecar does not export it (yet)."""
+        return self.values.get(key)
+
+
+#: The one-hot family naming the limit that binds the p95 ceiling.
+_LIMIT_FAMILY = "headroom_p95_ceiling_limited_by"
+
+
+def read_status(text: str) -> DemoStatus:
+    """The headline figures of the sidecar's exposition (engine "0")."""
     wanted = {
         "headroom_kv_capacity_tokens": "capacity",
         "headroom_kv_capacity_predicted_tokens": "predicted",
@@ -88,22 +128,30 @@ def read_status(text: str) -> dict[str, float]:
         "headroom_kv_usable_tokens": "usable",
         "headroom_context_length_p95_tokens": "p95",
         "headroom_p95_ceiling_sequences": "ceiling",
+        "headroom_p95_effective_ceiling_sequences": "effective",
         "headroom_p95_available_sequences": "available",
         "headroom_preemptions_per_second": "preemptions",
         "headroom_requests_running": "running",
         "headroom_requests_waiting": "waiting",
     }
-    status: dict[str, float] = {}
+    values: dict[str, float] = {}
+    limit = None
     for family in text_string_to_metric_families(text):
         short = wanted.get(family.name)
         for sample in family.samples:
-            if short and sample.labels.get("engine") == "0":
-                status[short] = sample.value
-    return status
+            if sample.labels.get("engine") != "0":
+                continue
+            if short:
+                values[short] = sample.value
+            elif family.name == _LIMIT_FAMILY and sample.value == 1.0:
+                limit = sample.labels.get("limit")
+    return DemoStatus(values, limit)
 
 
-def status_line(elapsed: float, speed: float, status: dict[str, float]) -> str:
-    """One console line of the demo (labelled a simulation)."""
+def status_line(
+    elapsed: float, speed: float, status: DemoStatus, *, phase: str | None = None
+) -> str:
+    """One console line of the demo (labelled a simulation), with the traffic phase if given."""
 
     def get(key: str) -> str:
         value = status.get(key)
@@ -112,16 +160,24 @@ def status_line(elapsed: float, speed: float, status: dict[str, float]) -> str:
     rate = status.get("preemptions")
     # The sidecar measures real seconds; the simulation runs `speed` times faster.
     per_sim_second = None if rate is None else rate / speed
+    where = f"t={elapsed * speed:6.0f}s" + ("" if phase is None else f" {phase:<6}")
     return (
-        f"[simulation t={elapsed * speed:6.0f}s] running {get('running'):>4} waiting "
+        f"[simulation {where}] running {get('running'):>4} waiting "
         f"{get('waiting'):>4} | KV {get('used'):>8}/{get('usable')} tokens | p95 context "
-        f"{get('p95'):>6} | headroom {get('available'):>4}/{get('ceiling')} p95 sequences | "
+        f"{get('p95'):>6} | headroom {get('available'):>4}/{get('ceiling')} p95 sequences, "
+        f"bound by {status.limit or '-'}, {get('effective')} with shared prefixes | "
         f"preemptions/s {'-' if per_sim_second is None else f'{per_sim_second:.2f}'}"
     )
 
 
 async def _report(
-    url: str, *, every: float, speed: float, tally: DemoTally, stop: asyncio.Event
+    url: str,
+    *,
+    every: float,
+    speed: float,
+    traffic: TrafficProfile,
+    tally: DemoTally,
+    stop: asyncio.Event,
 ) -> None:
     started = time.monotonic()
     async with httpx.AsyncClient(trust_env=False) as http:
@@ -133,14 +189,18 @@ async def _report(
             except httpx.HTTPError:
                 continue
             status = read_status(text)
-            line = status_line(time.monotonic() - started, speed, status)
+            elapsed = time.monotonic() - started
+            phase = traffic.phase_at(elapsed * speed)
+            line = status_line(elapsed, speed, status, phase=None if phase is None else phase.name)
             tally.lines.append(line)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
             tally.max_preemptions_per_second = max(
-                tally.max_preemptions_per_second, status.get("preemptions", 0.0) / speed
+                tally.max_preemptions_per_second, (status.get("preemptions") or 0.0) / speed
             )
-            tally.max_waiting = max(tally.max_waiting, status.get("waiting", 0.0))
+            tally.max_waiting = max(tally.max_waiting, status.get("waiting") or 0.0)
+            if status.limit is not None and tally.limits[-1:] != [status.limit]:
+                tally.limits.append(status.limit)
             available = status.get("available")
             if available is not None:
                 low = tally.min_available_sequences
@@ -171,8 +231,10 @@ async def demo(
             "listen_address": listen_address,
             "poll_interval_seconds": poll,
             "poll_timeout_seconds": min(poll, 3.0),
-            "context_window_seconds": max(10.0, 600.0 / speed),
+            "context_window_seconds": max(10.0, CONTEXT_WINDOW_SIM_S / speed),
             "rate_window_seconds": max(poll * 2, 60.0 / speed),
+            # No vLLM process to read --max-num-seqs from: say it, as for a hidden container.
+            "max_num_seqs": scenario.engine.max_num_seqs,
         }
     )
     stop = asyncio.Event()
@@ -188,14 +250,18 @@ async def demo(
             f"  simulated vLLM  {sim_url}  (model simulated/llama-3.1-8b on a simulated "
             f"H100, KV budget {budget:.1f} GiB, speed x{speed:g})\n"
             f"  sidecar         {url}/metrics   (landing page {url}/)\n"
-            "  the simulated traffic bursts at 60 s and overflows the KV cache: watch the\n"
-            "  headroom fall and preemptions rise, e.g.\n"
+            f"  the simulated engine runs at most {scenario.engine.max_num_seqs} sequences "
+            "(--max-num-seqs). Every 330 simulated\n"
+            "  seconds its traffic goes through short requests (max_num_seqs binds), chat (the\n"
+            "  KV cache binds), agents sharing a system prompt (held once: a higher ceiling\n"
+            "  with shared prefixes) and, at 210 s, a burst that overflows the KV cache into\n"
+            "  preemptions. Watch the status lines below, or e.g.\n"
             f"    curl -s {url}/metrics | grep -E 'headroom_(p95|preemptions|kv_used)'\n"
             "  Ctrl-C stops it.\n"
         )
         sys.stdout.flush()
         reporter = asyncio.create_task(
-            _report(url, every=every, speed=speed, tally=tally, stop=stop)
+            _report(url, every=every, speed=speed, traffic=scenario.traffic, tally=tally, stop=stop)
         )
 
     if duration > 0:
@@ -217,7 +283,8 @@ async def demo(
         "demo finished (simulation): highest preemption rate "
         f"{tally.max_preemptions_per_second:.2f}/s, most requests waiting "
         f"{tally.max_waiting:.0f}, lowest headroom "
-        f"{'-' if low is None else f'{low:.0f}'} p95 sequences\n"
+        f"{'-' if low is None else f'{low:.0f}'} p95 sequences, bound by "
+        f"{', then '.join(tally.limits) or '-'}\n"
     )
     return code
 

@@ -1,9 +1,11 @@
 """A simulated vLLM V1 engine for ``vllm-headroom demo``: no GPU, no vLLM, same ``/metrics``.
 
 - :mod:`exporter.sim.scenario`: what is simulated (model, GPU, engine settings, KV pool sizing).
-- :mod:`exporter.sim.traffic`: the traffic profile (calm, burst, calm) and its seeded arrivals.
+- :mod:`exporter.sim.traffic`: the traffic profile (short requests, chat, agents sharing a
+  system prompt, a burst of long documents, calm) and its seeded arrivals.
 - :mod:`exporter.sim.timing`: how long an engine step takes (a two-term roofline).
-- :mod:`exporter.sim.engine`: the engine itself: paged blocks, scheduler, recompute preemption.
+- :mod:`exporter.sim.engine`: the engine itself: paged blocks counted by reference, prefix
+  caching, the scheduler under ``max_num_seqs``, ``n > 1`` sampling, recompute preemption.
 - :mod:`exporter.sim.families`: vLLM 0.32.0's metric families (names, HELP, buckets).
 - :mod:`exporter.sim.exposition`: renders the engine's metrics as vLLM's ``/metrics`` text.
 
@@ -29,6 +31,7 @@ from exporter.sim.traffic import (
     Arrival,
     LengthDistribution,
     ScriptedArrivals,
+    SharedPrefix,
     TrafficPhase,
     TrafficProfile,
     default_profile,
@@ -43,6 +46,7 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "ScriptedArrivals",
+    "SharedPrefix",
     "SimEngineConfig",
     "SimGpu",
     "SimMetrics",

@@ -1,26 +1,42 @@
 """A steppable, deterministic simulation of one vLLM V1 engine: paged KV blocks and its scheduler.
 
-What it models, after vLLM V1's ``Scheduler`` and ``KVCacheManager``:
+What it models, after vLLM V1's ``Scheduler``, ``KVCacheManager`` and ``BlockPool``:
 
 - **Paged KV blocks.** The pool has ``num_gpu_blocks`` blocks of ``block_size`` tokens; one is
   vLLM's reserved null block, so running requests can hold at most ``num_gpu_blocks - 1``. A request
-  holds exactly ``ceil(computed_tokens / block_size)`` blocks: a new block is allocated each time it
-  crosses a block boundary. ``kv_cache_usage_perc`` is ``1 - free / (num_gpu_blocks - 1)``, vLLM's
-  own formula.
+  references exactly ``ceil(computed_tokens / block_size)`` blocks: a new block is allocated each
+  time it crosses a block boundary. Blocks are counted by reference: one that several requests
+  reference is held once. ``kv_cache_usage_perc`` is ``1 - free / (num_gpu_blocks - 1)``, vLLM's
+  own formula, where free blocks include cached ones nobody references.
+- **Prefix caching** (``enable_prefix_caching``, vLLM V1's default). Every full block is cached
+  under a key that stands for vLLM's chained block hash (:data:`BlockKey`) when it is allocated.
+  A request being admitted looks up its leading full blocks and takes every one found up to the
+  first miss, never its last token (vLLM needs its logits): at most ``(tokens - 1) //
+  block_size`` whole blocks. It references those blocks instead of computing them, so N
+  concurrent requests that start with the same prompt prefix hold its blocks once. A block whose
+  last reference is dropped stays cached in the free queue, least recently freed first, until it
+  is handed out again. What can hit: a shared system prompt (a traffic phase's
+  :class:`~exporter.sim.traffic.SharedPrefix`), the prompt of a request's other samples (``n >
+  1``), and a preempted request's own blocks; two unrelated prompts never share a block.
+- **Parallel sampling.** A request with ``n > 1`` runs as ``n`` requests of its own (as in V1),
+  queued together; each generates the request's output length, and all but the first usually
+  find the prompt's full blocks in the cache.
 - **Continuous batching.** Each step first schedules the running requests in admission order (one
   token each while decoding, the rest of the prompt in chunks while prefilling), then, if nothing
   was preempted, admits waiting requests first-come first-served while the token budget
-  (``max_num_batched_tokens``), ``max_num_seqs`` and free blocks allow. Prefill is chunked.
+  (``max_num_batched_tokens``), ``max_num_seqs`` and free blocks allow. Prefill is chunked and
+  computes only the tokens the prefix cache did not supply.
 - **Recompute preemption.** When a running request needs a block and none is free, the newest
-  running request is preempted: its blocks are freed, its progress is dropped, and it goes back to
-  the front of the waiting queue, to recompute its prompt and the tokens it already generated.
-  With prefix caching on (vLLM V1's default) its full blocks stay cached in the free queue until
-  they are reused, so on re-admission it recomputes only what was evicted meanwhile.
-- **Completion.** A request finishes when it has generated its output length; its blocks are freed.
+  running request is preempted: its references are dropped, its progress is lost, and it goes
+  back to the front of the waiting queue, to recompute its prompt and the tokens it already
+  generated. Its full blocks stay cached until they are reused, so on re-admission it recomputes
+  only what was evicted meanwhile.
+- **Completion.** A request finishes when it has generated its output length; its references are
+  dropped.
 
 Checked against reality: replaying the load of the real 0.32.0 capture (12 requests of 101 + 380
 tokens into its 1,024-token pool) reproduces every count vLLM reported, 15 preemptions and 2,044
-engine steps included (``tests/test_sim_exposition.py``).
+engine steps included (``tests/sim/test_exposition.py``).
 
 Time is simulated: a step lasts what :func:`exporter.sim.timing.step_duration_s` says, idle time
 jumps to the next arrival, and nothing here reads a clock, sleeps, logs or does I/O. Given the same
@@ -29,8 +45,11 @@ scenario and seed the run is identical, however the caller slices time (``advanc
 
 The metrics follow vLLM V1's definitions (``vllm/v1/metrics/stats.py``): prompt tokens are counted
 when a request produces its first token (recomputation after a preemption is not counted again),
-inter-token latency is observed per generated token after the first, per-request histograms are
-observed when a request finishes, ``iteration_tokens_total`` once per step.
+and so are its cached prompt tokens; prefix-cache queries and hits are counted when a request is
+first admitted (lookups after a preemption are not); inter-token latency is observed per
+generated token after the first; per-request histograms are observed when a request (a sample)
+finishes, except ``request_params_n`` and ``request_max_num_generation_tokens``, observed once
+per request when its last sample finishes; ``iteration_tokens_total`` once per step.
 
 The engine keeps mutable state internally because copying hundreds of requests per step into new
 frozen values would cost more CPU than the demo may spend; what it hands out (:class:`EngineState`,
@@ -42,7 +61,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,7 +72,7 @@ from exporter.sim.timing import step_duration_s
 from exporter.sim.traffic import ArrivalSource
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from exporter.sim.scenario import Scenario
     from exporter.sim.traffic import Arrival, ArrivalStream
@@ -61,16 +80,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class RequestView:
-    """One request inside the engine, as plain data (for inspection and tests)."""
+    """One request (one sample of it, when ``n > 1``) inside the engine, as plain data."""
 
     request_id: int
+    #: The ``request_id`` of the request's first sample: its ``n`` samples share it.
+    prompt_id: int
     prompt_tokens: int
     output_tokens: int
     #: Tokens generated so far.
     generated_tokens: int
     #: Tokens whose KV is computed (and held in blocks) right now.
     computed_tokens: int
+    #: Blocks it references: ``ceil(computed_tokens / block_size)``, shared ones included.
     blocks: int
+    #: The ids of those blocks, in token order (shared blocks have the same id in every sharer).
+    block_ids: tuple[int, ...]
+    #: Prompt tokens found in the prefix cache at its first admission (whole blocks).
+    cached_tokens: int
     preemptions: int
 
 
@@ -83,6 +109,7 @@ class EngineState:
     phase: str | None
     #: vLLM's ``num_gpu_blocks``: the null block included.
     num_gpu_blocks: int
+    #: Blocks referenced by running requests, each counted once however many share it.
     blocks_used: int
     running: tuple[RequestView, ...]
     waiting: tuple[RequestView, ...]
@@ -106,6 +133,11 @@ class SimMetrics:
     generation_tokens: int
     #: ``vllm:prefix_cache_queries_total``: prompt tokens looked up at first scheduling.
     prefix_cache_queries: int
+    #: ``vllm:prefix_cache_hits_total``: of those, tokens found in the cache (whole blocks).
+    prefix_cache_hits: int
+    #: ``vllm:prompt_tokens_cached_total``: the hits of requests that produced a first token,
+    #: counted then, with :attr:`prompt_tokens`.
+    prompt_tokens_cached: int
     #: ``vllm:request_success_total`` by ``finished_reason``; every reason present.
     request_success: Mapping[str, int]
     histograms: Mapping[str, Histogram]
@@ -136,106 +168,173 @@ class _HistogramRecorder:
         )
 
 
-class _Segment:
-    """A run of free blocks in the pool's LRU order; ``owner`` still finds its prefix cached."""
-
-    __slots__ = ("count", "owner")
-
-    def __init__(self, owner: _Request | None, count: int) -> None:
-        self.owner = owner
-        self.count = count
+#: What a full block's KV is identified by, as vLLM's chained block hash does: two blocks with
+#: one key hold the same tokens after the same tokens. ``("prefix", name, j)``: block ``j`` of a
+#: shared system prompt; ``("prompt", prompt_id, j)``: block ``j`` of one request's prompt (its
+#: ``n`` samples share it); ``("own", request_id, j)``: anything else, one sample's own tokens.
+BlockKey = tuple[str, str | int, int]
 
 
 class _BlockPool:
-    """Free KV blocks in vLLM's eviction order (least recently freed first).
+    """The usable KV blocks: reference counts, the free queue and the prefix cache, as vLLM's.
 
-    Only the number of blocks matters, except for one thing vLLM's prefix cache gives a preempted
-    request: its full blocks stay cached while they sit in the free queue, so when it is scheduled
-    again it recomputes only what was evicted meanwhile. vLLM frees a request's blocks tail first,
-    so eviction eats a preempted request's cached prefix from its end and the prefix stays usable.
-    Finished requests' blocks are plain free blocks here (random prompts never hit them).
+    A running request references its blocks; a block held by several (a shared prefix) is
+    counted once. A full block is cached under its :data:`BlockKey` when it is allocated, and
+    stays cached when its last reference is dropped: it joins the tail of the free queue (it is
+    free: ``kv_cache_usage_perc`` does not count it) until the head of the queue reaches it and it
+    is handed out again, which evicts it. References are dropped last block first, as vLLM frees,
+    so eviction eats a cached prompt from its end and what is left of it stays a usable prefix.
     """
 
-    __slots__ = ("free", "queue")
+    __slots__ = ("cached", "free_queue", "key_of", "refs")
 
     def __init__(self, usable_blocks: int) -> None:
-        self.free = usable_blocks
-        self.queue: deque[_Segment] = deque([_Segment(None, usable_blocks)])
+        self.refs = [0] * usable_blocks
+        self.key_of: list[BlockKey | None] = [None] * usable_blocks
+        # Insertion order is eviction order (least recently freed first); O(1) at both ends.
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(usable_blocks))
+        self.cached: dict[BlockKey, int] = {}
 
-    def take(self, n: int) -> None:
-        """Hand out ``n`` free blocks (``n <= free``), evicting from the head of the queue."""
-        self.free -= n
-        queue = self.queue
-        while n > 0:
-            head = queue[0]
-            used = min(head.count, n)
-            head.count -= used
-            n -= used
-            if head.count == 0:
-                queue.popleft()
-                if head.owner is not None:
-                    head.owner.cached = None
+    @property
+    def free(self) -> int:
+        """Blocks no running request references (cached ones included)."""
+        return len(self.free_queue)
 
-    def give_back(self, n: int, owner: _Request | None = None) -> _Segment | None:
-        """Return ``n`` blocks to the tail of the queue; cached for ``owner`` if given."""
-        self.free += n
-        if n == 0:
-            return None
-        tail = self.queue[-1] if self.queue else None
-        if owner is None and tail is not None and tail.owner is None:
-            tail.count += n  # merge plain runs: keeps the queue short
-            return tail
-        segment = _Segment(owner, n)
-        self.queue.append(segment)
-        return segment
+    def allocate(self, n: int) -> list[int]:
+        """Hand out ``n`` free blocks (``n <= free``) from the head, evicting their cached KV."""
+        queue, refs, key_of = self.free_queue, self.refs, self.key_of
+        blocks: list[int] = []
+        for _ in range(n):
+            block, _ = queue.popitem(last=False)
+            key = key_of[block]
+            if key is not None:
+                del self.cached[key]
+                key_of[block] = None
+            refs[block] = 1
+            blocks.append(block)
+        return blocks
 
-    def reclaim(self, segment: _Segment, n: int) -> None:
-        """Take back ``n`` cached blocks of ``segment`` for its owner (a prefix-cache hit)."""
-        self.free -= n
-        segment.count -= n
-        # What is left of the run stays free but no longer counts as the owner's cache.
-        segment.owner = None
+    def lookup(self, keys: Iterable[BlockKey]) -> list[int]:
+        """Return the cached blocks of ``keys`` up to the first key that is not cached."""
+        cached = self.cached
+        hits: list[int] = []
+        for key in keys:
+            block = cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Add a reference to cached blocks a request hit (taking free ones off the queue)."""
+        refs = self.refs
+        for block in blocks:
+            if refs[block] == 0:
+                del self.free_queue[block]
+            refs[block] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop a reference to each block, the last first; unreferenced ones become free."""
+        refs, queue = self.refs, self.free_queue
+        for block in reversed(blocks):
+            refs[block] -= 1
+            if refs[block] == 0:
+                queue[block] = None
+
+    def cache(self, block: int, key: BlockKey) -> None:
+        """Cache a newly full block under ``key``, unless another block already holds that KV.
+
+        vLLM keeps such duplicates (two requests that computed the same prefix at once) under
+        one hash; here the first stays the one found, and the duplicate is an uncached block.
+        """
+        if key not in self.cached:
+            self.cached[key] = block
+            self.key_of[block] = key
+
+
+class _Parent:
+    """The ``n`` samples of one request: how many are still running, the longest output."""
+
+    __slots__ = ("max_generated", "remaining")
+
+    def __init__(self, n: int) -> None:
+        self.remaining = n
+        self.max_generated = 0
 
 
 class _Request:
-    """A request's mutable progress inside the engine."""
+    """A request's (one sample's) mutable progress inside the engine."""
 
     __slots__ = (
         "arrival",
         "blocks",
-        "cached",
+        "cached_tokens",
         "computed",
         "finished",
         "first_token_at",
         "generated",
         "last_token_at",
+        "parent",
         "preemptions",
+        "prefix_blocks",
+        "prefix_name",
+        "prompt_blocks",
+        "prompt_id",
+        "registered",
         "request_id",
         "scheduled_at",
     )
 
-    def __init__(self, request_id: int, arrival: Arrival) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        arrival: Arrival,
+        *,
+        block_size: int,
+        prompt_id: int,
+        parent: _Parent | None,
+    ) -> None:
         self.request_id = request_id
         self.arrival = arrival
+        self.prompt_id = prompt_id
+        self.parent = parent
+        prefix = arrival.shared_prefix
+        self.prefix_name = "" if prefix is None else prefix.name
+        self.prefix_blocks = arrival.prefix_tokens // block_size
+        self.prompt_blocks = arrival.prompt_tokens // block_size
         self.generated = 0
         self.computed = 0
-        self.blocks = 0
-        #: Its cached prefix blocks in the free queue after a preemption (prefix caching on).
-        self.cached: _Segment | None = None
+        #: Block ids it references, in token order: ``ceil(computed / block_size)`` of them.
+        self.blocks: list[int] = []
+        #: How many of its leading blocks were full and offered to the prefix cache.
+        self.registered = 0
+        #: Prompt tokens found in the prefix cache when it was first scheduled.
+        self.cached_tokens = 0
         self.finished = False
         self.preemptions = 0
         self.scheduled_at = -1.0
         self.first_token_at = -1.0
         self.last_token_at = -1.0
 
+    def block_key(self, j: int) -> BlockKey:
+        """The prefix-cache key of its ``j``-th full block (see :data:`BlockKey`)."""
+        if j < self.prefix_blocks:
+            return ("prefix", self.prefix_name, j)
+        if j < self.prompt_blocks:
+            return ("prompt", self.prompt_id, j)
+        return ("own", self.request_id, j)
+
     def view(self) -> RequestView:
         return RequestView(
             request_id=self.request_id,
+            prompt_id=self.prompt_id,
             prompt_tokens=self.arrival.prompt_tokens,
             output_tokens=self.arrival.output_tokens,
             generated_tokens=self.generated,
             computed_tokens=self.computed,
-            blocks=self.blocks,
+            blocks=len(self.blocks),
+            block_ids=tuple(self.blocks),
+            cached_tokens=self.cached_tokens,
             preemptions=self.preemptions,
         )
 
@@ -272,6 +371,8 @@ class Simulation:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._prefix_cache_queries = 0
+        self._prefix_cache_hits = 0
+        self._prompt_tokens_cached = 0
         self._success = dict.fromkeys(families.FINISHED_REASONS, 0)
         self._histograms = {
             family.name: _HistogramRecorder(family.bounds)
@@ -324,8 +425,24 @@ class Simulation:
         return True
 
     def _admit_arrivals(self) -> None:
+        block_size = self.scenario.engine.block_size
         for arrival in self._arrivals.pop_due(self._now):
-            self._waiting.append(_Request(next(self._ids), arrival))
+            # vLLM V1 runs a request's n samples as n requests of their own, queued together;
+            # they share the prompt's blocks through the prefix cache.
+            parent = _Parent(arrival.n) if arrival.n > 1 else None
+            prompt_id = -1
+            for _ in range(arrival.n):
+                request_id = next(self._ids)
+                prompt_id = request_id if prompt_id < 0 else prompt_id
+                self._waiting.append(
+                    _Request(
+                        request_id,
+                        arrival,
+                        block_size=block_size,
+                        prompt_id=prompt_id,
+                        parent=parent,
+                    )
+                )
 
     def state(self) -> EngineState:
         """Return the pool and queues as plain data."""
@@ -349,6 +466,8 @@ class Simulation:
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             prefix_cache_queries=self._prefix_cache_queries,
+            prefix_cache_hits=self._prefix_cache_hits,
+            prompt_tokens_cached=self._prompt_tokens_cached,
             request_success=dict(self._success),
             histograms={name: h.snapshot() for name, h in self._histograms.items()},
         )
@@ -372,23 +491,28 @@ class Simulation:
     ) -> tuple[int, bool]:
         """Schedule running requests in admission order; preempt the newest when out of blocks."""
         block_size = self.scenario.engine.block_size
+        caching = self._prefix_caching
         running = self._running
         pool = self._pool
         preempted = False
         i = 0
+        # The hottest loop of the simulation (every running request, every step): kept lean.
         while i < len(running) and budget > 0:
             request = running[i]
             total = request.arrival.prompt_tokens + request.generated
             new = min(total - request.computed, budget)
-            needed = -(-(request.computed + new) // block_size) - request.blocks
-            while needed > pool.free:
-                victim = running.pop()  # the newest running request
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
-                    return budget, preempted
-            pool.take(needed)
-            request.blocks += needed
+            end = request.computed + new
+            needed = -(-end // block_size) - len(request.blocks)
+            if needed:
+                while needed > pool.free:
+                    victim = running.pop()  # the newest running request
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is request:
+                        return budget, preempted
+                request.blocks += pool.allocate(needed)
+            if caching and end // block_size > request.registered:
+                self._cache_full_blocks(request, end)
             scheduled.append((request, new))
             budget -= new
             i += 1
@@ -404,39 +528,63 @@ class Simulation:
         while waiting and budget > 0 and len(running) < engine.max_num_seqs:
             request = waiting[0]
             total = request.arrival.prompt_tokens + request.generated
-            # A preempted request finds what is left of its prefix in the cache; at least the
-            # last token is always recomputed (vLLM needs its logits).
-            segment = request.cached
-            hit_blocks = 0 if segment is None else min(segment.count, (total - 1) // block_size)
-            hit = hit_blocks * block_size
+            hits = self._cache_hits(request, total)
+            hit = len(hits) * block_size
             new = min(total - hit, budget)
-            needed = -(-(hit + new) // block_size)  # hit blocks included: they are free now
-            if needed > pool.free:
+            fresh = -(-(hit + new) // block_size) - len(hits)
+            # Hit blocks nobody references sit in the free queue: taking them uses free blocks.
+            evictable = sum(1 for block in hits if pool.refs[block] == 0)
+            if fresh + evictable > pool.free:
                 return  # the head of the queue blocks the rest
             waiting.popleft()
-            if segment is not None:
-                pool.reclaim(segment, hit_blocks)
-                request.cached = None
-            pool.take(needed - hit_blocks)
-            request.blocks = needed
+            pool.touch(hits)
+            request.blocks = hits + pool.allocate(fresh)
+            request.registered = len(hits)
             request.computed = hit
+            self._cache_full_blocks(request, hit + new)
             if request.scheduled_at < 0:
+                # vLLM counts the lookup of a request's first admission only (not after a
+                # preemption), at admission.
                 request.scheduled_at = self._now
+                request.cached_tokens = hit
                 self._prefix_cache_queries += request.arrival.prompt_tokens
+                self._prefix_cache_hits += hit
             running.append(request)
             scheduled.append((request, new))
             budget -= new
 
-    def _preempt(self, request: _Request) -> None:
+    def _cache_hits(self, request: _Request, total: int) -> list[int]:
+        """The request's leading full blocks found in the prefix cache, as vLLM looks them up.
+
+        At least the last token is always recomputed (vLLM needs its logits), so the hit stops
+        at the last full block before it: ``(total - 1) // block_size`` blocks at most.
+        """
+        if not self._prefix_caching:
+            return []
+        most = (total - 1) // self.scenario.engine.block_size
+        return self._pool.lookup(request.block_key(j) for j in range(most))
+
+    def _cache_full_blocks(self, request: _Request, tokens: int) -> None:
+        """Offer the blocks that ``tokens`` fill to the prefix cache, as vLLM does at allocation.
+
+        Cached at scheduling, before the step computes them: a request admitted later in the
+        same step already hits them, as in vLLM.
+        """
+        full = tokens // self.scenario.engine.block_size
+        if full <= request.registered or not self._prefix_caching:
+            return
         pool = self._pool
-        if self._prefix_caching:
-            # Tail first, as vLLM frees: the partial last block, then the full (cached) ones.
-            full = request.computed // self.scenario.engine.block_size
-            pool.give_back(request.blocks - full)
-            request.cached = pool.give_back(full, owner=request)
-        else:
-            pool.give_back(request.blocks)
-        request.blocks = 0
+        blocks = request.blocks
+        for j in range(request.registered, full):
+            pool.cache(blocks[j], request.block_key(j))
+        request.registered = full
+
+    def _preempt(self, request: _Request) -> None:
+        # Its full blocks stay cached in the free queue (prefix caching on, vLLM V1's default),
+        # so on re-admission it recomputes only what was evicted meanwhile.
+        self._pool.release(request.blocks)
+        request.blocks = []
+        request.registered = 0
         request.computed = 0
         request.preemptions += 1
         self._preemptions += 1
@@ -457,6 +605,7 @@ class Simulation:
         itl = hist[families.INTER_TOKEN_LATENCY]
         iteration_prompt = 0
         iteration_generated = 0
+        iteration_cached = 0
         finished = False
         for request, new in scheduled:
             request.computed += new
@@ -468,6 +617,7 @@ class Simulation:
             if request.first_token_at < 0:
                 request.first_token_at = end
                 iteration_prompt += arrival.prompt_tokens
+                iteration_cached += request.cached_tokens
                 ttft.observe(end - arrival.time)
             else:
                 itl.observe(end - request.last_token_at)
@@ -477,6 +627,7 @@ class Simulation:
                 finished = True
 
         self._prompt_tokens += iteration_prompt
+        self._prompt_tokens_cached += iteration_cached
         self._generation_tokens += iteration_generated
         hist[families.ITERATION_TOKENS].observe(iteration_prompt + iteration_generated)
         if finished:
@@ -484,8 +635,8 @@ class Simulation:
         self._now = end
 
     def _finish(self, request: _Request, end: float) -> None:
-        self._pool.give_back(request.blocks)
-        request.blocks = 0
+        self._pool.release(request.blocks)
+        request.blocks = []
         request.finished = True
         arrival = request.arrival
         self._success[arrival.finished_reason] += 1
@@ -494,8 +645,6 @@ class Simulation:
         decode_s = end - request.first_token_at
         hist[families.PROMPT_TOKENS].observe(arrival.prompt_tokens)
         hist[families.GENERATION_TOKENS].observe(generated)
-        hist[families.MAX_NUM_GENERATION_TOKENS].observe(generated)
-        hist[families.PARAMS_N].observe(1)
         hist[families.PARAMS_MAX_TOKENS].observe(arrival.max_tokens)
         hist[families.E2E_LATENCY].observe(end - arrival.time)
         hist[families.QUEUE_TIME].observe(request.scheduled_at - arrival.time)
@@ -506,5 +655,15 @@ class Simulation:
             decode_s / (generated - 1) if generated > 1 else 0.0
         )
         hist[families.NUM_PREEMPTIONS].observe(request.preemptions)
-        # No prefix-cache hits in the simulation: every prompt token is computed.
-        hist[families.PREFILL_KV_COMPUTED].observe(arrival.prompt_tokens)
+        hist[families.PREFILL_KV_COMPUTED].observe(arrival.prompt_tokens - request.cached_tokens)
+        # ``n`` and the longest output are observed once per request, when its last sample ends.
+        parent = request.parent
+        if parent is None:
+            hist[families.MAX_NUM_GENERATION_TOKENS].observe(generated)
+            hist[families.PARAMS_N].observe(1)
+            return
+        parent.remaining -= 1
+        parent.max_generated = max(parent.max_generated, generated)
+        if parent.remaining == 0:
+            hist[families.MAX_NUM_GENERATION_TOKENS].observe(parent.max_generated)
+            hist[families.PARAMS_N].observe(arrival.n)

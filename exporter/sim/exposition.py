@@ -6,12 +6,16 @@ the scenario and the start time, builds fresh metric families and serialises the
 emits (which is what vLLM serves). The families, their order, HELP texts, label names and bucket
 bounds are those of the real 0.32.0 capture (:mod:`exporter.sim.families`).
 
-What the simulation does not model is exposed as vLLM exposes it when the feature is idle: prefix
-cache hits, external (KV connector) and multi-modal caches, admission rejections and the MFU
-estimates (``estimated_*_per_gpu``, zero unless vLLM runs with MFU metrics) stay at zero. Of the
-``process_*`` and ``python_*`` families of the client library's default collectors only
-``process_start_time_seconds`` is served (the sidecar uses it to detect restarts), set to the
-simulation's start; the rest would describe the demo process, not a vLLM server.
+Prefix-cache hits come from the device (GPU) cache, as without a KV connector:
+``prefix_cache_hits`` and ``prompt_tokens_cached_by_source{source="device"}`` count them at
+admission, ``prompt_tokens_cached`` and ``prompt_tokens_by_source{source="local_cache_hit"}``
+when the request's first token comes out, as vLLM 0.32 does. What the simulation does not model
+is exposed as vLLM exposes it when the feature is idle: external (KV connector) and multi-modal
+caches, admission rejections and the MFU estimates (``estimated_*_per_gpu``, zero unless vLLM
+runs with MFU metrics) stay at zero. Of the ``process_*`` and ``python_*`` families of the
+client library's default collectors only ``process_start_time_seconds`` is served (the sidecar
+uses it to detect restarts), set to the simulation's start; the rest would describe the demo
+process, not a vLLM server.
 """
 
 from __future__ import annotations
@@ -181,7 +185,11 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
             "Prefix cache queries, in terms of number of queried tokens.",
             metrics.prefix_cache_queries,
         ),
-        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", 0.0),
+        (
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            metrics.prefix_cache_hits,
+        ),
         (
             "vllm:external_prefix_cache_queries",
             "External prefix cache queries from KV connector cross-instance cache sharing, "
@@ -210,8 +218,11 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     for name, doc, value in counters:
         out.append(_counter(name, doc, [(base, value)], started_at))
 
-    # No prefix-cache hits and no KV transfer: every prompt token was computed locally.
-    by_source = {"local_compute": metrics.prompt_tokens}
+    # No KV transfer: a prompt token was either computed or found in the local prefix cache.
+    by_source = {
+        "local_compute": metrics.prompt_tokens - metrics.prompt_tokens_cached,
+        "local_cache_hit": metrics.prompt_tokens_cached,
+    }
     out.append(
         _counter(
             "vllm:prompt_tokens_by_source",
@@ -224,7 +235,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
         _counter(
             "vllm:prompt_tokens_cached",
             "Number of cached prompt tokens (local + external).",
-            [(base, 0.0)],
+            [(base, metrics.prompt_tokens_cached)],
             started_at,
         )
     )
@@ -235,7 +246,10 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
             "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
             "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
             "vllm:external_prefix_cache_hits.",
-            [({**base, "source": s}, 0.0) for s in families.CACHED_TOKEN_SOURCES],
+            [
+                ({**base, "source": s}, metrics.prefix_cache_hits if s == "device" else 0.0)
+                for s in families.CACHED_TOKEN_SOURCES
+            ],
             started_at,
         )
     )

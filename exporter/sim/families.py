@@ -3,7 +3,7 @@
 Everything here is copied from a real exposition (``tests/fixtures/vllm-metrics/
 vllm-0.32.0-cpu-after-load.prom``) so that the demo's ``/metrics`` is indistinguishable in shape
 from a real vLLM 0.32.0 V1 server: the same ``vllm:`` family names, types, label names, HELP texts
-and histogram bucket boundaries. ``tests/test_sim_exposition.py`` proves it against the capture.
+and histogram bucket boundaries. ``tests/sim/test_exposition.py`` proves it against the capture.
 
 Histogram bounds are either fixed lists (latencies, ``iteration_tokens_total``, preemptions) or
 vLLM's ``build_1_2_5_buckets(max_model_len)`` (token counts), which depend on the served model's

@@ -2,7 +2,8 @@
 
 All plain frozen data and pure functions. The default scenario is the demo's: a Llama-3.1-8B-like
 model (32 layers, 8 KV heads, head_dim 128, bf16: 131,072 KV bytes per token) on one simulated
-H100 80GB at ``--gpu-memory-utilization 0.92`` with block size 16.
+H100 80GB at ``--gpu-memory-utilization 0.92`` with block size 16 and ``--max-num-seqs 256``,
+receiving the demo's traffic (:func:`exporter.sim.traffic.default_profile`).
 
 The KV pool is sized the way vLLM does it (DESIGN section 3)::
 
@@ -82,8 +83,10 @@ class SimEngineConfig:
 
     block_size: int = 16
     max_model_len: int = 16384
-    #: vLLM V1's defaults for the OpenAI server on a GPU with at least 70 GiB.
-    max_num_seqs: int = 1024
+    #: ``--max-num-seqs 256``, as many deployments set it (vLLM's default on GPUs under 70 GiB;
+    #: 1,024 on this H100): low enough that short requests fill the scheduler before the pool.
+    max_num_seqs: int = 256
+    #: vLLM V1's default for the OpenAI server on a GPU with at least 70 GiB.
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.92
     #: ``--kv-cache-memory-bytes``: replaces the computed budget when set.
@@ -110,7 +113,7 @@ class Scenario:
 
 
 def default_scenario() -> Scenario:
-    """Return the demo scenario: Llama-3.1-8B-like on one H100 80GB, calm traffic with a burst."""
+    """Return the demo scenario: Llama-3.1-8B-like on one H100 80GB, the demo's traffic phases."""
     return Scenario()
 
 
@@ -198,6 +201,15 @@ def _validate_phase(phase: TrafficPhase) -> None:
         raise ScenarioError(f"{where} has arrival rate {phase.arrivals_per_s}/s; use a rate >= 0")
     if phase.max_tokens < 1:
         raise ScenarioError(f"{where} has max_tokens {phase.max_tokens}; it must be at least 1")
+    if phase.n < 1:
+        raise ScenarioError(f"{where} has n {phase.n}; it must be at least 1")
+    prefix = phase.shared_prefix
+    if prefix is not None and not (
+        prefix.name and prefix.tokens >= 1 and 0.0 <= prefix.fraction <= 1.0
+    ):
+        raise ScenarioError(
+            f"{where} shared prefix needs a name, at least 1 token and a fraction in [0, 1]"
+        )
     for label, dist in (("prompt", phase.prompt_tokens), ("output", phase.output_tokens)):
         if not (1 <= dist.minimum <= dist.maximum) or dist.median <= 0 or dist.sigma < 0:
             raise ScenarioError(

@@ -94,10 +94,14 @@ class SimServer:
     """A simulated vLLM server: HTTP endpoints plus a thread that steps the simulation.
 
     ``speed`` is simulated seconds per wall-clock second; the simulation's CPU cost grows with it
-    (about half a percent of a core per unit of speed for the default scenario). ``tick_s`` is how
-    often the stepping thread wakes. If the process stalls (suspended laptop, debugger), at most
+    (for the default scenario about half a percent of a core per unit of speed over a traffic
+    cycle, twice that while its short requests fill 256 running slots). ``tick_s`` is how often
+    the stepping thread wakes. If the process stalls (suspended laptop, debugger), at most
     ``max_catch_up_s`` wall-clock seconds of the stall are made up at the next tick and the rest
     is skipped: the simulation falls behind the clock rather than burn a core catching up.
+
+    ``/metrics`` serves the figures as of the last tick, taken when the tick ends, so a scrape
+    never waits for a tick's steps (at high speed one tick can take a tenth of a second or more).
     """
 
     def __init__(
@@ -127,6 +131,8 @@ class SimServer:
         #: wait on it instead of sleeping).
         self.ticked = threading.Event()
         self._target = simulation.now
+        #: What ``/metrics`` serves: replaced (one reference, atomically) after each pump.
+        self._published = simulation.metrics()
         self._last_clock = clock()
         self._started_at = wall_clock()
         self._failure: str | None = None
@@ -200,6 +206,7 @@ class SimServer:
         with self._lock:
             self._target += min(elapsed, self.max_catch_up_s) * self.speed
             self.simulation.advance_to(self._target)
+            self._published = self.simulation.metrics()
 
     def _step_forever(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -216,10 +223,8 @@ class SimServer:
     # -- responses ---------------------------------------------------------------------------
 
     def metrics_body(self) -> bytes:
-        """Return the current ``/metrics`` payload."""
-        with self._lock:
-            metrics = self.simulation.metrics()
-        return render(metrics, self.simulation.scenario, started_at=self._started_at)
+        """Return the ``/metrics`` payload as of the last pump (or the start)."""
+        return render(self._published, self.simulation.scenario, started_at=self._started_at)
 
     def respond(self, path: str) -> tuple[HTTPStatus, str, bytes]:
         """Return status, content type and body for a GET of ``path`` (query string ignored)."""

@@ -1,8 +1,11 @@
 """The traffic a simulated vLLM receives: phases of Poisson arrivals with log-normal lengths.
 
-A :class:`TrafficProfile` is plain data: a sequence of phases (calm, burst, calm...), each with an
-arrival rate, prompt and output length distributions and the requests' ``max_tokens``. By default
-the sequence repeats, so a demo that runs for an hour sees a burst every cycle.
+A :class:`TrafficProfile` is plain data: a sequence of phases (short requests, chat, agents
+sharing a system prompt, a burst of long documents...), each with an arrival rate, prompt and
+output length distributions, the requests' ``max_tokens`` and ``n``, and optionally a
+:class:`SharedPrefix`: a system prompt that a fraction of the phase's requests start with, which
+vLLM's prefix cache then holds once for all of them. By default the sequence repeats, so a demo
+that runs for an hour sees every phase once per cycle.
 
 :class:`ArrivalSource` turns a profile into a deterministic stream of requests from one seed. Within
 a phase the arrival rate is constant, so drawing exponential gaps and restarting the draw at each
@@ -11,6 +14,7 @@ phase boundary is an exact non-homogeneous Poisson process (the exponential is m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import deque
@@ -38,17 +42,35 @@ class LengthDistribution:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """A system prompt of ``tokens`` tokens that a ``fraction`` of a phase's requests start with.
+
+    A sharing request's prompt is this prefix followed by its own drawn prompt. The name tells
+    prefixes apart: requests of two phases that name the same prefix share its cached blocks.
+    """
+
+    name: str
+    tokens: int
+    #: Probability that a request of the phase starts with the prefix (0 to 1).
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
 class TrafficPhase:
     """A stretch of time with constant arrival rate and one request mix."""
 
     name: str
     duration_s: float
     arrivals_per_s: float
+    #: The request's own prompt (after the shared prefix, for requests that have one).
     prompt_tokens: LengthDistribution
     #: The length at which each response would end by itself (its end-of-sequence token).
     output_tokens: LengthDistribution
     #: The requests' ``max_tokens`` parameter: longer natural outputs finish with ``length``.
     max_tokens: int
+    #: The requests' ``n``: samples generated from one prompt (each one a sequence).
+    n: int = 1
+    shared_prefix: SharedPrefix | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,43 +109,77 @@ class Arrival:
     max_tokens: int
     #: ``stop`` (ended by itself) or ``length`` (cut at ``max_tokens`` or ``max_model_len``).
     finished_reason: str
+    #: The ``n`` parameter: samples of the prompt, each generating ``output_tokens`` tokens.
+    n: int = 1
+    #: The system prompt the prompt starts with, if any (its first ``prefix_tokens`` tokens).
+    shared_prefix: SharedPrefix | None = None
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Prompt tokens that are the shared prefix (0 without one; never beyond the prompt)."""
+        prefix = self.shared_prefix
+        return 0 if prefix is None else min(prefix.tokens, self.prompt_tokens)
 
 
 def default_profile() -> TrafficProfile:
-    """Return the demo's traffic: 60 s calm, a 30 s burst of long requests, 210 s calm; repeat.
+    """Return the demo's traffic: a 330 s cycle of five phases, repeated.
 
-    Calm is chat-like traffic (5 requests/s, prompts around 1,500 tokens, answers around 300)
-    that keeps the default scenario's pool 10 to 20 % full. The burst is a wave of long-document
-    requests (4/s, prompts around 5,000 tokens, answers around 800) arriving faster than the
-    engine can finish them: about half a minute in, the running requests hold every block, their
-    next decode tokens need blocks that do not exist, and vLLM's recompute preemption starts.
-    The calm that follows drains the queue within a minute or two and preemptions stop.
+    Each phase makes another limit bind (with the default scenario's ``max_num_seqs`` of 256):
+
+    - ``short`` (60 s): a flood of short requests (90/s, prompts around 150 tokens, answers
+      around 100), a little more than the engine finishes. Their p95 context fits the KV pool
+      some 500 times, so the scheduler binds first: 256 run, the rest queue, and the KV cache
+      stays seven-eighths free.
+    - ``chat`` (90 s): chat-like traffic (5/s, prompts around 1,500 tokens, answers around 300)
+      that keeps the pool 10 to 30 % full. Once its long tail makes up the window's p95, the KV
+      pool is the binding limit (70 to 90 sequences).
+    - ``agents`` (60 s): 90 % of the requests (8/s) start with one 4,000-token system prompt
+      before their own 400 or so, which vLLM's prefix cache holds once for all of them: some 45
+      sequences of 4,600 tokens hold about 35,000 tokens, and the ceiling counting shared blocks
+      once is about twice the one counting none shared.
+    - ``burst`` (30 s): a wave of long-document requests (3.5/s, prompts around 5,000 tokens,
+      answers around 800) arriving faster than the engine can finish them: the running requests
+      come to hold every block, their next decode tokens need blocks that do not exist, and
+      vLLM's recompute preemption starts.
+    - ``calm`` (90 s): chat again; the queue drains and preemptions stop well before its end.
     """
-    calm = TrafficPhase(
-        name="calm",
+    chat_prompt = LengthDistribution(median=1500, sigma=0.8, minimum=8, maximum=8000)
+    chat_output = LengthDistribution(median=300, sigma=0.8, minimum=1, maximum=4000)
+    short = TrafficPhase(
+        name="short",
         duration_s=60.0,
+        arrivals_per_s=90.0,
+        prompt_tokens=LengthDistribution(median=150, sigma=0.5, minimum=8, maximum=500),
+        output_tokens=LengthDistribution(median=100, sigma=0.5, minimum=1, maximum=400),
+        max_tokens=256,
+    )
+    chat = TrafficPhase(
+        name="chat",
+        duration_s=90.0,
         arrivals_per_s=5.0,
-        prompt_tokens=LengthDistribution(median=1500, sigma=0.8, minimum=8, maximum=8000),
-        output_tokens=LengthDistribution(median=300, sigma=0.8, minimum=1, maximum=4000),
+        prompt_tokens=chat_prompt,
+        output_tokens=chat_output,
         max_tokens=1024,
+    )
+    agents = TrafficPhase(
+        name="agents",
+        duration_s=60.0,
+        arrivals_per_s=8.0,
+        prompt_tokens=LengthDistribution(median=400, sigma=0.6, minimum=8, maximum=4000),
+        output_tokens=LengthDistribution(median=250, sigma=0.6, minimum=1, maximum=2000),
+        max_tokens=1024,
+        shared_prefix=SharedPrefix(name="agent-system-prompt", tokens=4000, fraction=0.9),
     )
     burst = TrafficPhase(
         name="burst",
         duration_s=30.0,
-        arrivals_per_s=4.0,
+        arrivals_per_s=3.5,
         prompt_tokens=LengthDistribution(median=5000, sigma=0.35, minimum=1000, maximum=12000),
         output_tokens=LengthDistribution(median=800, sigma=0.4, minimum=100, maximum=4000),
         max_tokens=2048,
     )
-    calm_after = TrafficPhase(
-        name="calm",
-        duration_s=210.0,
-        arrivals_per_s=calm.arrivals_per_s,
-        prompt_tokens=calm.prompt_tokens,
-        output_tokens=calm.output_tokens,
-        max_tokens=calm.max_tokens,
-    )
-    return TrafficProfile(phases=(calm, burst, calm_after), repeat=True)
+    calm = dataclasses.replace(chat, name="calm", duration_s=90.0)
+    return TrafficProfile(phases=(short, chat, agents, burst, calm), repeat=True)
 
 
 class ArrivalStream(Protocol):
@@ -209,9 +265,13 @@ class ArrivalSource:
             self._phase_index += 1
 
     def _request(self, t: float, phase: TrafficPhase) -> Arrival:
-        prompt = min(phase.prompt_tokens.sample(self._rng), self._max_model_len - 1)
+        own = phase.prompt_tokens.sample(self._rng)
         natural = phase.output_tokens.sample(self._rng)
+        prefix = phase.shared_prefix
+        # Drawn only for phases with a prefix, so that streams of other profiles stay the same.
+        if prefix is not None and self._rng.random() >= prefix.fraction:
+            prefix = None
+        prompt = min(own + (prefix.tokens if prefix else 0), self._max_model_len - 1)
         cap = min(phase.max_tokens, self._max_model_len - prompt)
-        if natural <= cap:
-            return Arrival(t, prompt, natural, phase.max_tokens, "stop")
-        return Arrival(t, prompt, cap, phase.max_tokens, "length")
+        output, reason = (natural, "stop") if natural <= cap else (cap, "length")
+        return Arrival(t, prompt, output, phase.max_tokens, reason, phase.n, prefix)

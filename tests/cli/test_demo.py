@@ -6,7 +6,7 @@ import asyncio
 import math
 from typing import TYPE_CHECKING
 
-from exporter.cli.demo import demo, read_status, status_line
+from exporter.cli.demo import DemoStatus, demo, read_status, status_line
 from exporter.gpu.model import ALL_GPUS
 from exporter.sim import default_scenario
 from exporter.sim.gpu import SimulatedGpuReader
@@ -29,6 +29,10 @@ def test_the_demo_runs_the_sidecar_against_the_simulation_and_says_so(
     assert lines, out
     assert "KV" in lines[-1]
     assert "/456,480 tokens" in lines[-1]  # the usable pool read back from the sidecar
+    # The first minute is short requests: the scheduler's 256 slots bind, not the KV cache.
+    assert any(
+        "short" in line and "/256 p95 sequences, bound by max_num_seqs" in line for line in lines
+    ), out
     assert "demo finished (simulation)" in out
 
 
@@ -51,11 +55,32 @@ def test_status_lines_read_engine_0_figures_and_show_rates_per_simulated_second(
     text = (
         "# TYPE headroom_p95_available_sequences gauge\n"
         'headroom_p95_available_sequences{engine="0",model_name="m"} 3.0\n'
+        'headroom_p95_available_sequences{engine="1",model_name="m"} 9.0\n'
         "# TYPE headroom_preemptions_per_second gauge\n"
         'headroom_preemptions_per_second{engine="0",model_name="m"} 10.0\n'
     )
     status = read_status(text)
-    assert status == {"available": 3.0, "preemptions": 10.0}
+    assert status == DemoStatus({"available": 3.0, "preemptions": 10.0})
     line = status_line(2.0, 5.0, status)
     assert line.startswith("[simulation t=    10s]")
     assert "preemptions/s 2.00" in line
+    assert "bound by -" in line  # no limit exported yet
+
+
+def test_status_lines_name_the_binding_limit_and_the_shared_prefix_ceiling() -> None:
+    """The limit flagged 1 in the one-hot family and the effective ceiling reach the line."""
+    text = (
+        "# TYPE headroom_p95_ceiling_sequences gauge\n"
+        'headroom_p95_ceiling_sequences{engine="0",model_name="m"} 78.0\n'
+        "# TYPE headroom_p95_effective_ceiling_sequences gauge\n"
+        'headroom_p95_effective_ceiling_sequences{engine="0",model_name="m"} 166.0\n'
+        "# TYPE headroom_p95_ceiling_limited_by gauge\n"
+        'headroom_p95_ceiling_limited_by{engine="0",limit="kv_cache",model_name="m"} 1.0\n'
+        'headroom_p95_ceiling_limited_by{engine="0",limit="max_num_seqs",model_name="m"} 0.0\n'
+        'headroom_p95_ceiling_limited_by{engine="1",limit="max_num_seqs",model_name="m"} 1.0\n'
+    )
+    status = read_status(text)
+    assert status.limit == "kv_cache"
+    line = status_line(40.0, 5.0, status, phase="agents")
+    assert line.startswith("[simulation t=   200s agents]")
+    assert "/78 p95 sequences, bound by kv_cache, 166 with shared prefixes |" in line

@@ -23,6 +23,7 @@ from exporter.sim.traffic import (
     Arrival,
     LengthDistribution,
     ScriptedArrivals,
+    SharedPrefix,
     TrafficPhase,
     TrafficProfile,
 )
@@ -104,10 +105,21 @@ def overloaded() -> Scenario:
     return tiny(phase(30.0, prompt=(64, 300), output=(20, 200)))
 
 
-def arrival(t: float, prompt: int, output: int) -> Arrival:
-    """A scripted request that stops by itself after ``output`` tokens."""
+SYSTEM = SharedPrefix("system", tokens=64, fraction=1.0)
+
+
+def arrival(
+    t: float, prompt: int, output: int, *, prefix: SharedPrefix | None = None, n: int = 1
+) -> Arrival:
+    """A scripted request that stops by itself after ``output`` tokens (prefix included)."""
     return Arrival(
-        time=t, prompt_tokens=prompt, output_tokens=output, max_tokens=1000, finished_reason="stop"
+        time=t,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        max_tokens=1000,
+        finished_reason="stop",
+        n=n,
+        shared_prefix=prefix,
     )
 
 
@@ -115,12 +127,16 @@ def assert_pool_consistent(sim: Simulation) -> None:
     """Every invariant of the paged block pool at one moment."""
     state = sim.state()
     block_size = sim.scenario.engine.block_size
-    held = [r.blocks for r in state.running]
+    referenced = {block for r in state.running for block in r.block_ids}
     assert 0 <= state.blocks_used <= state.num_gpu_blocks - 1
-    assert sum(held) == state.blocks_used
+    assert len(referenced) == state.blocks_used  # a shared block is held once
+    assert sum(r.blocks for r in state.running) >= state.blocks_used
     for request in state.running:
+        assert request.blocks == len(request.block_ids) == len(set(request.block_ids))
         assert request.blocks == -(-request.computed_tokens // block_size)
         assert 0 < request.computed_tokens <= request.prompt_tokens + request.generated_tokens
+        assert request.cached_tokens % block_size == 0
+        assert request.cached_tokens < request.prompt_tokens
     for request in state.waiting:
         assert request.blocks == 0
     assert len(state.running) <= sim.scenario.engine.max_num_seqs
@@ -133,6 +149,8 @@ def counters(m: SimMetrics) -> list[float]:
         m.prompt_tokens,
         m.generation_tokens,
         m.prefix_cache_queries,
+        m.prefix_cache_hits,
+        m.prompt_tokens_cached,
         *(m.request_success[r] for r in families.FINISHED_REASONS),
     ]
     for name in sorted(m.histograms):
@@ -153,6 +171,8 @@ def counters(m: SimMetrics) -> list[float]:
     budget=st.integers(16, 512),
     seqs=st.integers(1, 64),
     prefix_caching=st.booleans(),
+    prefix=st.sampled_from([None, SharedPrefix("s", 40, 0.5), SharedPrefix("s", 200, 0.9)]),
+    n=st.sampled_from([1, 1, 3]),
 )
 def test_block_accounting_never_exceeds_the_pool(
     *,
@@ -163,10 +183,13 @@ def test_block_accounting_never_exceeds_the_pool(
     budget: int,
     seqs: int,
     prefix_caching: bool,
+    prefix: SharedPrefix | None,
+    n: int,
 ) -> None:
-    """Blocks held never exceed blocks - 1 and equal ceil(computed / block_size) per request."""
+    """Blocks held never exceed blocks - 1, each counted once, ceil(computed / size) a request."""
+    traffic = phase(rate, prompt=(1, 300), output=(1, 200))
     scenario = tiny(
-        phase(rate, prompt=(1, 300), output=(1, 200)),
+        dataclasses.replace(traffic, shared_prefix=prefix, n=n),
         blocks=max(blocks, -(-512 // block_size) + 1),
         block_size=block_size,
         max_num_batched_tokens=budget,
@@ -304,13 +327,124 @@ def test_prefill_is_chunked_by_the_token_budget() -> None:
 
 
 def test_max_num_seqs_caps_the_running_batch() -> None:
-    """No more than max_num_seqs requests run at once, however many wait."""
+    """No more than max_num_seqs requests run at once, however many wait and blocks are free."""
     scripted = [arrival(0.0, 16, 50) for _ in range(10)]
     sim = Simulation(tiny(max_num_seqs=3), arrivals=ScriptedArrivals(scripted))
     for _ in range(20):
         sim.step()
         assert len(sim.state().running) <= 3
-    assert len(sim.state().running) == 3
+    state = sim.state()
+    assert len(state.running) == 3
+    assert len(state.waiting) == 7
+    assert state.num_gpu_blocks - 1 - state.blocks_used > 7 * 2  # room for all the waiting
+
+
+# -- prefix caching: shared prefixes and parallel sampling -----------------------------------
+
+
+def test_prefix_hits_are_whole_blocks_of_the_prefix_and_never_the_last_token() -> None:
+    """A hit stops at the prefix's last full block and always leaves the prompt's last token."""
+    odd = SharedPrefix("odd", tokens=40, fraction=1.0)  # two full blocks of 16, then 8 tokens
+    scripted = [
+        arrival(0.0, 74, 50, prefix=SYSTEM),  # the first computes the 64-token prefix
+        arrival(0.0, 74, 50, prefix=SYSTEM),  # 4 whole blocks: 64 tokens
+        arrival(0.0, 64, 50, prefix=SYSTEM),  # the prompt is the prefix: 3 blocks, not 4
+        arrival(0.0, 100, 50, prefix=odd),
+        arrival(0.0, 100, 50, prefix=odd),  # 2 blocks: the prefix's partial block is not shared
+        arrival(0.0, 100, 50),  # no prefix: nothing to hit
+    ]
+    sim = Simulation(tiny(max_num_batched_tokens=1024), arrivals=ScriptedArrivals(scripted))
+    sim.step()
+    assert [r.cached_tokens for r in sim.state().running] == [0, 64, 48, 0, 32, 0]
+    m = sim.metrics()
+    assert m.prefix_cache_hits == 64 + 48 + 32
+    assert m.prefix_cache_queries == 74 + 74 + 64 + 100 + 100 + 100
+    assert_pool_consistent(sim)
+
+
+def test_concurrent_sharers_hold_the_prefix_once() -> None:
+    """Four requests on one 64-token prefix reference its 4 blocks once: 8 blocks used, not 20."""
+
+    def after_first_step(prefix: SharedPrefix | None) -> Simulation:
+        scripted = [arrival(0.0, 80, 30, prefix=prefix) for _ in range(4)]
+        sim = Simulation(tiny(max_num_batched_tokens=512), arrivals=ScriptedArrivals(scripted))
+        sim.step()
+        return sim
+
+    shared, unshared = after_first_step(SYSTEM), after_first_step(None)
+    running = shared.state().running
+    assert len({r.block_ids[:4] for r in running}) == 1  # the same four blocks in every sharer
+    assert [r.blocks for r in running] == [5, 5, 5, 5]
+    assert shared.state().blocks_used == 4 + 4 * 1
+    assert unshared.state().blocks_used == 4 * 5
+    assert shared.metrics().kv_cache_usage == pytest.approx(8 / 63)
+    assert unshared.metrics().kv_cache_usage == pytest.approx(20 / 63)
+    assert_pool_consistent(shared)
+
+
+def test_a_prefix_nobody_references_stays_cached_as_free_blocks_until_handed_out() -> None:
+    """Once its last sharer ends the prefix counts as free yet still hits; reuse evicts its end."""
+    first = arrival(0.0, 80, 2, prefix=SYSTEM)
+    later = arrival(5.0, 80, 2, prefix=SYSTEM)
+    # 11 usable blocks: a 150-token request (10 blocks) must take most of the freed prefix.
+    filler = arrival(1.0, 150, 2)
+
+    def later_cached_tokens(scripted: list[Arrival]) -> int:
+        sim = Simulation(tiny(blocks=12, max_model_len=160), arrivals=ScriptedArrivals(scripted))
+        sim.advance_to(4.0)
+        assert sim.metrics().kv_cache_usage == 0.0  # every block is free, cached or not
+        sim.step()
+        (request,) = sim.state().running
+        return request.cached_tokens
+
+    assert later_cached_tokens([first, later]) == 64
+    # The filler took blocks from the head of the free queue; the prefix's blocks were freed
+    # last first, so its end went first and its first block still hits.
+    assert later_cached_tokens([first, filler, later]) == 16
+
+
+def test_prefill_computes_only_the_tokens_the_cache_did_not_supply() -> None:
+    """With a 32-token budget a 74-token prompt takes 3 steps; after a 64-token hit, one."""
+    scripted = [arrival(0.0, 74, 3, prefix=SYSTEM), arrival(1.0, 74, 3, prefix=SYSTEM)]
+    sim = Simulation(tiny(max_num_batched_tokens=32), arrivals=ScriptedArrivals(scripted))
+    for _ in range(3):
+        sim.step()
+    assert sim.metrics().generation_tokens == 1
+    while sim.metrics().request_success["stop"] < 1:
+        sim.step()
+    sim.step()  # the second request: 10 tokens to compute, and its first token comes out
+    (second,) = sim.state().running
+    assert (second.cached_tokens, second.computed_tokens, second.generated_tokens) == (64, 74, 1)
+    while sim.step():
+        pass
+    m = sim.metrics()
+    assert m.prompt_tokens == 2 * 74
+    assert m.prompt_tokens_cached == m.prefix_cache_hits == 64
+    assert m.histograms[families.PREFILL_KV_COMPUTED].sum == 74 + 10
+
+
+def test_n_samples_run_as_sequences_that_share_the_prompt() -> None:
+    """n = 3 runs three sequences on one prompt's blocks; n is observed once, when all end."""
+    scripted = [arrival(0.0, 64, 5, n=3)]
+    sim = Simulation(tiny(max_num_batched_tokens=512), arrivals=ScriptedArrivals(scripted))
+    sim.step()
+    state = sim.state()
+    assert [r.prompt_id for r in state.running] == [0, 0, 0]
+    # The last token is recomputed: 3 of the prompt's 4 blocks are shared, each sample has one.
+    assert [r.cached_tokens for r in state.running] == [0, 48, 48]
+    assert state.blocks_used == 4 + 2 * 1
+    assert_pool_consistent(sim)
+    while sim.step():
+        pass
+    m = sim.metrics()
+    assert m.request_success["stop"] == 3  # vLLM V1 counts every sample as a request
+    assert m.prompt_tokens == 3 * 64
+    assert m.prefix_cache_hits == 2 * 48
+    assert m.histograms[families.PROMPT_TOKENS].count == 3
+    n = m.histograms[families.PARAMS_N]
+    assert (n.count, n.sum) == (1, 3)
+    longest = m.histograms[families.MAX_NUM_GENERATION_TOKENS]
+    assert (longest.count, longest.sum) == (1, 5)
 
 
 def test_request_completes_at_its_output_length() -> None:
@@ -344,29 +478,56 @@ def test_preempted_request_recomputes_and_still_finishes() -> None:
 # -- traffic: burst and calm -----------------------------------------------------------------
 
 
-def test_default_burst_preempts_and_calm_does_not() -> None:
-    """The demo's traffic: no preemption in the first calm, some in the burst, none once drained."""
+def test_default_short_phase_fills_max_num_seqs_while_the_pool_stays_mostly_free() -> None:
+    """The demo's first minute: about 256 short requests run, more queue, the pool is 80 % free."""
     sim = Simulation(default_scenario(), seed=0)
-    sim.advance_to(60.0)  # the first calm phase
+    sim.advance_to(50.0)
+    m = sim.metrics()
+    slots = default_scenario().engine.max_num_seqs
+    # Sequences that finished in the last step leave their slot empty until the next one.
+    assert slots - 8 <= m.num_requests_running <= slots
+    assert m.num_requests_waiting > 100
+    assert m.kv_cache_usage < 0.2
+
+
+def test_default_agents_hold_their_system_prompt_once() -> None:
+    """In the agents phase most prompt tokens hit the cache and sharers hold far fewer blocks."""
+    sim = Simulation(default_scenario(), seed=0)
+    sim.advance_to(150.0)
+    before = sim.metrics()
+    assert before.prefix_cache_hits == 0  # nothing shared before the agents arrive
+    sim.advance_to(205.0)
+    m, state = sim.metrics(), sim.state()
+    hits = m.prefix_cache_hits - before.prefix_cache_hits
+    queries = m.prefix_cache_queries - before.prefix_cache_queries
+    assert hits > 0.7 * queries
+    referenced = sum(r.blocks for r in state.running)
+    assert referenced > 3 * state.blocks_used
+
+
+def test_default_burst_preempts_and_the_calm_after_it_drains() -> None:
+    """No preemption before the burst, some after it, none once the calm has drained the queue."""
+    sim = Simulation(default_scenario(), seed=0)
+    sim.advance_to(210.0)  # short, chat and agents
     assert sim.metrics().num_preemptions == 0
     peak = 0.0
-    for t in range(65, 181, 5):
+    for t in range(215, 301, 5):
         sim.advance_to(float(t))
         peak = max(peak, sim.metrics().kv_cache_usage)
     assert peak > 0.98
     assert sim.metrics().num_preemptions > 0
-    sim.advance_to(300.0)  # 210 s after the burst ended; the next burst starts at 360 s
+    sim.advance_to(330.0)  # the end of the calm phase: the cycle starts again
     drained = sim.metrics()
     assert drained.num_requests_waiting == 0
-    sim.advance_to(360.0)
+    sim.advance_to(540.0)  # the next burst starts at 540 s
     assert sim.metrics().num_preemptions == drained.num_preemptions
 
 
-def test_calm_traffic_alone_never_preempts() -> None:
-    """Five minutes of the default calm traffic alone never runs out of blocks."""
+def test_chat_traffic_alone_never_preempts() -> None:
+    """Five minutes of the default chat traffic alone never runs out of blocks."""
     default = default_scenario()
-    calm = default.traffic.phases[0]
-    scenario = dataclasses.replace(default, traffic=TrafficProfile(phases=(calm,), repeat=True))
+    (chat,) = (p for p in default.traffic.phases if p.name == "chat")
+    scenario = dataclasses.replace(default, traffic=TrafficProfile(phases=(chat,), repeat=True))
     sim = Simulation(scenario, seed=1)
     sim.advance_to(300.0)
     m = sim.metrics()

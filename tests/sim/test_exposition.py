@@ -4,15 +4,23 @@ Both payloads are parsed with ``prometheus_client.parser.text_string_to_metric_f
 compared: family names, types, label names and histogram bucket bounds. A simulation configured
 like the captured server (tiny model, 1 MiB KV cache, block size 128, max_model_len 512) must
 serve exactly the captured series and, values aside, exactly the captured lines.
+
+The payload also feeds the sidecar's own parser and derivations unchanged: a sharing scenario
+shows a ceiling counting shared prefixes once above the unshared one, a flood of short requests
+shows ``max_num_seqs`` as the binding limit.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.core.ceiling import RunningLimit
+from exporter.core.derive import EngineDerived, Sample, WindowSettings, derive_target, next_sample
+from exporter.core.reasons import Limit, MaxNumSeqsSource
 from exporter.sim import families
 from exporter.sim.engine import Simulation
 from exporter.sim.exposition import cache_config_labels, render
@@ -29,9 +37,11 @@ from exporter.sim.traffic import (
     Arrival,
     LengthDistribution,
     ScriptedArrivals,
+    SharedPrefix,
     TrafficPhase,
     TrafficProfile,
 )
+from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
 if TYPE_CHECKING:
@@ -104,9 +114,9 @@ def capture() -> dict[str, Metric]:
 
 @pytest.fixture(scope="module")
 def default_run() -> Simulation:
-    """The demo scenario two minutes in: burst under way, preemptions, finished requests."""
+    """The demo scenario after its burst: preemptions, prefix-cache hits, finished requests."""
     sim = Simulation(default_scenario(), seed=0)
-    sim.advance_to(120.0)
+    sim.advance_to(270.0)
     return sim
 
 
@@ -251,6 +261,7 @@ def test_served_values_are_the_engine_values(
     assert one("vllm:kv_cache_usage_perc") == pytest.approx(m.kv_cache_usage)
     assert one("vllm:num_preemptions", "_total") == m.num_preemptions > 0
     assert one("vllm:prompt_tokens", "_total") == m.prompt_tokens
+    assert one("vllm:prefix_cache_hits", "_total") == m.prefix_cache_hits > 0  # the agents'
     assert one("vllm:generation_tokens", "_total") == m.generation_tokens
     for reason in families.FINISHED_REASONS:
         served_count = value(
@@ -281,3 +292,139 @@ def test_model_name_label_says_simulation(served: dict[str, Metric]) -> None:
             api_server_family = name.startswith("vllm:admission_rejections")
             if name.startswith("vllm:") and not api_server_family:
                 assert s.labels.get("engine") == "0", name
+
+
+# -- prefix-cache hits and what the sidecar derives from the payload -------------------------
+
+
+def small_scenario(phase: TrafficPhase, *, max_num_seqs: int, blocks: int = 1024) -> Scenario:
+    """A tiny model with ``blocks`` blocks of 16 tokens, receiving one phase of traffic."""
+    model = SimModel(served_name="tiny", num_layers=2, num_kv_heads=2, head_dim=64)
+    engine = SimEngineConfig(
+        max_model_len=2048,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=2048,
+        kv_cache_memory_bytes=blocks * 16 * model.bytes_per_token,
+    )
+    return Scenario(model=model, engine=engine, traffic=TrafficProfile((phase,)))
+
+
+def lengths(low: int, high: int) -> LengthDistribution:
+    """Log-normal lengths spread over ``[low, high]``."""
+    return LengthDistribution(median=math.sqrt(low * high), sigma=0.5, minimum=low, maximum=high)
+
+
+def derived(scenario: Scenario, *, until: float, poll: float = 1.0) -> EngineDerived:
+    """Poll the rendered payload like the sidecar, then derive engine 0 at ``until``."""
+    sim = Simulation(scenario, seed=0)
+    samples: list[Sample] = []
+    t = 0.0
+    while t < until:
+        t += poll
+        sim.advance_to(t)
+        payload = render(sim.metrics(), scenario, started_at=STARTED_AT)
+        samples.append(
+            next_sample(samples[-1] if samples else None, t, parse_vllm_metrics(payload))
+        )
+    limit = RunningLimit(scenario.engine.max_num_seqs, MaxNumSeqsSource.SETTING)
+    windows = WindowSettings(context_seconds=30.0, rate_seconds=30.0)
+    result = derive_target(samples, windows=windows, running_limit=limit, max_model_len=2048)
+    (engine,) = result.engines
+    return engine
+
+
+def test_prefix_cache_hits_reach_every_family_that_counts_them() -> None:
+    """Hits, cached prompt tokens and the split by source are the engine's counts, consistent."""
+    sharing = TrafficPhase(
+        name="agents",
+        duration_s=60.0,
+        arrivals_per_s=10.0,
+        prompt_tokens=lengths(16, 128),
+        output_tokens=lengths(8, 64),
+        max_tokens=64,
+        shared_prefix=SharedPrefix("system", tokens=512, fraction=0.9),
+    )
+    scenario = small_scenario(sharing, max_num_seqs=256)
+    sim = Simulation(scenario, seed=0)
+    sim.advance_to(10.0)
+    m = sim.metrics()
+    served = parse(render(m, scenario, started_at=STARTED_AT).decode())
+
+    def total(name: str, **labels: str) -> float:
+        return value(served, name, name + "_total", **labels)
+
+    assert total("vllm:prefix_cache_hits") == m.prefix_cache_hits > 0.5 * m.prefix_cache_queries
+    assert total("vllm:prompt_tokens_cached_by_source", source="device") == m.prefix_cache_hits
+    for source in ("host", "p2p", "disk", "external_unspecified"):
+        assert total("vllm:prompt_tokens_cached_by_source", source=source) == 0.0
+    # Counted when the first token comes out: requests still in prefill are not in yet.
+    assert 0 < total("vllm:prompt_tokens_cached") == m.prompt_tokens_cached <= m.prefix_cache_hits
+    hit = total("vllm:prompt_tokens_by_source", source="local_cache_hit")
+    computed = total("vllm:prompt_tokens_by_source", source="local_compute")
+    assert hit == m.prompt_tokens_cached
+    assert hit + computed == total("vllm:prompt_tokens") == m.prompt_tokens
+
+
+def test_sidecar_sees_a_higher_ceiling_when_prefixes_are_shared() -> None:
+    """90 % of prompts start with one 512-token prefix: the effective ceiling is well above."""
+    sharing = TrafficPhase(
+        name="agents",
+        duration_s=60.0,
+        arrivals_per_s=20.0,
+        prompt_tokens=lengths(16, 128),
+        output_tokens=lengths(8, 64),
+        max_tokens=64,
+        shared_prefix=SharedPrefix("system", tokens=512, fraction=0.9),
+    )
+    engine = derived(small_scenario(sharing, max_num_seqs=256), until=30.0)
+    assert engine.p95_ceiling_limit == Limit.KV_CACHE
+    assert engine.prefix_cache_hit_ratio is not None
+    assert engine.prefix_cache_hit_ratio > 0.6
+    assert engine.p95_ceiling_sequences is not None
+    assert engine.p95_effective_ceiling_sequences is not None
+    assert engine.p95_effective_ceiling_sequences > 1.5 * engine.p95_ceiling_sequences
+    # Running sequences hold far fewer KV tokens each than their context: the prefix is shared.
+    assert engine.kv_tokens_per_running_sequence is not None
+    assert engine.context_mean_tokens is not None
+    assert engine.kv_tokens_per_running_sequence < 0.5 * engine.context_mean_tokens
+
+
+def test_sidecar_names_max_num_seqs_when_short_requests_fill_the_scheduler() -> None:
+    """8 running slots, short requests, a queue: max_num_seqs binds the ceiling and the headroom."""
+    short = TrafficPhase(
+        name="short",
+        duration_s=60.0,
+        arrivals_per_s=300.0,
+        prompt_tokens=lengths(8, 32),
+        output_tokens=lengths(4, 32),
+        max_tokens=32,
+    )
+    engine = derived(small_scenario(short, max_num_seqs=8, blocks=256), until=10.0)
+    assert engine.p95_ceiling_limit == Limit.MAX_NUM_SEQS
+    assert engine.p95_ceiling_sequences == 8
+    assert engine.p95_kv_ceiling_sequences is not None
+    assert engine.p95_kv_ceiling_sequences > 8  # the pool alone would hold many more
+    assert engine.p95_available_limit == Limit.MAX_NUM_SEQS
+    assert engine.requests_waiting is not None
+    assert engine.requests_waiting > 0
+    assert engine.max_num_seqs_by_source == {"setting": 8.0}
+
+
+def test_sidecar_counts_the_samples_of_n_as_sequences() -> None:
+    """With n = 2 the sidecar reads two sequences per request from request_params_n."""
+    pairs = TrafficPhase(
+        name="pairs",
+        duration_s=60.0,
+        arrivals_per_s=10.0,
+        prompt_tokens=lengths(64, 256),
+        output_tokens=lengths(8, 64),
+        max_tokens=64,
+        n=2,
+    )
+    engine = derived(small_scenario(pairs, max_num_seqs=256), until=10.0)
+    assert engine.sequences_per_request == 2.0
+    assert engine.sequences_running is not None
+    assert engine.requests_running == engine.sequences_running / 2
+    # Every second sample finds its sibling's prompt blocks in the cache.
+    assert engine.prefix_cache_hit_ratio is not None
+    assert 0.3 < engine.prefix_cache_hit_ratio < 0.5

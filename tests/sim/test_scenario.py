@@ -22,7 +22,7 @@ from exporter.sim.scenario import (
     num_gpu_blocks,
     validate,
 )
-from exporter.sim.traffic import LengthDistribution, TrafficPhase, TrafficProfile
+from exporter.sim.traffic import LengthDistribution, SharedPrefix, TrafficPhase, TrafficProfile
 
 GIB = 1024**3
 
@@ -120,10 +120,14 @@ def _phase(duration: float, rate: float, prompt_min: int, max_tokens: int) -> Tr
         _phase(5.0, -1.0, 1, 5),
         _phase(5.0, 1.0, 30, 5),
         _phase(5.0, 1.0, 1, 0),
+        dataclasses.replace(_phase(5.0, 1.0, 1, 5), n=0),
+        dataclasses.replace(_phase(5.0, 1.0, 1, 5), shared_prefix=SharedPrefix("s", 0, 0.5)),
+        dataclasses.replace(_phase(5.0, 1.0, 1, 5), shared_prefix=SharedPrefix("s", 64, 1.5)),
+        dataclasses.replace(_phase(5.0, 1.0, 1, 5), shared_prefix=SharedPrefix("", 64, 0.5)),
     ],
 )
 def test_broken_traffic_profiles_are_rejected(bad_phase: TrafficPhase) -> None:
-    """Phases with no duration, negative rates, empty length ranges or max_tokens 0 are refused."""
+    """No duration, negative rates, empty lengths, max_tokens or n 0, or a bad prefix: refused."""
     scenario = dataclasses.replace(default_scenario(), traffic=TrafficProfile(phases=(bad_phase,)))
     with pytest.raises(ScenarioError, match="traffic phase 'p'"):
         validate(scenario)

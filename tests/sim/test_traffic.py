@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -13,6 +14,7 @@ from exporter.sim.traffic import (
     ArrivalSource,
     LengthDistribution,
     ScriptedArrivals,
+    SharedPrefix,
     TrafficPhase,
     TrafficProfile,
     default_profile,
@@ -60,10 +62,21 @@ def test_arrivals_are_ordered_and_follow_the_phase_rates() -> None:
 def test_profile_repeats_and_phase_at_names_the_phase() -> None:
     """A repeating profile plays its phases again every cycle."""
     profile = default_profile()
-    assert profile.cycle_s == 300.0
-    times = (0.0, 59.9, 60.0, 89.9, 90.0, 299.9, 300.0, 365.0)
+    assert profile.cycle_s == 330.0
+    times = (0.0, 59.9, 60.0, 149.9, 150.0, 210.0, 240.0, 329.9, 330.0, 395.0)
     names = [None if (p := profile.phase_at(t)) is None else p.name for t in times]
-    assert names == ["calm", "calm", "burst", "burst", "calm", "calm", "calm", "burst"]
+    assert names == [
+        "short",
+        "short",
+        "chat",
+        "chat",
+        "agents",
+        "burst",
+        "calm",
+        "calm",
+        "short",
+        "chat",
+    ]
     assert profile.phase_at(-1.0) is None
 
 
@@ -118,11 +131,48 @@ def test_lengths_stay_within_their_bounds(
         assert bounds[0] <= dist.sample(rng) <= bounds[1]
 
 
-def test_default_burst_requests_are_longer_than_calm_ones() -> None:
-    """The burst brings long-document requests: median prompts several times the calm ones."""
-    calm, burst, _ = default_profile().phases
-    assert burst.prompt_tokens.median >= 3 * calm.prompt_tokens.median
-    assert burst.output_tokens.median > calm.output_tokens.median
+def test_default_phases_differ_as_their_names_say() -> None:
+    """Short requests are short, the burst's are long, only the agents share a system prompt."""
+    phases = {p.name: p for p in default_profile().phases}
+    short, chat, agents, burst = (phases[n] for n in ("short", "chat", "agents", "burst"))
+    assert short.prompt_tokens.maximum + short.output_tokens.maximum < chat.prompt_tokens.median
+    assert short.arrivals_per_s > 10 * chat.arrivals_per_s
+    assert burst.prompt_tokens.median >= 3 * chat.prompt_tokens.median
+    assert burst.output_tokens.median > chat.output_tokens.median
+    assert agents.shared_prefix is not None
+    assert agents.shared_prefix.tokens > 4 * agents.prompt_tokens.median
+    assert [p.name for p in phases.values() if p.shared_prefix is not None] == ["agents"]
+
+
+def test_a_shared_prefix_starts_the_given_fraction_of_prompts() -> None:
+    """About `fraction` of the requests carry the prefix, before a prompt drawn as usual."""
+    prefix = SharedPrefix("system", tokens=300, fraction=0.3)
+    profile = TrafficProfile(phases=(dataclasses.replace(phase(100.0), shared_prefix=prefix),))
+    arrivals = drain(ArrivalSource(profile, max_model_len=100_000, seed=4), 20.0)
+    sharing = [a for a in arrivals if a.shared_prefix is not None]
+    expected = 0.3 * len(arrivals)
+    assert abs(len(sharing) - expected) <= 5 * math.sqrt(expected)
+    assert all(a.shared_prefix == prefix and a.prefix_tokens == 300 for a in sharing)
+    assert all(a.prompt_tokens >= 300 + 1 for a in sharing)
+    assert all(a.prefix_tokens == 0 for a in arrivals if a.shared_prefix is None)
+
+
+def test_a_prompt_with_its_prefix_still_fits_the_model() -> None:
+    """Prefix plus prompt is capped at max_model_len - 1; the prefix then fills the prompt."""
+    prefix = SharedPrefix("long", tokens=1000, fraction=1.0)
+    profile = TrafficProfile(phases=(dataclasses.replace(phase(50.0), shared_prefix=prefix),))
+    for a in drain(ArrivalSource(profile, max_model_len=512, seed=1), 2.0):
+        assert a.prompt_tokens == 511
+        assert a.prefix_tokens == 511
+        assert a.output_tokens == 1
+
+
+def test_arrivals_carry_the_phase_n() -> None:
+    """Every request of a phase asks for the phase's n samples."""
+    profile = TrafficProfile(phases=(dataclasses.replace(phase(50.0), n=3),))
+    arrivals = drain(ArrivalSource(profile, max_model_len=8192, seed=0), 2.0)
+    assert arrivals
+    assert {a.n for a in arrivals} == {3}
 
 
 def test_scripted_arrivals_come_out_in_time_order() -> None:
