@@ -12,6 +12,7 @@ import asyncio
 import errno
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,7 @@ from exporter.service.httpserver import (
     tls_context,
 )
 from exporter.service.launch import ProcessLaunchSource
-from exporter.service.poller import PollSettings, TargetPoller
+from exporter.service.poller import PollSettings, TargetPoller, Workers
 from exporter.service.resolver import BoundedResolver, system_resolve
 from exporter.service.settings import GpuDiscovery, Mode, Settings, env_name
 from exporter.sizing.predictor import ModelPredictor
@@ -191,10 +192,7 @@ async def serve(
 
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     async with httpx.AsyncClient(limits=limits, trust_env=False, follow_redirects=False) as http:
-        # NVML only beside one vLLM: a fleet exporter sees none of its targets' GPUs.
-        gpus = None
-        if settings.mode is Mode.SIDECAR:
-            gpus = (parts.gpu_source or default_gpu_source)(settings)
+        gpus, workers = _sidecar_sources(settings, parts)
 
         make_poller = _poller_factory(
             settings,
@@ -202,6 +200,7 @@ async def serve(
             parts.predictor or default_predictor,
             gpus,
             parts.launch or default_launch_source,
+            workers=workers,
         )
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProcessCollector(registry=None))
@@ -261,12 +260,31 @@ async def serve(
             server.shutdown()
             server.server_close()
             thread.join(timeout=2)
-            if gpus is not None:
-                gpus.close()
+            _release(gpus, workers)
             if fleet is not None:
                 fleet.close()
             log.info("stopped")
     return 0
+
+
+def _sidecar_sources(settings: Settings, parts: Components) -> tuple[GpuSource | None, Workers]:
+    """The GPUs (NVML only beside one vLLM) and the threads for the sidecar's blocking reads."""
+    if settings.mode is not Mode.SIDECAR:
+        return None, Workers()  # a fleet exporter sees none of its targets' GPUs
+    gpus = (parts.gpu_source or default_gpu_source)(settings)
+    workers = Workers(
+        files=ThreadPoolExecutor(1, thread_name_prefix="files"),
+        gpus=ThreadPoolExecutor(1, thread_name_prefix="nvml"),
+    )
+    return gpus, workers
+
+
+def _release(gpus: GpuSource | None, workers: Workers) -> None:
+    for executor in (workers.files, workers.gpus):
+        if executor is not None:  # a hung NVML call must not hold the exit
+            executor.shutdown(wait=False, cancel_futures=True)
+    if gpus is not None:
+        gpus.close()
 
 
 def _ignore_sighup() -> None:
@@ -279,6 +297,8 @@ def _poller_factory(
     predictor_for: Callable[[Settings], Predictor | None],
     gpus: GpuSource | None,
     launch_for: Callable[[Settings, str], LaunchSource | None] = default_launch_source,
+    *,
+    workers: Workers | None = None,
 ) -> Callable[[str, SecretStr | None], TargetPoller]:
     """How a target's poller is made: its client, the predictor, the GPUs, the settings."""
     budget = None
@@ -302,6 +322,7 @@ def _poller_factory(
             gpus=gpus,
             launch=launch_for(settings, url),
             settings=_poll_settings(settings),
+            workers=workers,
         )
 
     return make_poller

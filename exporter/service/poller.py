@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
@@ -35,6 +36,7 @@ from exporter.sizing.limits import LimitInputs, resolve_running_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from concurrent.futures import Executor
 
     from exporter.core.ceiling import RunningLimit
     from exporter.core.snapshot import VllmSnapshot
@@ -82,6 +84,31 @@ class GpuSource(Protocol):
     def close(self) -> None:
         """Release the GPU library."""
         ...
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """Where a poller's blocking calls run; ``None``: asyncio's default thread pool.
+
+    The sidecar gives each kind one thread of its own: the reads are sequential anyway, and a
+    pool that grows a second thread whenever two calls race (the default pool does) would make
+    the process's thread count drift for no gain.
+    """
+
+    #: vLLM's command line and the model's files.
+    files: Executor | None = None
+    #: NVML (a hung call keeps its thread; the poller skips GPU reads until it returns).
+    gpus: Executor | None = None
+
+
+async def _in_thread(executor: Executor | None, call: Callable[..., _T], *args: Any) -> _T:
+    """Run a blocking call in ``executor``'s thread, with this context's variables."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    return await loop.run_in_executor(executor, lambda: context.run(call, *args))
 
 
 @dataclass(slots=True)
@@ -144,6 +171,7 @@ class TargetPoller:
         gpus: GpuSource | None = None,
         launch: LaunchSource | None = None,
         settings: PollSettings | None = None,
+        workers: Workers | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -153,6 +181,7 @@ class TargetPoller:
         self._predictor = predictor
         self._gpus = gpus
         self._launch = launch
+        self._workers = workers or Workers()
         #: What the vLLM server's command line says, read at each discovery.
         self._flags: LaunchFlags | None = None
         self._limit: RunningLimit | None = None
@@ -250,7 +279,7 @@ class TargetPoller:
         if self._launch is None:
             return
         try:
-            flags = await asyncio.to_thread(self._launch.read)
+            flags = await _in_thread(self._workers.files, self._launch.read)
         except Exception:  # an odd /proc must not stop the polls (logged)
             log.exception("launch_read_crashed", target=self.target)
             flags = None
@@ -303,7 +332,7 @@ class TargetPoller:
             return
         started = self._clock()
         try:
-            failure = await asyncio.to_thread(self._predictor.load, self._info)
+            failure = await _in_thread(self._workers.files, self._predictor.load, self._info)
         except Exception as exc:  # odd model files must not stop the polls (logged)
             log.exception("model_load_crashed", target=self.target)
             failure = SourceError(
@@ -364,7 +393,9 @@ class TargetPoller:
         if self._gpu_read is not None and not self._gpu_read.done():
             self._record("nvml", started, SourceError("timeout", "an NVML call has not returned"))
             return ()
-        self._gpu_read = asyncio.ensure_future(asyncio.to_thread(self._gpus.read, utilization))
+        self._gpu_read = asyncio.ensure_future(
+            _in_thread(self._workers.gpus, self._gpus.read, utilization)
+        )
         self._gpu_read.add_done_callback(_retrieve)
         try:
             # shield: on timeout the thread cannot be stopped; keep its future to skip on.

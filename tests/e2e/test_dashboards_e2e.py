@@ -323,7 +323,9 @@ def test_every_panel_query_returns_data_after_a_real_burst(
     server.wait_for_targets_up("headroom")
     server.wait_for_targets_up("vllm")
     started = time.time()
-    burst(vllm_server.base_url, REFERENCE_MODEL_NAME, count=8, **BURST_LOAD)
+    # Long enough for several sidecar polls to catch sequences running (one 8-request wave
+    # can finish between two polls on a fast machine).
+    burst(vllm_server.base_url, REFERENCE_MODEL_NAME, duration_s=8.0, **BURST_LOAD)
     # The sidecar polls every 2 s and Prometheus scrapes every second: let both catch up.
     wait_until(
         lambda: server.query("headroom_context_window_requests > 0"),

@@ -116,13 +116,16 @@ def test_background_burst_is_visible_in_metrics_while_it_runs(vllm_server: VllmS
         usage = sample_value(text, "vllm:kv_cache_usage_perc")
         return usage if running and usage else 0.0
 
+    # A count, not a duration: on two busy cores a client thread may start its first request
+    # seconds late, so a short duration would not prove that every request completes.
+    requests = 2 * BURST["concurrency"]
     with BackgroundBurst(
-        vllm_server.base_url, REFERENCE_MODEL_NAME, duration_s=3.0, **BURST
+        vllm_server.base_url, REFERENCE_MODEL_NAME, count=requests, **BURST
     ) as load:
         usage = wait_until(busy, timeout_s=30.0, what="requests running in vLLM", interval_s=0.1)
         done = load.result(timeout_s=120.0)
     assert 0.0 < usage <= 1.0
-    assert len(done) >= BURST["concurrency"]
+    assert [c.index for c in done] == list(range(requests))
     assert all(c.finished_monotonic > c.started_monotonic for c in done)
 
 

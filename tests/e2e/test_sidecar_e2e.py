@@ -317,7 +317,10 @@ def _run_scenario(
         scenario.recovered = time.monotonic()
         time.sleep(RATE_WINDOW_S + 3.0)  # the rates across the reset are observed, too
 
-        names = prometheus.query('count by (__name__) ({__name__=~"headroom_.+"})')
+        # Over the whole run: some series exist only while sequences run (per running sequence).
+        names = prometheus.query(
+            'count by (__name__) (last_over_time({__name__=~"headroom_.+"}[1h]))'
+        )
         scenario.prometheus_names = {r["metric"]["__name__"] for r in names}
 
         # The page resolves once the burst's preemptions leave its 5-minute window.
