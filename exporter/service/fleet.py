@@ -60,9 +60,12 @@ class Refusal:
         return STATUS[self.outcome]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Ticket:
-    """An admitted probe's place in the limits; give it back with :meth:`Fleet.leave`."""
+    """An admitted probe's place in the limits; give it back with :meth:`Fleet.leave`.
+
+    Compared by identity: two probes of one target from one client hold two places.
+    """
 
     target: ProbeTarget
     client: str
@@ -109,6 +112,8 @@ class Fleet:
         self._per_client: Counter[str] = Counter()
         self._per_target: Counter[str] = Counter()
         self._in_flight = 0
+        #: Tickets admitted and not yet given back.
+        self._admitted: set[Ticket] = set()
         self._evictions = 0
 
     @property
@@ -154,11 +159,16 @@ class Fleet:
             self._in_flight += 1
             self._per_client[client] += 1
             self._per_target[parsed.url] += 1
-        return Ticket(parsed, client)
+            admitted = Ticket(parsed, client)
+            self._admitted.add(admitted)
+        return admitted
 
     def leave(self, ticket: Ticket) -> None:
-        """Give an admitted probe's place back."""
+        """Give an admitted probe's place back (once: leaving again changes nothing)."""
         with self._lock:
+            if ticket not in self._admitted:
+                return  # a second leave must not free a place another probe holds
+            self._admitted.discard(ticket)
             self._in_flight -= 1
             for counts, key in (
                 (self._per_client, ticket.client),

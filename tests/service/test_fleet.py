@@ -477,3 +477,15 @@ def test_outcome_counts_is_a_copy(make_fleet: MakeFleet) -> None:
     fleet = make_fleet()
     fleet.outcome_counts()[ProbeOutcome.OK] = 99
     assert fleet.outcome_counts()[ProbeOutcome.OK] == 0
+
+
+def test_leaving_twice_gives_back_one_place_only(make_fleet: MakeFleet) -> None:
+    """A ticket given back twice frees its place once: the limit still holds for the others."""
+    fleet = make_fleet(max_in_flight=2)
+    first = ticket(fleet, "10.0.0.1:8000", "192.0.2.1")
+    ticket(fleet, "10.0.0.1:8000", "192.0.2.1")  # the same target and client: a second place
+    fleet.leave(first)
+    fleet.leave(first)
+    ticket(fleet, "10.0.0.2:8000", "192.0.2.2")
+    refused = refusal(fleet.enter("10.0.0.3:8000", "192.0.2.3"))
+    assert refused.outcome is ProbeOutcome.THROTTLED
