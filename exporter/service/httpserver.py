@@ -100,9 +100,21 @@ class HeadroomApp:
             "/": self._serve_landing,
         }
         handler = routes.get(environ.get("PATH_INFO", "/"))
+        body: Iterable[bytes]
         if handler is None:
-            return _text(start_response, "404 Not Found", "Not found. See / for the endpoints.\n")
-        return handler(environ, start_response)
+            body = _text(start_response, "404 Not Found", "Not found. See / for the endpoints.\n")
+        elif environ.get("REQUEST_METHOD") == "HEAD":
+            # Answered as a GET (prometheus_client's app refuses HEAD with 405), body dropped.
+            body = handler({**environ, "REQUEST_METHOD": "GET"}, start_response)
+        else:
+            body = handler(environ, start_response)
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            # The headers of the GET (Content-Length included), never its body (RFC 9110 9.3.2).
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+            return []
+        return body
 
     def _serve_healthy(self, _environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         return _text(start_response, "200 OK", "Healthy.\n")

@@ -244,6 +244,32 @@ def test_head_is_served_like_get(serve: Callable[..., httpx.Client]) -> None:
     assert serve(make_app()).head("/-/ready").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/-/ready", "/", "/metrics", "/nowhere"])
+def test_head_sends_the_headers_of_get_and_no_body(
+    serve: Callable[..., httpx.Client], path: str
+) -> None:
+    """HEAD answers GET's status and Content-Length, and not one byte after the headers."""
+    client = serve(make_app())
+    got = client.get(path)
+    host, port = client.base_url.host, client.base_url.port
+    with socket.create_connection((host, port), timeout=5) as conn:
+        conn.sendall(f"HEAD {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert rest == b""
+    status = int(head.split(b" ")[1])
+    assert status == got.status_code
+    if path != "/metrics":  # the registry's text may change between two answers
+        length = next(
+            line.split(b":")[1].strip()
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        assert int(length) == len(got.content)
+
+
 def test_connections_beyond_the_bound_get_503_while_every_slot_is_busy(
     serve: Callable[..., httpx.Client],
 ) -> None:
