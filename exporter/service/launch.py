@@ -2,7 +2,9 @@
 
 In a sidecar the vLLM server shares the pod's process namespace (the same requirement as GPU
 discovery). Its command line says the scheduler flags a user gave; several vLLM servers in one
-namespace are told apart by ``--port``, matched against the target's port.
+namespace are told apart by ``--port``, matched against the target's port. A ``--config`` YAML
+file is read through the server's own root and working directory under ``/proc/<pid>``, which
+needs the permissions that reading its environment does (the same user, or CAP_SYS_PTRACE).
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+import yaml
+
 from exporter.gpu.visibility import scan_processes, vllm_process_tree
-from exporter.vllm.launch import parse_launch_flags
+from exporter.vllm.launch import config_arguments, parse_launch_flags
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from exporter.gpu.visibility import ProcessEntry
     from exporter.vllm.launch import LaunchFlags
+
+#: A vLLM config file is a few lines; anything larger is not read.
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 def target_port(url: str) -> int | None:
@@ -55,5 +63,31 @@ class ProcessLaunchSource:
         """Blocking ``/proc`` reads (run in a thread). None when no vLLM server is visible."""
         processes = scan_processes(self.proc_root)
         roots = set(vllm_process_tree(processes, exclude=os.getpid()).roots)
-        candidates = [parse_launch_flags(p.argv) for p in processes if p.pid in roots]
-        return choose_launch(candidates, target_port(self.target))
+        servers = [p for p in processes if p.pid in roots]
+        candidates = [parse_launch_flags(p.argv) for p in servers]
+        chosen = choose_launch(candidates, target_port(self.target))
+        if chosen is None or chosen.config_file is None:
+            return chosen
+        process = servers[next(i for i, c in enumerate(candidates) if c is chosen)]
+        config, problem = self._read_config(process, chosen.config_file)
+        return parse_launch_flags(process.argv, config=config, config_problem=problem)
+
+    def _read_config(self, process: ProcessEntry, name: str) -> tuple[list[str], str | None]:
+        """The config file's flags, or why they could not be read."""
+        base = self.proc_root / str(process.pid)
+        path = base / "root" / name.lstrip("/") if name.startswith("/") else base / "cwd" / name
+        try:
+            with path.open("rb") as handle:
+                text = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            return [], f"cannot read it ({exc.strerror or type(exc).__name__})"
+        if len(text) > MAX_CONFIG_BYTES:
+            return [], f"larger than {MAX_CONFIG_BYTES} bytes"
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            return [], f"not YAML ({str(exc).splitlines()[0]})"
+        words = config_arguments(document)
+        if words is None:
+            return [], "not a mapping of flags"
+        return words, None

@@ -290,12 +290,13 @@ class TargetPoller:
                 flags=dict(flags.invalid),
                 hint="vLLM would refuse these values; they are ignored here",
             )
-        if flags is not None and flags.config_file and flags.max_num_seqs is None:
+        if flags is not None and flags.config_problem and flags.max_num_seqs is None:
             log.info(
                 "launch_config_file_not_read",
                 target=self.target,
                 config=flags.config_file,
-                hint="set max_num_seqs if the config file sets --max-num-seqs",
+                problem=flags.config_problem,
+                hint="set max_num_seqs if the config file sets max-num-seqs",
             )
         self._flags = flags
 

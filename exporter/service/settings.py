@@ -157,8 +157,9 @@ class Settings(BaseSettings):
         le=1_000_000,
         description=(
             "vLLM --max-num-seqs, when its command line cannot be read (fleet mode, no shared "
-            "process namespace) or it is set in a --config file. Default: the command line's, "
-            "else vLLM's default for its version and GPU."
+            "process namespace) or it is set in a --config file the sidecar cannot read. "
+            "Default: the command line's (or its --config file's), else vLLM's default for its "
+            "version and GPU."
         ),
     )
     weights_bytes: int | None = Field(

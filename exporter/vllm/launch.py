@@ -4,14 +4,16 @@ No metric, endpoint or INFO log line of vLLM says ``max_num_seqs`` (docs/sizing.
 flags a user gave are on the server's command line, which the sidecar already reads from
 ``/proc`` to find vLLM's GPUs. This module reads them the way vLLM's argparse does: ``--flag N``
 and ``--flag=N``, underscores or dashes, the last occurrence winning, and the human-readable
-integers (``8k``, ``16K``) vLLM accepts for token counts. Values in a ``--config`` YAML file are
-not read (the flag's presence is reported, so the caller can say so).
+integers (``8k``, ``16K``) vLLM accepts for token counts. A ``--config`` YAML file's keys become
+flags the way vLLM's ``FlexibleArgumentParser.load_config_file`` makes them (vLLM 0.32), placed
+before the command line's own so that the command line wins, as in vLLM.
 
-Pure: argv in, plain data out.
+Pure: argv (and the config file's parsed document) in, plain data out.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,8 +53,11 @@ class LaunchFlags:
     pipeline_parallel: int | None = None
     performance_mode: str | None = None
     port: int | None = None
-    #: ``--config FILE``: flags may be set there instead (not read).
+    #: ``--config FILE``: flags may be set there too.
     config_file: str | None = None
+    #: Why the config file's values are not included (unreadable, not a mapping); None when
+    #: they are, or when there is no config file.
+    config_problem: str | None = None
     #: Flags given a value vLLM would refuse (``--max-num-seqs abc``): name -> text.
     invalid: tuple[tuple[str, str], ...] = ()
 
@@ -101,11 +106,40 @@ def _split(argv: Sequence[str]) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def parse_launch_flags(argv: Sequence[str]) -> LaunchFlags:
-    """The scheduler flags of a vLLM command line (``vllm serve ...`` or ``python -m ...``)."""
+def config_arguments(document: object) -> list[str] | None:
+    """A ``--config`` YAML document as the flags vLLM makes of it; None when not a mapping.
+
+    As vLLM: ``key: value`` becomes ``--key value``, ``key: true`` becomes ``--key``, a list
+    becomes ``--key item...``, a nested mapping one JSON word; ``false`` and empty lists add
+    nothing here (vLLM may add ``--no-key``, which sets none of our flags).
+    """
+    if not isinstance(document, dict):
+        return None
+    words: list[str] = []
+    for key, value in document.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            words += [flag] if value else []
+        elif isinstance(value, list):
+            words += [flag, *(str(item) for item in value)] if value else []
+        elif isinstance(value, dict):
+            words += [flag, json.dumps(value)]
+        else:
+            words += [flag, str(value)]
+    return words
+
+
+def parse_launch_flags(
+    argv: Sequence[str], *, config: Sequence[str] = (), config_problem: str | None = None
+) -> LaunchFlags:
+    """The scheduler flags of a vLLM command line (``vllm serve ...`` or ``python -m ...``).
+
+    ``config``: the ``--config`` file's flags (:func:`config_arguments`), which the command
+    line overrides; ``config_problem``: why they could not be read, kept for the caller.
+    """
     found: dict[str, object] = {}
     invalid: dict[str, str] = {}
-    for name, value in _split(argv):
+    for name, value in _split([*config, *argv]):
         if value is None:
             invalid[name] = ""
             continue
@@ -119,4 +153,8 @@ def parse_launch_flags(argv: Sequence[str]) -> LaunchFlags:
             continue
         invalid.pop(name, None)
         found[_INT_FLAGS[name]] = number
-    return LaunchFlags(**found, invalid=tuple(sorted(invalid.items())))  # type: ignore[arg-type]
+    return LaunchFlags(
+        **found,  # type: ignore[arg-type]
+        config_problem=config_problem,
+        invalid=tuple(sorted(invalid.items())),
+    )

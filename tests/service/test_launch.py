@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from exporter.service.launch import ProcessLaunchSource, choose_launch, target_port
+import pytest
+
+from exporter.service.launch import (
+    MAX_CONFIG_BYTES,
+    ProcessLaunchSource,
+    choose_launch,
+    target_port,
+)
 from exporter.vllm.launch import parse_launch_flags
 
 if TYPE_CHECKING:
@@ -65,3 +72,71 @@ def test_no_vllm_in_the_process_table_is_none(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path, {5: (1, ["sleep", "100"])})
     assert ProcessLaunchSource(proc, "http://127.0.0.1:8000").read() is None
     assert ProcessLaunchSource(tmp_path / "absent", "http://127.0.0.1:8000").read() is None
+
+
+def _server_with_config(tmp_path: Path, config: str, *, relative: bool = False) -> Path:
+    """A /proc with one vLLM started with --config; the file under its root (or cwd)."""
+    name = "conf/v.yaml" if relative else "/etc/vllm/v.yaml"
+    argv = ["vllm", "serve", "m", "--config", name]
+    proc = fake_proc(tmp_path / "proc", {10: (1, argv)})
+    where = proc / "10" / ("cwd" if relative else "root")
+    path = where / name.lstrip("/")
+    path.parent.mkdir(parents=True)
+    path.write_text(config)
+    return proc
+
+
+def test_a_config_file_is_read_through_the_server_root(tmp_path: Path) -> None:
+    """--config /etc/vllm/v.yaml is read as /proc/<pid>/root/etc/vllm/v.yaml."""
+    proc = _server_with_config(tmp_path, "max-num-seqs: 48\ntensor-parallel-size: 2\n")
+    flags = ProcessLaunchSource(proc, "http://127.0.0.1:8000").read()
+    assert flags is not None
+    assert (flags.max_num_seqs, flags.tensor_parallel, flags.config_problem) == (48, 2, None)
+
+
+def test_a_relative_config_file_is_read_through_the_server_cwd(tmp_path: Path) -> None:
+    """--config conf/v.yaml is relative to vLLM's working directory, not the sidecar's."""
+    proc = _server_with_config(tmp_path, "max_num_seqs: 12\n", relative=True)
+    flags = ProcessLaunchSource(proc, "http://127.0.0.1:8000").read()
+    assert flags is not None
+    assert flags.max_num_seqs == 12
+
+
+def test_the_command_line_overrides_the_config_file(tmp_path: Path) -> None:
+    """As in vLLM: cli > config > defaults."""
+    proc = fake_proc(
+        tmp_path / "proc",
+        {10: (1, ["vllm", "serve", "m", "--max-num-seqs", "3", "--config", "/c.yaml"])},
+    )
+    (proc / "10" / "root").mkdir()
+    (proc / "10" / "root" / "c.yaml").write_text("max-num-seqs: 64\nport: 8000\n")
+    flags = ProcessLaunchSource(proc, "http://127.0.0.1:8000").read()
+    assert flags is not None
+    assert flags.max_num_seqs == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read it"),
+        ("max-num-seqs: [1, 2\n", "not YAML"),
+        ("- max-num-seqs\n- 4\n", "not a mapping of flags"),
+        ("# " + "x" * (MAX_CONFIG_BYTES + 10), "larger than"),
+    ],
+    ids=["unreadable", "not-yaml", "a-list", "too-large"],
+)
+def test_a_config_file_that_cannot_be_used_is_reported_not_guessed(
+    tmp_path: Path, content: str | None, problem: str
+) -> None:
+    """The command line's flags still count; the problem is kept for the log line."""
+    argv = ["vllm", "serve", "m", "--config", "/v.yaml", "--tensor-parallel-size", "2"]
+    proc = fake_proc(tmp_path / "proc", {10: (1, argv)})
+    if content is not None:
+        (proc / "10" / "root").mkdir()
+        (proc / "10" / "root" / "v.yaml").write_text(content)
+    flags = ProcessLaunchSource(proc, "http://127.0.0.1:8000").read()
+    assert flags is not None
+    assert flags.max_num_seqs is None
+    assert flags.tensor_parallel == 2
+    assert flags.config_problem is not None
+    assert flags.config_problem.startswith(problem)

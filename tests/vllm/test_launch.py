@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.vllm.launch import DEFAULT_PORT, human_readable_int, parse_launch_flags
+from exporter.vllm.launch import (
+    DEFAULT_PORT,
+    config_arguments,
+    human_readable_int,
+    parse_launch_flags,
+)
 
 
 @pytest.mark.parametrize(
@@ -102,3 +107,31 @@ def test_human_readable_integers_as_vllm_reads_them(text: str, value: int) -> No
 def test_what_vllm_refuses_is_none(text: str) -> None:
     """Fractions of binary units, bare suffixes, other letters, non-ASCII digits: None."""
     assert human_readable_int(text) is None
+
+
+def test_a_config_document_becomes_flags_as_vllm_makes_them() -> None:
+    """key: value -> --key value; true -> --key; false adds nothing; lists and mappings."""
+    document = {
+        "max-num-seqs": 64,
+        "enforce-eager": True,
+        "enable-prefix-caching": False,
+        "api-key": ["a", "b"],
+        "compilation-config": {"level": 3},
+    }
+    assert config_arguments(document) == [
+        "--max-num-seqs", "64",
+        "--enforce-eager",
+        "--api-key", "a", "b",
+        "--compilation-config", '{"level": 3}',
+    ]  # fmt: skip
+    assert config_arguments(["max-num-seqs", 4]) is None
+    assert config_arguments(None) is None
+
+
+def test_config_flags_come_first_so_the_command_line_wins() -> None:
+    """cli > config, and an invalid config value is overridden by a valid command-line one."""
+    config = config_arguments({"max_num_seqs": "abc", "tensor-parallel-size": 4}) or []
+    flags = parse_launch_flags(["vllm", "serve", "m", "--max-num-seqs", "8"], config=config)
+    assert (flags.max_num_seqs, flags.tensor_parallel, flags.invalid) == (8, 4, ())
+    only_config = parse_launch_flags(["vllm", "serve", "m"], config=["--max-num-seqs", "16k"])
+    assert only_config.max_num_seqs == 16000
