@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import html
 import http.client
+import os
 import queue
 import socket
 import ssl
@@ -245,9 +246,15 @@ class _QuietHandler(WSGIRequestHandler):
         self.rfile = _HeadLimit(self.rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
 
     def parse_request(self) -> bool:
-        """Parse the head; once it is complete, the connection can no longer be evicted."""
+        """Parse the head; once it is complete, the connection can no longer be evicted.
+
+        A connection evicted while its thread was parsing a whole head (its slot already went
+        to another, and the evicting thread answered it 503) is not served.
+        """
         parsed: bool = super().parse_request()
-        self.server.request_received()
+        if not self.server.request_received():
+            self.close_connection = True
+            return False
         return parsed
 
     def get_stderr(self) -> Any:
@@ -318,26 +325,42 @@ class ExporterServer(ThreadingWSGIServer):
             if not handed_over:
                 self._slots.release()
 
-    def request_received(self) -> None:
-        """The calling connection sent its whole request head: it is no longer evictable."""
+    def request_received(self) -> bool:
+        """The calling connection sent its whole request head: it is no longer evictable.
+
+        False when it was evicted before (its slot went to another connection).
+        """
+        ident = threading.get_ident()
         with self._waiting_lock:
-            self._waiting.pop(threading.get_ident(), None)
+            self._waiting.pop(ident, None)
+            return ident not in self._evicted
 
     def _evict_oldest_waiting(self) -> bool:
         """Shut down the connection that has waited longest for its request head, if any.
 
-        On True, the caller holds the victim's slot.
+        A connection whose whole head already sits in its socket is not idle (its thread has
+        not had the CPU yet) and is passed over: the new connection gets 503 rather than a
+        client that sent its request whole getting nothing. On True, the caller holds the
+        victim's slot.
         """
         with self._waiting_lock:
-            if not self._waiting:
+            candidates = sorted(self._waiting.items(), key=lambda item: item[1][0])
+            for ident, (_, victim) in candidates:
+                if self.tls is None and whole_head_waiting(victim):
+                    continue
+                del self._waiting[ident]
+                self._evicted.add(ident)
+                self.evictions += 1
+                break
+            else:
                 return False
-            ident = min(self._waiting, key=lambda key: self._waiting[key][0])
-            _, victim = self._waiting.pop(ident)
-            self._evicted.add(ident)
-            self.evictions += 1
-        # Its thread wakes from recv() (or the TLS handshake) at once and ends; if the socket
+        # The victim gets a 503 (a client that connected first and sends its request later
+        # reads it, not a bare close; over TLS the bytes would be garbage, so none), and its
+        # thread wakes from recv() (or the TLS handshake) at once and ends. If the socket
         # closed by itself meanwhile, the thread is ending anyway.
         with contextlib.suppress(OSError):
+            if self.tls is None:
+                victim.send(_BUSY)
             victim.shutdown(socket.SHUT_RDWR)
         if self.evictions in (1, 10, 100) or self.evictions % 1000 == 0:
             log.warning("http_idle_connections_evicted", total=self.evictions)
@@ -412,6 +435,21 @@ class _Refuser:
                 pass
             finally:
                 _close(connection)
+
+
+def whole_head_waiting(connection: socket.socket) -> bool:
+    """Whether the bytes waiting in ``connection`` (unread, peeked) end a request head.
+
+    Peeked through a non-blocking duplicate: the connection's own socket has a timeout, and a
+    socket with a timeout waits for data (up to that timeout) even when asked not to.
+    """
+    try:
+        with socket.socket(fileno=os.dup(connection.fileno())) as peek:
+            peek.setblocking(False)
+            waiting = peek.recv(_MAX_HEAD, socket.MSG_PEEK)
+    except OSError:  # nothing waiting (EAGAIN), or the connection is gone
+        return False
+    return b"\r\n\r\n" in waiting or b"\n\n" in waiting
 
 
 def _close(connection: socket.socket) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -16,6 +18,7 @@ from exporter.service.httpserver import (
     HeadroomApp,
     ProbeAnswer,
     landing_page,
+    whole_head_waiting,
 )
 
 if TYPE_CHECKING:
@@ -295,3 +298,45 @@ def test_connections_beyond_the_bound_get_503_while_every_slot_is_busy(
         release.set()
         holder.join(timeout=10)
     assert first == [200]
+
+
+def test_an_idle_connection_evicted_for_a_new_one_reads_503_not_a_bare_close(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """One slot: an idle connection gives it up to a new one, and reads 503 when it asks."""
+    client = serve(make_app(), max_connections=1)
+    address = (client.base_url.host, client.base_url.port)
+    with socket.create_connection(address, timeout=5) as idle:
+        assert client.get("/-/ready").status_code == 200  # connection-per-request: evicts idle
+        idle.sendall(b"GET /-/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):  # the server closed: a reset may follow the answer
+            while chunk := idle.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 503 ")
+
+
+@pytest.mark.parametrize(
+    ("sent", "whole"),
+    [
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"GET /metrics HTTP/1.0\n\n", True),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\n", False),
+        (b"", False),
+    ],
+    ids=["whole", "whole-bare-newlines", "partial", "nothing"],
+)
+def test_a_request_head_waiting_in_a_socket_is_seen_without_reading_or_waiting(
+    sent: bytes, whole: bool
+) -> None:
+    """The eviction check peeks (the bytes stay for the handler) and never waits for data."""
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        server_side.settimeout(30.0)  # as a handler's socket: a timeout, which recv() waits for
+        if sent:
+            client_side.sendall(sent)
+        started = time.monotonic()
+        assert whole_head_waiting(server_side) is whole
+        assert time.monotonic() - started < 5.0, "waited for data instead of peeking"
+        if sent:
+            assert server_side.recv(65536) == sent
