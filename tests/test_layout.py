@@ -15,6 +15,7 @@ FLOORS: dict[str, int] = {
     "testing": 5,
     "service": 4,
     "sim": 4,
+    "sweep": 4,
     "sizing": 3,
     "vllm": 2,
     "gpu": 2,

@@ -1,7 +1,7 @@
 """The ``vllm-headroom`` command line: one subcommand per module, errors as one line.
 
-Each subcommand lives in its own module (``plan``, ``check``, ``serve``, ``demo`` beside this one),
-which exposes ``NAME``, ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and
+Each subcommand lives in its own module (``plan``, ``check``, ``serve``, ``demo``, ``probe``
+beside this one), which exposes ``NAME``, ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and
 ``run(args) -> int``. This module is the frame: it builds the parsers (whose errors are one
 line), wires the commands in, and turns :class:`~exporter.errors.UsageError` into one line on
 stderr and exit code 2. Command modules never import it back.
@@ -45,9 +45,15 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _command_modules() -> list[_CommandModule]:
     # Imported here so that `vllm-headroom --version` does not pay for every subcommand.
-    from exporter.cli import check, demo, plan, serve  # noqa: PLC0415 (lazy on purpose, see above)
+    from exporter.cli import (  # noqa: PLC0415 (lazy on purpose, see above)
+        check,
+        demo,
+        plan,
+        probe,
+        serve,
+    )
 
-    return [plan, check, serve, demo]
+    return [plan, check, serve, demo, probe]
 
 
 def build_parser() -> OneLineParser:

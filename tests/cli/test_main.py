@@ -25,7 +25,7 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
     assert "plan" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["plan", "check", "serve", "demo"])
+@pytest.mark.parametrize("command", ["plan", "check", "serve", "demo", "probe"])
 def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Each documented subcommand is registered and answers --help."""
     with pytest.raises(SystemExit) as exited:

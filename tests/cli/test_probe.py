@@ -1,0 +1,323 @@
+"""Specification of `vllm-headroom probe` against the simulated vLLM over HTTP.
+
+The simulated engine (129 blocks of 16 tokens: 128 usable) serves completions at several times
+real time; requests of 100 + 156 tokens hold 16 blocks each, so the pool holds 8 of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from exporter.cli.main import main
+from exporter.sim import Scenario, SimEngineConfig
+from exporter.testing.fakevllm import FakeVllm
+from exporter.testing.processes import free_port
+from exporter.testing.simload import SimCompletionsServer
+from tests import paths
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+MODEL = "simulated/llama-3.1-8b"
+#: Quick steps: the simulation runs at SPEED times real time.
+SPEED = 4.0
+QUICK = [
+    "--step-seconds",
+    "2",
+    "--settle-seconds",
+    "0.5",
+    "--sample-interval",
+    "0.2",
+    "--quiet-seconds",
+    "0.3",
+    "--prompt-tokens",
+    "100",
+    "--output-tokens",
+    "156",
+]
+
+
+def scenario(max_num_seqs: int = 1024) -> Scenario:
+    """The small pool: 8 requests of 256 tokens fit."""
+    return Scenario(
+        engine=SimEngineConfig(
+            block_size=16,
+            max_model_len=1024,
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory_bytes=129 * 16 * 131_072,
+        )
+    )
+
+
+@pytest.fixture
+def sim() -> Iterator[SimCompletionsServer]:
+    """A fresh simulated vLLM (idle, counters at zero)."""
+    with SimCompletionsServer(scenario(), speed=SPEED) as server:
+        yield server
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    """Run probe with --json; return its document."""
+    assert main(["probe", *argv, "--json"]) == 0
+    document: dict[str, object] = json.loads(capsys.readouterr().out)
+    return document
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run probe expecting a usage error; return stderr, checked to be one line."""
+    assert main(["probe", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--target", "localhost:8000"], "is not a URL"),
+        (["--target", "http://h", "--prompt-tokens", "10"], "--output-tokens together"),
+        (
+            [
+                "--target",
+                "http://h",
+                "--prompt-tokens",
+                "1",
+                "--output-tokens",
+                "1",
+                "--lengths",
+                "f.csv",
+            ],
+            "keep one",
+        ),
+        (["--target", "http://h", "--levels", "1,fast"], "e.g. 1,2,4"),
+        (["--target", "http://h", "--mode", "concurrency", "--levels", "2.5"], "whole numbers"),
+        (["--target", "http://h", "--report", "out.pdf"], "name an .html or .png file"),
+        (["--target", "http://h", "--step-seconds", "0"], "--step-seconds"),
+        (["--target", "http://h", "--max-num-seqs", "0"], "--max-num-seqs"),
+        (["--target", "http://h", "--shape-samples", "0"], "--shape-samples is 0"),
+        (
+            ["--target", "http://h", "--shape-from", "capture.prom", "--shape-window", "60"],
+            "--shape-window reads a vLLM's histograms twice",
+        ),
+        (
+            ["--target", "http://h", "--lengths", "f.csv", "--shape-window", "60"],
+            "not with lengths or a capture file",
+        ),
+    ],
+)
+def test_bad_flags_are_one_line_before_any_request(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Flags are checked before the target is touched: one line, exit 2, no traceback."""
+    assert message in one_line_error(capsys, *argv)
+
+
+def test_rates_without_a_kv_capacity_are_refused_before_any_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A vLLM that does not publish its pool gives no ceiling to choose rates from: --levels."""
+    capture = (paths.CAPTURES / "10_v0.11+_V1_rhoai-lab-doc.prom").read_bytes()
+    with FakeVllm(payload=capture) as fake:
+        err = one_line_error(capsys, "--target", fake.url, *QUICK)
+    assert "does not say its KV capacity (no vllm:cache_config_info)" in err
+    assert "give --levels" in err
+
+
+def test_a_target_that_completes_no_request_ends_the_sweep_after_the_baseline(
+    capsys: pytest.CaptureFixture[str], sim: SimCompletionsServer
+) -> None:
+    """A wrong model name: the baseline fails with vLLM's 404, no step runs, exit code 1."""
+    assert (
+        main(["probe", "--target", sim.url, *QUICK, "--model", "other", "--levels", "1", "--json"])
+        == 1
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert document["steps"] == []
+    assert document["ended"] == (
+        "no baseline request completed (3 requests failed (http_404); no request completed)"
+    )
+    assert document["idle_after"] is True
+
+
+def test_an_unreachable_target_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nobody listening: the error says so and suggests checking vLLM."""
+    err = one_line_error(capsys, "--target", f"http://127.0.0.1:{free_port()}", *QUICK)
+    assert "cannot read" in err
+    assert "is vLLM running there?" in err
+
+
+def test_a_target_serving_traffic_is_refused_without_the_confirmation_flag(
+    capsys: pytest.CaptureFixture[str], sim: SimCompletionsServer
+) -> None:
+    """A request in flight (or finishing) means production traffic: no load is sent."""
+    body = {"model": MODEL, "prompt": [16] * 100, "max_tokens": 800}
+    thread = threading.Thread(
+        target=lambda: httpx.post(
+            f"{sim.url}/v1/completions", json=body, timeout=60, trust_env=False
+        ),
+        daemon=True,
+    )
+    thread.start()
+    while sim.received < 1:
+        time.sleep(0.02)
+    received = sim.received
+    err = one_line_error(capsys, "--target", sim.url, *QUICK)
+    assert "is serving traffic (1 requests running" in err
+    assert "--i-know-this-sends-load" in err
+    assert sim.received == received  # nothing was sent
+    thread.join(timeout=30)
+
+
+def test_the_knee_of_a_kv_bound_server_is_its_capacity(
+    capsys: pytest.CaptureFixture[str], sim: SimCompletionsServer, tmp_path: Path
+) -> None:
+    """Concurrency 8 fits the pool, 12 preempts: knee 8 = the ceiling, bound by the KV cache.
+
+    12 rather than 10 past it: over HTTP on a loaded machine the clients can fall out of step,
+    and 10 requests at different points of their output hold about 115 blocks on average, which
+    fits; 12 hold about 138 of the 128 whatever their phase (the simulated-time sweep of
+    tests/sweep/test_runner.py, whose clients stay in step, shows 10 preempting).
+    """
+    report = tmp_path / "probe.html"
+    document = run_json(
+        capsys,
+        "--target",
+        sim.url,
+        *QUICK,
+        "--mode",
+        "concurrency",
+        "--levels",
+        "6,8,12",
+        "--max-num-seqs",
+        "1024",
+        "--report",
+        str(report),
+    )
+    knee = document["knee"]
+    assert isinstance(knee, dict)
+    assert knee["level"] == 8
+    assert knee["ceiling_sequences"] == 8
+    assert knee["binding"] == "kv_cache"
+    assert document["idle_after"] is True
+    assert document["driver"] == "built-in (httpx)"
+    assert report.read_text().count("data:image/png;base64,") == 1
+
+
+def test_the_knee_of_a_max_num_seqs_bound_server_is_that_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With max_num_seqs 4, clients past the fourth wait with KV to spare: knee 4, bound by it.
+
+    6 rather than 5 past it, so that requests wait even when a loaded machine slows the clients'
+    turnaround (the simulated-time sweep shows 5 waiting).
+    """
+    with SimCompletionsServer(scenario(max_num_seqs=4), speed=SPEED) as sim:
+        document = run_json(
+            capsys,
+            "--target",
+            sim.url,
+            *QUICK,
+            "--mode",
+            "concurrency",
+            "--levels",
+            "3,4,6",
+            "--max-num-seqs",
+            "4",
+        )
+    knee = document["knee"]
+    assert isinstance(knee, dict)
+    assert (knee["level"], knee["binding"]) == (4, "max_num_seqs")
+    ceiling = document["ceiling"]
+    assert isinstance(ceiling, dict)
+    assert (ceiling["sequences"], ceiling["limited_by"], ceiling["kv_p95_sequences"]) == (
+        4,
+        "max_num_seqs",
+        8,
+    )
+
+
+def test_the_shape_can_come_from_a_capture_of_another_server(
+    capsys: pytest.CaptureFixture[str], sim: SimCompletionsServer
+) -> None:
+    """--shape-from a /metrics file: the lengths of the requests that server finished."""
+    capture = paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom"
+    argv = [a for a in QUICK if a not in ("--prompt-tokens", "100", "--output-tokens", "156")]
+    document = run_json(
+        capsys,
+        "--target",
+        sim.url,
+        *argv,
+        "--shape-from",
+        str(capture),
+        "--mode",
+        "concurrency",
+        "--levels",
+        "2",
+        "--shape-samples",
+        "50",
+    )
+    shape = document["shape"]
+    assert isinstance(shape, dict)
+    assert str(shape["source"]).startswith(str(capture))
+    assert shape["requests"] == 50
+    assert shape["max_context_tokens"] <= 1024
+
+
+def test_ctrl_c_stops_cleanly_reports_and_leaves_the_target_idle(
+    sim: SimCompletionsServer,
+) -> None:
+    """SIGINT mid-step: requests in flight are cancelled, the summary says so, exit code 130."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "probe",
+            "--target",
+            sim.url,
+            "--mode",
+            "concurrency",
+            "--levels",
+            "4",
+            "--step-seconds",
+            "60",
+            "--sample-interval",
+            "0.2",
+            "--quiet-seconds",
+            "0.3",
+            "--prompt-tokens",
+            "100",
+            "--output-tokens",
+            "600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=paths.REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stderr is not None
+    for line in process.stderr:
+        if line.startswith("probe: step 1/1"):
+            break
+    time.sleep(1.0)
+    in_flight = sim.received - sim.disconnected
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "ended: interrupted" in out
+    assert "target idle" in out
+    assert sim.disconnected >= 4
+    assert in_flight >= 4
+    assert sim.running_and_waiting() == (0, 0)

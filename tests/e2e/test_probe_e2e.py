@@ -1,0 +1,82 @@
+"""`vllm-headroom probe` against the real vLLM of the harness (issue 13's proof).
+
+The reference server: the tiny Llama with a 1,024-token pool, 8 blocks of 128 of which 7 are
+usable. Requests of 100 prompt + 150 output tokens (250: two blocks each) fit 3 at once: the KV
+ceiling for the lengths sent. The sweep runs concurrency steps 2, 3, 4 and 5 with the built-in
+client, twice:
+
+- each run finds a knee, bound by the KV cache: below it no step preempts or queues, above it
+  every step does;
+- the concurrency at the knee agrees with the KV ceiling (both are in the report): the requests in
+  flight there are the ceiling's, give or take one; vLLM never ran more than one more than the
+  ceiling at once (a request in its first block takes one, not two). What vLLM's gauges show
+  running is only bounded from above: on two cores its API server answers ``/metrics`` between the
+  engine's bursts, when fewer run (docs/probe.md);
+- the two runs' knees are within one step of each other.
+
+About 55 s for both runs on two CPU cores (the session's vLLM is already up; its start-up
+takes 30 to 50 s more when this test runs alone). The session's
+server is shared, so the probe is told not to wait for quiet (``--i-know-this-sends-load``): a
+previous test's last requests may still be finishing when it starts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from exporter.cli.main import main
+
+if TYPE_CHECKING:
+    import pytest
+
+    from tests.e2e.harness import VllmServer
+
+LEVELS = (2.0, 3.0, 4.0, 5.0)
+ARGV = [
+    "--mode", "concurrency", "--levels", ",".join(f"{x:g}" for x in LEVELS),
+    "--prompt-tokens", "100", "--output-tokens", "150",
+    "--step-seconds", "6", "--settle-seconds", "2", "--sample-interval", "0.25",
+    "--baseline-requests", "2", "--client", "builtin", "--i-know-this-sends-load", "--json",
+]  # fmt: skip
+
+
+def probe(server: VllmServer, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    """One probe run's --json document."""
+    assert main(["probe", "--target", server.base_url, *ARGV]) == 0
+    document: dict[str, object] = json.loads(capsys.readouterr().out)
+    return document
+
+
+def test_the_probe_finds_the_same_knee_twice_at_the_kv_ceiling(
+    vllm_server: VllmServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two sweeps of the real vLLM: a KV-bound knee at the ceiling for the lengths, twice."""
+    runs = [probe(vllm_server, capsys), probe(vllm_server, capsys)]
+    knees = []
+    for document in runs:
+        ceiling = document["ceiling"]
+        knee = document["knee"]
+        steps = document["steps"]
+        assert isinstance(ceiling, dict)
+        assert isinstance(knee, dict)
+        assert isinstance(steps, list)
+        assert ceiling["usable_tokens"] == 896
+        assert ceiling["kv_p95_sequences"] == 3
+        assert ceiling["limited_by"] == "kv_cache"
+        assert knee["level"] is not None, document
+        assert knee["binding"] == "kv_cache", document
+        knees.append(LEVELS.index(knee["level"]))
+        below = steps[: knee["step"] + 1]
+        above = steps[knee["step"] + 1 :]
+        assert above, "the sweep went past the knee"
+        assert all(s["ok"] for s in below)
+        assert all(not s["preemptions"] for s in below)
+        assert all((s["preemptions"] or 0) > 0 or (s["waiting_mean"] or 0) > 0.5 for s in above)
+        # The concurrency at the knee is that of the KV ceiling, give or take one request.
+        assert abs(knee["in_flight_mean"] - ceiling["kv_p95_sequences"]) <= 1, document
+        assert knee["usable_ratio"] is not None
+        assert knee["running_max"] <= ceiling["kv_p95_sequences"] + 1
+        assert knee["saturation_running"] <= ceiling["kv_p95_sequences"] + 1, document
+        assert document["idle_after"] is True
+    assert abs(knees[0] - knees[1]) <= 1

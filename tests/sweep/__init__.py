@@ -1,0 +1,1 @@
+"""Specification of exporter/sweep/: the probe's load sweep."""
