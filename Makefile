@@ -1,7 +1,7 @@
 # The two set-up commands of the README (`make demo`, `make test`) and their helpers.
 # The project installs into ./.venv; only `deps` installs elsewhere: the e2e tests' vLLM venv, Helm
-# and Debian's Prometheus, promtool and Alertmanager unpacked into the cache (any user), and, as
-# root only, podman and debootstrap for the image test (scripts/ci-deps.sh).
+# and kubectl, checkov, and Debian's Prometheus, promtool and Alertmanager unpacked into the cache
+# (any user), and, as root only, podman and debootstrap for the image test (scripts/ci-deps.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

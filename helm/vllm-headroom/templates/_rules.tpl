@@ -1,14 +1,72 @@
 {{/*
 The rule groups of alerts/vllm-headroom.rules.yml (embedded through the files/alerts symlink,
-never copied) with prometheusRule.alerts and .thresholds applied structurally:
+never copied) with prometheusRule's values applied structurally:
 - an alert's {enabled: false} drops it; its for and severity replace the file's;
 - a threshold's value replaces the expr of its recording rule headroom:threshold:<name> (group
-  vllm-headroom-thresholds) with vector(<value>).
+  vllm-headroom-thresholds) with vector(<value>);
+- scope release (the default): every series selector of every expr gets this release's
+  matchers. What Prometheus scrapes (vllm:*, headroom_*, process_*, up) gets the selector (this
+  release's scrape jobs); what the rules record (headroom:*:*, thresholds included) gets
+  headroom_release="<namespace>/<fullname>", a label every recording rule and alert of the
+  release carries. The annotations query recorded series by $labels.headroom_release.
+- alertLabels on every alert (and model_name in the vllm shape); runbookUrl and grafanaUrl make
+  the links of every alert absolute.
 Names that match no alert or threshold of the file fail the render, listing the known ones.
-tests/test_helm.py applies the same values to the file in Python and compares.
+tests/test_helm_rules.py applies the same values to the file in Python (with a PromQL lexer for
+the scope) and compares, and runs two releases side by side under promtool.
 */}}
 
 {{- define "vllm-headroom.rules.file" -}}files/alerts/vllm-headroom.rules.yml{{- end -}}
+
+{{/* The job labels the chart's monitors give vLLM's and the exporter's targets. */}}
+{{- define "vllm-headroom.job.vllm" -}}
+{{- printf "%s/%s-vllm" .Release.Namespace (include "vllm-headroom.fullname" .) -}}
+{{- end -}}
+{{- define "vllm-headroom.job.exporter" -}}
+{{- printf "%s/%s-exporter" .Release.Namespace (include "vllm-headroom.fullname" .) -}}
+{{- end -}}
+
+{{/* The value of headroom_release: <namespace>/<fullname>. */}}
+{{- define "vllm-headroom.rules.release" -}}
+{{- printf "%s/%s" .Release.Namespace (include "vllm-headroom.fullname" .) -}}
+{{- end -}}
+
+{{/* The matchers of the series this release's rules read. */}}
+{{- define "vllm-headroom.rules.selector" -}}
+{{- if .Values.prometheusRule.selector -}}
+{{- .Values.prometheusRule.selector -}}
+{{- else -}}
+{{- $jobs := printf "%s/%s-(vllm|exporter)" .Release.Namespace (include "vllm-headroom.fullname" .) | replace "." "\\." -}}
+{{- if eq .Values.shape "fleet" -}}
+{{- printf "job=~%q" $jobs -}}
+{{- else -}}
+{{- printf "namespace=%q,job=~%q" .Release.Namespace $jobs -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Scope one expression: (list $expr $selector $release). A series name is an identifier after a
+character that cannot continue one (nor a quote); one followed by { gets the matchers first in
+its braces, any other gets {matchers} after it. The pass without { runs twice, as a match
+consumes the character after a name, which may come before the next name.
+*/}}
+{{- define "vllm-headroom.rules.scope" -}}
+{{- $expr := index . 0 -}}
+{{- $before := "(^|[^A-Za-z0-9_:\"])" -}}
+{{- $raw := "(vllm:[A-Za-z0-9_:]+|headroom_[A-Za-z0-9_]+|process_[A-Za-z0-9_]+|up)" -}}
+{{- $rec := "(headroom:[A-Za-z0-9_]+:[A-Za-z0-9_]+)" -}}
+{{- $after := "([^A-Za-z0-9_:{]|$)" -}}
+{{- $e := regexReplaceAll (printf "%s%s\\{" $before $raw) $expr "${1}${2}{__HEADROOM_RAW__," -}}
+{{- $e = regexReplaceAll (printf "%s%s\\{" $before $rec) $e "${1}${2}{__HEADROOM_REC__," -}}
+{{- range $_ := list 1 2 -}}
+{{- $e = regexReplaceAll (printf "%s%s%s" $before $raw $after) $e "${1}${2}{__HEADROOM_RAW__}${3}" -}}
+{{- $e = regexReplaceAll (printf "%s%s%s" $before $rec $after) $e "${1}${2}{__HEADROOM_REC__}${3}" -}}
+{{- end -}}
+{{- $e = replace "__HEADROOM_RAW__" (index . 1) $e -}}
+{{- $e = replace "__HEADROOM_REC__" (printf "headroom_release=%q" (index . 2)) $e -}}
+{{- $e -}}
+{{- end -}}
 
 {{- define "vllm-headroom.rules.threshold" -}}
 {{- if kindIs "string" . -}}
@@ -18,6 +76,18 @@ tests/test_helm.py applies the same values to the file in Python and compares.
 {{- else -}}
 {{- toString . -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The thresholds the chart derives from other values, unless prometheusRule sets them. */}}
+{{- define "vllm-headroom.rules.derivedThresholds" -}}
+{{- $derived := dict -}}
+{{- if eq .Values.shape "vllm" -}}
+{{- $p := .Values.vllm.startupProbe | default dict -}}
+{{- if and $p.periodSeconds $p.failureThreshold -}}
+{{- $_ := set $derived "vllm_startup_seconds" (add (mul (int $p.periodSeconds) (int $p.failureThreshold)) (int ($p.initialDelaySeconds | default 0))) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $derived -}}
 {{- end -}}
 
 {{- define "vllm-headroom.rules.groups" -}}
@@ -30,8 +100,20 @@ tests/test_helm.py applies the same values to the file in Python and compares.
 {{- if hasKey $doc "Error" -}}
 {{- fail (printf "%s is not valid YAML: %s" $file $doc.Error) -}}
 {{- end -}}
-{{- $wanted := .Values.prometheusRule.alerts -}}
-{{- $thresholds := .Values.prometheusRule.thresholds -}}
+{{- $v := .Values.prometheusRule -}}
+{{- $wanted := $v.alerts -}}
+{{- $thresholds := merge (deepCopy ($v.thresholds | default dict)) (fromYaml (include "vllm-headroom.rules.derivedThresholds" .)) -}}
+{{- $scoped := eq ($v.scope | default "release") "release" -}}
+{{- $selector := include "vllm-headroom.rules.selector" . -}}
+{{- $release := include "vllm-headroom.rules.release" . -}}
+{{- $alertLabels := deepCopy ($v.alertLabels | default dict) -}}
+{{- if $scoped -}}
+{{- $_ := set $alertLabels "headroom_release" $release -}}
+{{- end -}}
+{{- if eq .Values.shape "vllm" -}}
+{{- $_ := set $alertLabels "model_name" (.Values.vllm.servedModelName | default .Values.vllm.model) -}}
+{{- end -}}
+{{- $grafana := trimSuffix "/" ($v.grafanaUrl | default "") -}}
 {{- $alertNames := list -}}
 {{- $thresholdNames := list -}}
 {{- $groups := list -}}
@@ -39,6 +121,9 @@ tests/test_helm.py applies the same values to the file in Python and compares.
 {{- $rules := list -}}
 {{- range $source := $group.rules -}}
 {{- $rule := deepCopy $source -}}
+{{- if $scoped -}}
+{{- $_ := set $rule "expr" (include "vllm-headroom.rules.scope" (list (toString $rule.expr) $selector $release)) -}}
+{{- end -}}
 {{- if hasKey $rule "alert" -}}
 {{- $alertNames = append $alertNames $rule.alert -}}
 {{- $knobs := index $wanted $rule.alert | default dict -}}
@@ -46,11 +131,20 @@ tests/test_helm.py applies the same values to the file in Python and compares.
 {{- if hasKey $knobs "for" -}}
 {{- $_ := set $rule "for" $knobs.for -}}
 {{- end -}}
-{{- if hasKey $knobs "severity" -}}
 {{- $labels := deepCopy ($rule.labels | default dict) -}}
+{{- $labels = merge $labels (deepCopy $alertLabels) -}}
+{{- if hasKey $knobs "severity" -}}
 {{- $_ := set $labels "severity" $knobs.severity -}}
-{{- $_ := set $rule "labels" $labels -}}
 {{- end -}}
+{{- $_ := set $rule "labels" $labels -}}
+{{- $annotations := deepCopy ($rule.annotations | default dict) -}}
+{{- if $v.runbookUrl -}}
+{{- $_ := set $annotations "runbook_url" (replace "{alertname}" $rule.alert $v.runbookUrl) -}}
+{{- end -}}
+{{- if and $grafana (hasPrefix "/" (toString $annotations.dashboard_url)) -}}
+{{- $_ := set $annotations "dashboard_url" (printf "%s%s" $grafana $annotations.dashboard_url) -}}
+{{- end -}}
+{{- $_ := set $rule "annotations" $annotations -}}
 {{- $rules = append $rules $rule -}}
 {{- end -}}
 {{- else -}}
@@ -60,6 +154,11 @@ tests/test_helm.py applies the same values to the file in Python and compares.
 {{- if hasKey $thresholds $name -}}
 {{- $_ := set $rule "expr" (printf "vector(%s)" (include "vllm-headroom.rules.threshold" (index $thresholds $name))) -}}
 {{- end -}}
+{{- end -}}
+{{- if $scoped -}}
+{{- $labels := deepCopy ($rule.labels | default dict) -}}
+{{- $_ := set $labels "headroom_release" $release -}}
+{{- $_ := set $rule "labels" $labels -}}
 {{- end -}}
 {{- $rules = append $rules $rule -}}
 {{- end -}}
@@ -73,7 +172,7 @@ tests/test_helm.py applies the same values to the file in Python and compares.
 {{- fail (printf "prometheusRule.alerts.%s: no alert of that name in alerts/vllm-headroom.rules.yml; its alerts are: %s" $name (join ", " $alertNames)) -}}
 {{- end -}}
 {{- end -}}
-{{- range $name, $_ := $thresholds -}}
+{{- range $name, $_ := $v.thresholds -}}
 {{- if not (has $name $thresholdNames) -}}
 {{- fail (printf "prometheusRule.thresholds.%s: no threshold of that name (recording rule headroom:threshold:%s in group vllm-headroom-thresholds); the thresholds are: %s" $name $name (join ", " $thresholdNames)) -}}
 {{- end -}}

@@ -14,8 +14,21 @@ GPU visibility (docs/kubernetes.md, "Which GPUs the sidecar watches"):
 - gpu.discovery=none: NVIDIA_VISIBLE_DEVICES=void (the runtime injects nothing), no GPU metrics.
 */}}
 
+{{/*
+The GPU discovery in effect: gpu.discovery, or when it is empty the one that works with the shape:
+process in shape vllm (the chart runs vLLM under the sidecar's UID), none in shape sidecar
+(another chart's vLLM usually runs as root, whose environment a non-root sidecar cannot read).
+*/}}
+{{- define "vllm-headroom.gpuDiscovery" -}}
+{{- if .Values.gpu.discovery -}}
+{{- .Values.gpu.discovery -}}
+{{- else -}}
+{{- ternary "process" "none" (eq .Values.shape "vllm") -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "vllm-headroom.sidecar.sharesProcesses" -}}
-{{- if has .Values.gpu.discovery (list "process" "uuids") -}}true{{- end -}}
+{{- if has (include "vllm-headroom.gpuDiscovery" .) (list "process" "uuids") -}}true{{- end -}}
 {{- end -}}
 
 {{- define "vllm-headroom.sidecar.target" -}}
@@ -43,7 +56,8 @@ GPU visibility (docs/kubernetes.md, "Which GPUs the sidecar watches"):
   value: {{ .Values.exporter.logLevel | quote }}
 - name: HEADROOM_LOG_FORMAT
   value: json
-{{- if eq .Values.gpu.discovery "process" }}
+{{- $discovery := include "vllm-headroom.gpuDiscovery" . }}
+{{- if eq $discovery "process" }}
 - name: HEADROOM_GPU_DISCOVERY
   value: auto
 - name: HEADROOM_PROC_ROOT
@@ -52,7 +66,7 @@ GPU visibility (docs/kubernetes.md, "Which GPUs the sidecar watches"):
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
   value: {{ .Values.gpu.driverCapabilities | quote }}
-{{- else if eq .Values.gpu.discovery "uuids" }}
+{{- else if eq $discovery "uuids" }}
 - name: HEADROOM_GPU_DISCOVERY
   value: settings
 - name: HEADROOM_GPUS
@@ -134,16 +148,20 @@ GPU visibility (docs/kubernetes.md, "Which GPUs the sidecar watches"):
     {{- toYaml .Values.exporter.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.exporter.securityContext | nindent 4 }}
+  # Liveness only: no readiness (nor startup) probe, which would make vLLM's pod unready, and
+  # take vLLM out of its Service, whenever the exporter is slow or failing.
   livenessProbe:
     {{- toYaml .Values.exporter.livenessProbe | nindent 4 }}
-  readinessProbe:
-    {{- toYaml .Values.exporter.readinessProbe | nindent 4 }}
 {{- end -}}
 
 {{/* The sidecar's own volumes, as items of a volumes list. */}}
 {{- define "vllm-headroom.sidecar.volumes" -}}
+{{- /* Memory-backed: a tmpfs of at most 16Mi (writes beyond fail with ENOSPC) charged to the
+sidecar's own memory limit. A disk-backed emptyDir over its sizeLimit gets the whole pod, vLLM
+included, evicted by the kubelet. */}}
 - name: vllm-headroom-tmp
   emptyDir:
+    medium: Memory
     sizeLimit: 16Mi
 {{- $apiKey := include "vllm-headroom.sidecar.apiKey" . }}
 {{- with (and $apiKey ($apiKey | fromJson)) }}
