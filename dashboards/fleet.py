@@ -483,6 +483,17 @@ def _nearest(facts: RuleFacts) -> Row:
     )
 
 
+def _burn(ratio: str, window: str, objective: str) -> str:
+    """A model's SLO burn rate: its recorded bad ratio over the budget (1 - objective).
+
+    The objective is read from its threshold series, per release where the chart labels them
+    (headroom_release, absent for the plain rule file: both sides then match on nothing).
+    """
+    bad = metric(f"{ratio}:ratio_rate{window}", selector(NAMESPACE, 'model_name=~"$model"'))
+    budget = f"(1 - headroom:threshold:{objective})"
+    return f"{bad} / on (headroom_release) group_left () {budget}"
+
+
 def _trends(facts: RuleFacts) -> Row:
     def total(name: str) -> str:
         return f"sum by ({MODEL_KEY}) ({metric(name, FLEET_ENGINE)})"
@@ -561,6 +572,58 @@ def _trends(facts: RuleFacts) -> Row:
                     minimum=0,
                 ),
                 6,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Time-to-first-token budget burn",
+                    description=(
+                        "How many times faster than its objective allows each model spends its "
+                        "TTFT error budget (requests slower than the SLO's target), over 1h and "
+                        "5m: the page needs both above the line."
+                    ),
+                    unit="suffix:×",
+                    queries=[
+                        Query(
+                            _burn("headroom:model_ttft_slow", "1h", "slo_ttft_objective"),
+                            legend="1h " + MODEL_LEGEND,
+                        ),
+                        Query(
+                            _burn("headroom:model_ttft_slow", "5m", "slo_ttft_objective"),
+                            legend="5m " + MODEL_LEGEND,
+                        ),
+                    ],
+                    facts=facts,
+                    limits=[limits.SLO_FAST_BURN],
+                    minimum=0,
+                ),
+                12,
+                8,
+            ),
+            Cell(
+                timeseries_panel(
+                    "Error budget burn",
+                    description=(
+                        "How many times faster than its objective allows each model spends its "
+                        "error budget (requests vLLM finished with an error), over 1h and 5m: "
+                        "the page needs both above the line."
+                    ),
+                    unit="suffix:×",
+                    queries=[
+                        Query(
+                            _burn("headroom:model_requests_failed", "1h", "slo_error_objective"),
+                            legend="1h " + MODEL_LEGEND,
+                        ),
+                        Query(
+                            _burn("headroom:model_requests_failed", "5m", "slo_error_objective"),
+                            legend="5m " + MODEL_LEGEND,
+                        ),
+                    ],
+                    facts=facts,
+                    limits=[limits.SLO_FAST_BURN],
+                    minimum=0,
+                ),
+                12,
                 8,
             ),
             Cell(

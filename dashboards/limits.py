@@ -34,6 +34,8 @@ UNEXPLAINED_MEMORY = Limit("gpu_unexplained_memory_bytes", Bad.ABOVE)
 FREE_MEMORY = Limit("gpu_free_memory_min_bytes", Bad.BELOW)
 #: Age of the last successful read of vLLM's /metrics.
 STALE = Limit("stale_seconds", Bad.ABOVE)
+#: How many times too fast a model spends its SLO error budget (the 1h and 5m page).
+SLO_FAST_BURN = Limit("slo_burn_rate_fast", Bad.ABOVE)
 
 #: Seconds ahead that the exhaustion alert extrapolates tokens in use (drawn as a trend line).
 KV_EXHAUSTION_HORIZON = "kv_exhaustion_horizon_seconds"

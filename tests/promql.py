@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["PromQLSyntaxError", "metric_names", "number_literals"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["PromQLSyntaxError", "metric_names", "number_literals", "with_matchers"]
 
 
 class PromQLSyntaxError(ValueError):
@@ -173,21 +177,54 @@ def _identifier(tokens: list[_Token], index: int) -> tuple[str | None, int]:
 
 def metric_names(expr: str) -> set[str]:
     """The metric names that ``expr`` selects (see the module docstring for the rules)."""
+    return {name for name, _ in _selectors(expr)}
+
+
+def with_matchers(expr: str, matchers: Callable[[str], str | None]) -> str:
+    """``expr`` with ``matchers(name)`` (PromQL matchers, no braces) added to each selector.
+
+    Names for which ``matchers`` returns None are left alone. A selector with braces gets the
+    matchers first inside them (``x{a="b"}`` becomes ``x{m,a="b"}``), one without gets
+    ``{m}``; ranges, offsets and everything else stay as they are. This is how the Helm chart
+    scopes the rule file per release (``_rules.tpl``), done with this lexer instead of regexes,
+    to compare the two.
+    """
     tokens = _tokens(expr)
-    names: set[str] = set()
+    edits: list[tuple[int, str]] = []
+    for name, index in _selectors(expr):
+        added = matchers(name)
+        if added is None or index < 0:
+            continue
+        token = tokens[index]
+        following = tokens[index + 1] if index + 1 < len(tokens) else None
+        if following is not None and following.text == "{":
+            edits.append((following.pos + 1, added + ","))
+        else:
+            edits.append((token.pos + len(token.text), "{" + added + "}"))
+    out = expr
+    for pos, text in sorted(edits, reverse=True):
+        out = out[:pos] + text + out[pos:]
+    return out
+
+
+def _selectors(expr: str) -> list[tuple[str, int]]:
+    """(metric name, index of its identifier token, or -1 for a name given in braces)."""
+    tokens = _tokens(expr)
+    names: list[tuple[str, int]] = []
     depth = 0  # of parentheses, whose contents are read token by token
     index = 0
     while index < len(tokens):
         token = tokens[index]
         if token.kind == "ident":
+            start = index
             name, index = _identifier(tokens, index)
             if name is not None:
-                names.add(name)
+                names.append((name, start))
             continue
         if token.kind == "op" and token.text in {"{", "["}:
             end = _closing(tokens, index)
             if token.text == "{":
-                names |= _matcher_names(tokens, index, end)
+                names += [(name, -1) for name in sorted(_matcher_names(tokens, index, end))]
             index = end + 1
             continue
         if token.kind == "op" and token.text in {"(", ")", "}", "]"}:

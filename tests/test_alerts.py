@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from tests import paths
-from tests.e2e.harness import MissingResourceError, promtool_binary
+from tests.e2e.harness import MissingResourceError, alertmanager_binary, promtool_binary
 from tests.promql import PromQLSyntaxError, metric_names, number_literals
 
 if TYPE_CHECKING:
@@ -81,18 +81,19 @@ SLEEP_SENSITIVE = {
     "headroom_p95_ceiling_limited_by",
 }
 
-#: The capacity fixes, in the order every capacity runbook gives them.
+#: The capacity fixes, in the order every capacity runbook gives them: the safe ones (no
+#: restart, or no change to what the model computes) before FP8 KV cache, which changes numerics.
 CAPACITY_FIXES = (
-    ("FP8 KV cache", r"FP8 KV cache"),
+    ("scale out", r"[Ss]cale out"),
+    ("max-num-seqs", r"--max-num-seqs"),
     ("utilization", r"--gpu-memory-utilization"),
     ("max-model-len", r"--max-model-len"),
-    ("max-num-seqs", r"--max-num-seqs"),
-    ("scale out", r"[Ss]cale out"),
+    ("FP8 KV cache", r"FP8 KV cache"),
     ("tensor parallelism", r"[Tt]ensor parallel"),
 )
 
 #: The sections every runbook page has, in this order.
-RUNBOOK_SECTIONS = ("Meaning", "Confirm", "Fix", "When to ignore", "Threshold")
+RUNBOOK_SECTIONS = ("Meaning", "Confirm", "Fix", "Escalation", "When to ignore", "Threshold")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -153,7 +154,7 @@ def _template_queries(text: str) -> list[str]:
     return [
         bytes(raw, "utf-8").decode("unicode_escape").replace("%q", '"x"')
         for raw in _TEMPLATE_QUERY.findall(text)
-        if raw not in {"%.0f", "%.2f"}
+        if raw not in {"%.0f", "%.1f", "%.2f"}
     ]
 
 
@@ -268,7 +269,11 @@ def test_unit_tests_cover_restart_v0_names_idle_and_data_parallel_engines() -> N
 
 
 def test_every_metric_name_the_rules_read_exists_in_real_exposition() -> None:
-    """Each name a rule or annotation reads is in our goldens, the vLLM captures, or recorded."""
+    """Each name a rule or annotation reads is in our goldens, the vLLM captures, or recorded.
+
+    Our goldens hold the exporter's own process metrics too (process_start_time_seconds, which
+    VllmHeadroomVllmUnreachable reads for the startup budget).
+    """
     assert GOLDENS, "no golden expositions"
     assert CAPTURES, "no vLLM captures in tests/fixtures/vllm-metrics"
     ours, vllms = _exposed_names(GOLDENS), _exposed_names(CAPTURES)
@@ -283,7 +288,7 @@ def test_every_metric_name_the_rules_read_exists_in_real_exposition() -> None:
                 known = (
                     name in RECORDED
                     or name in PROMETHEUS_SYNTHETIC
-                    or (name.startswith("headroom_") and name in ours)
+                    or (not name.startswith("vllm:") and name in ours)
                     or (name.startswith("vllm:") and name in vllms)
                 )
                 if not known:
@@ -391,7 +396,11 @@ def test_every_threshold_is_read_by_an_alert_and_guarded_by_the_meta_alert() -> 
             if n.startswith(THRESHOLD_PREFIX)
         }
     assert referenced == defined
-    guarded = {n.removeprefix(THRESHOLD_PREFIX) for n in metric_names(ALERTS[META_ALERT]["expr"])}
+    guarded = {
+        n.removeprefix(THRESHOLD_PREFIX)
+        for n in metric_names(ALERTS[META_ALERT]["expr"])
+        if n.startswith(THRESHOLD_PREFIX)
+    }
     assert guarded == defined
     labels = set(re.findall(r'"threshold", "([a-z0-9_]+)"', ALERTS[META_ALERT]["expr"]))
     assert labels == defined, "each absent() must be labelled with its own threshold"
@@ -425,20 +434,21 @@ def _promtool_test(
     promtool: Path, tmp_path: Path, rules: dict[str, Any], tests: list[dict[str, Any]]
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
-    suite = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests}
+    suite = {"rule_files": ["rules.yml"], "evaluation_interval": "30s", "tests": tests}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(suite, sort_keys=False))
     return _run([promtool, "test", "rules", "test.yml"], cwd=tmp_path)
 
 
-#: A spike of 0.1 preemptions/s at 0.1 per finished request (fires with the defaults).
+#: A leak of 0.1 preemptions/s at 0.1 per finished request, sampled every 30 s (fires with the
+#: defaults through the sustained branch: pending at 3m, firing at 4m).
 SPIKE_SERIES = [
     {
         "series": 'vllm:num_preemptions_total{job="vllm",instance="a:8000",model_name="m"}',
-        "values": "0+6x30",
+        "values": "0+3x40",
     },
     {
         "series": 'vllm:request_success_total{job="vllm",instance="a:8000",model_name="m"}',
-        "values": "0+60x30",
+        "values": "0+30x40",
     },
 ]
 
@@ -468,7 +478,7 @@ def test_a_missing_threshold_fires_the_meta_alert_naming_it(promtool: Path, tmp_
     expected = [{"exp_labels": {"severity": "warning", "threshold": name}} for name in missing]
     tests = [
         {
-            "interval": "1m",
+            "interval": "30s",
             "input_series": SPIKE_SERIES,
             "alert_rule_test": [
                 {"eval_time": "9m", "alertname": META_ALERT, "exp_alerts": []},
@@ -495,7 +505,7 @@ def test_a_threshold_recorded_twice_fires_the_meta_alert(promtool: Path, tmp_pat
     expected = [{"exp_labels": {"severity": "warning", "threshold": "stale_seconds"}}]
     tests = [
         {
-            "interval": "1m",
+            "interval": "30s",
             "input_series": SPIKE_SERIES,
             "alert_rule_test": [
                 {"eval_time": "15m", "alertname": META_ALERT, "exp_alerts": expected}
@@ -509,26 +519,26 @@ def test_a_threshold_recorded_twice_fires_the_meta_alert(promtool: Path, tmp_pat
 def test_overrides_applied_by_rule_name_change_threshold_for_and_severity(
     promtool: Path, tmp_path: Path
 ) -> None:
-    """A replaced vector() silences the spike; a shorter for and a severity make it a warning."""
+    """A replaced vector() silences the leak; a longer for and a severity make it a late warning."""
     defaults = _without_annotations(DOCUMENT)
     raised = _without_annotations(_override(DOCUMENT, thresholds={"preemptions_per_second": 1}))
-    hurried = _without_annotations(
+    delayed = _without_annotations(
         _override(
             DOCUMENT,
-            alerts={"VllmHeadroomPreemptionSpike": {"for": "1m", "severity": "warning"}},
+            alerts={"VllmHeadroomPreemptionSpike": {"for": "10m", "severity": "warning"}},
         )
     )
-    # The 5m rate of a counter that starts at 0m passes 0.05/s at 3m (the window fills): pending
-    # from 3m, firing from 8m with the default for of 5m, from 4m with 1m.
+    # The leak is pending from 3m (the 5m rate, the 5m ratio and 2 minutes of the 2m rate at
+    # their thresholds), so it fires from 4m with the default for of 1m, from 13m with 10m.
     cases = [
-        (defaults, [_spike_case("5m", None), _spike_case("15m", "critical")]),
+        (defaults, [_spike_case("3m30s", None), _spike_case("4m", "critical")]),
         (raised, [_spike_case("15m", None)]),
-        (hurried, [_spike_case("5m", "warning")]),
+        (delayed, [_spike_case("12m30s", None), _spike_case("13m", "warning")]),
     ]
     for index, (rules, expected) in enumerate(cases):
         workdir = tmp_path / str(index)
         workdir.mkdir()
-        tests = [{"interval": "1m", "input_series": SPIKE_SERIES, "alert_rule_test": expected}]
+        tests = [{"interval": "30s", "input_series": SPIKE_SERIES, "alert_rule_test": expected}]
         done = _promtool_test(promtool, workdir, rules, tests)
         assert done.returncode == 0, f"case {index}: {done.stdout}{done.stderr}"
 
@@ -578,7 +588,7 @@ def test_runbooks_state_the_real_default_of_each_threshold_their_alert_reads(nam
 
 @pytest.mark.parametrize("name", sorted(CAPACITY_ALERTS))
 def test_capacity_runbooks_give_the_fixes_in_order(name: str) -> None:
-    """FP8 KV cache, utilization, max-model-len, max-num-seqs, scale out, tensor parallelism."""
+    """Scale out, max-num-seqs, utilization, max-model-len, FP8 KV cache, tensor parallelism."""
     fixes = _section(_runbook(name), "Fix")
     positions = []
     for label, pattern in CAPACITY_FIXES:
@@ -679,3 +689,217 @@ def test_metric_names_rejects_what_it_cannot_read() -> None:
     """A regex on __name__ cannot be proven against exposition: it is refused, not skipped."""
     with pytest.raises(PromQLSyntaxError):
         metric_names('{__name__=~"headroom_.+"}')
+
+
+# ------------------------------------------------------------------------ time to page
+
+#: Spike shapes for the time-to-page table of the VllmHeadroomPreemptionSpike runbook: (row
+#: name, preemptions per second in each 30 s scrape interval after the onset, finished requests
+#: per second). Ten idle minutes come first; the onset is the first interval that preempts.
+PAGE_SHAPES: list[tuple[str, list[float], float]] = [
+    ("spike of 1/s, sustained", [1.0] * 24, 10.0),
+    ("spike of 0.5/s, sustained", [0.5] * 24, 10.0),
+    ("0.2/s, sustained", [0.2] * 24, 1.0),
+    ("slow leak of 0.1/s", [0.1] * 24, 1.0),
+    ("slow leak of 0.06/s", [0.06] * 24, 1.0),
+    ("0.05/s, exactly the threshold", [0.05] * 24, 1.0),
+    ("0.04/s, below the threshold", [0.04] * 24, 1.0),
+    ("one burst of 10", [10 / 30] + [0.0] * 23, 1.0),
+    ("one burst of 300", [300 / 30] + [0.0] * 23, 1.0),
+    ("two bursts of 20, a minute apart", [20 / 30, 0.0, 20 / 30] + [0.0] * 21, 1.0),
+    ("one minute at 1/s, then none", [1.0, 1.0] + [0.0] * 22, 10.0),
+]
+#: What the issue asks: a sustained 1/s spike within 2 minutes, a slow leak (0.1/s, twice the
+#: threshold) within 5, and never a single burst.
+PAGE_WITHIN = {"spike of 1/s, sustained": 120, "slow leak of 0.1/s": 300}
+NEVER_PAGE = {"one burst of 10", "one burst of 300", "two bursts of 20, a minute apart"}
+
+_STEP = 30
+_IDLE_STEPS = 20
+
+
+def _seconds(duration: str) -> int:
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", duration))
+
+
+def _counter(per_second: list[float], idle: float = 0.0) -> str:
+    """A counter's samples: ``idle`` per second for the idle steps, then ``per_second``."""
+    values, total = [0.0], 0.0
+    for rate in [idle] * _IDLE_STEPS + per_second:
+        total += rate * _STEP
+        values.append(total)
+    return " ".join(f"{v:g}" for v in values)
+
+
+def _time_to_page(
+    promtool: Path, workdir: Path, per_second: list[float], finished: float
+) -> int | None:
+    """Seconds from the onset to the first evaluation at which the alert fires (None: never).
+
+    Every evaluation from the onset on expects silence; promtool names the times that fired.
+    """
+    steps = len(per_second)
+    labels = 'job="vllm",instance="a:8000",model_name="m"'
+    series = [
+        {"series": f"vllm:num_preemptions_total{{{labels}}}", "values": _counter(per_second)},
+        {
+            "series": f'vllm:request_success_total{{{labels},finished_reason="stop"}}',
+            "values": _counter([finished] * steps, idle=finished),
+        },
+    ]
+    onset = _IDLE_STEPS * _STEP
+    cases = [
+        {"eval_time": f"{t}s", "alertname": "VllmHeadroomPreemptionSpike", "exp_alerts": []}
+        for t in range(onset, onset + steps * _STEP + 1, _STEP)
+    ]
+    workdir.mkdir()
+    done = _promtool_test(
+        promtool,
+        workdir,
+        _without_annotations(DOCUMENT),
+        [{"interval": f"{_STEP}s", "input_series": series, "alert_rule_test": cases}],
+    )
+    fired = [_seconds(t) for t in re.findall(r"time: ([0-9hms]+),", done.stdout + done.stderr)]
+    assert done.returncode == (1 if fired else 0), done.stdout + done.stderr
+    return min(fired) - onset if fired else None
+
+
+def _page_table() -> dict[str, str]:
+    """The time-to-page table of the VllmHeadroomPreemptionSpike runbook: shape -> cell."""
+    section = _section(_runbook("VllmHeadroomPreemptionSpike"), "Time to page")
+    rows = re.findall(r"^\| ([^|]+?) \| [^|]+ \| [^|]+ \| ([^|]+?) \|$", section, re.M)
+    return dict(rows[2:])  # after the header and its rule
+
+
+def _cell(seconds: int | None) -> str:
+    if seconds is None:
+        return "never"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def test_time_to_page_for_spike_shapes_is_measured_and_written_in_the_runbook(
+    promtool: Path, tmp_path: Path
+) -> None:
+    """promtool measures each shape's time to page; the runbook's table says the same.
+
+    A sustained 1/s spike pages within 2 minutes, a 0.1/s leak within 5, no single burst ever;
+    30 s scrape and evaluation intervals (the chart's), Prometheus 2's promtool.
+    """
+    measured = {
+        name: _time_to_page(promtool, tmp_path / str(index), rates, finished)
+        for index, (name, rates, finished) in enumerate(PAGE_SHAPES)
+    }
+    for name, limit in PAGE_WITHIN.items():
+        seconds = measured[name]
+        assert seconds is not None, name
+        assert seconds <= limit, (name, seconds)
+    for name in NEVER_PAGE:
+        assert measured[name] is None, (name, measured[name])
+    assert _page_table() == {name: _cell(seconds) for name, seconds in measured.items()}
+
+
+# ------------------------------------------------------------------------ Alertmanager
+
+ALERTMANAGER_EXAMPLE = REPO / "alerts" / "alertmanager" / "vllm-headroom.yml"
+RECEIVER_BY_SEVERITY = {
+    "critical": "vllm-headroom-page",
+    "warning": "vllm-headroom-ticket",
+    "info": "vllm-headroom-none",
+}
+
+
+@pytest.fixture(scope="module")
+def amtool() -> Path:
+    """amtool beside Debian's alertmanager (the cache's, else PATH's)."""
+    try:
+        alertmanager = alertmanager_binary()
+    except MissingResourceError as exc:
+        if _in_ci():
+            pytest.fail(f"CI=true and {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    return alertmanager.parent / "amtool"
+
+
+def test_the_alertmanager_example_passes_amtool(amtool: Path) -> None:
+    """amtool check-config accepts the shipped routing and inhibition example."""
+    done = _run([amtool, "check-config", ALERTMANAGER_EXAMPLE])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 inhibit rules" in done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_the_example_routes_every_alert_by_its_severity(amtool: Path, name: str) -> None:
+    """Each alert, with the labels the chart gives it, reaches the receiver of its severity."""
+    severity = ALERTS[name]["labels"]["severity"]
+    labels = [f"alertname={name}", f"severity={severity}", "namespace=llm", "pod=llm-0"]
+    done = _run(
+        [amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER_EXAMPLE}", *labels]
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == [RECEIVER_BY_SEVERITY[severity]]
+
+
+# ------------------------------------------------------------------- applying a fix
+
+DEPLOYERS = REPO / "tests" / "fixtures" / "deployers"
+#: Runbooks whose fixes are vLLM arguments or replicas: each links the deployers' table.
+FIX_BY_DEPLOYER = CAPACITY_ALERTS | LIMIT_ALERTS
+
+
+def _tar_text(path: Path, suffix: str) -> str:
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        parts = []
+        for member in tar.getmembers():
+            if member.name.endswith(suffix):
+                extracted = tar.extractfile(member)
+                assert extracted is not None
+                parts.append(extracted.read().decode())
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("name", sorted(FIX_BY_DEPLOYER))
+def test_runbook_fixes_link_how_to_apply_them_with_each_deployer(name: str) -> None:
+    """Every capacity fix section points to the table of where each fix goes."""
+    assert "(README.md#applying-a-fix)" in _section(_runbook(name), "Fix")
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_every_runbook_says_when_and_to_whom_to_escalate(name: str) -> None:
+    """An Escalation section, linking the general policy of the index."""
+    assert "(README.md#escalation)" in _section(_runbook(name), "Escalation")
+
+
+def test_the_deployers_fields_in_the_fix_table_exist_in_their_charts() -> None:
+    """Each values field the table names is one the deployer's own chart or CRD reads."""
+    index = (RUNBOOKS / "README.md").read_text(encoding="utf-8")
+    table = _section(index, "Applying a fix")
+    stack = _tar_text(DEPLOYERS / "vllm-stack-0.1.12.tgz", "deployment-vllm-multi.yaml")
+    stack += _tar_text(DEPLOYERS / "vllm-stack-0.1.12.tgz", "_helpers.tpl")
+    for key in re.findall(r"`vllmConfig\.(\w+)", table):
+        assert re.search(rf'hasKey \. "{key}"|\.{key}\b', stack), key
+    assert "replicaCount" in stack
+    assert "requestGPU" in stack
+    modelservice = yaml.safe_load(
+        _tar_text(DEPLOYERS / "llm-d-modelservice-v0.4.12.tgz", "llm-d-modelservice/values.yaml")
+    )
+    assert "tensor" in modelservice["decode"]["parallelism"]
+    assert "replicas" in modelservice["decode"]
+    assert "containers" in modelservice["decode"]
+    import gzip
+
+    crd = yaml.safe_load(
+        gzip.decompress((DEPLOYERS / "serving.kserve.io_inferenceservices.yaml.gz").read_bytes())
+    )
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
+    predictor = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "predictor"
+    ]["properties"]
+    assert {"minReplicas", "maxReplicas", "model"} <= set(predictor)
+    assert "args" in predictor["model"]["properties"]
+    chart = yaml.safe_load((REPO / "helm" / "vllm-headroom" / "values.yaml").read_text())
+    assert {"args", "replicas", "resources"} <= set(chart["vllm"])
+    for fix in ("--max-num-seqs", "--gpu-memory-utilization", "--max-model-len", "fp8"):
+        assert fix in table, fix

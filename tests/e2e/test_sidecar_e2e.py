@@ -7,8 +7,9 @@ real Prometheus scrapes both every second and evaluates ``alerts/vllm-headroom.r
 
 The scenario, run once for this module: idle; a burst of 8 concurrent 128 + 352-token requests
 that overflows the 7 usable blocks (vLLM preempts); drain; vLLM killed and started again while
-the sidecar runs; then the wait for the preemption page to resolve (its ``rate(...[5m])`` keeps
-counting the burst for five minutes; the restart happens inside that wait, so it costs nothing).
+the sidecar runs; then the wait for the preemption page to resolve (the burst fires its spike
+branch, which holds while the 1-minute rate stays at the spike threshold; the restart happens
+inside that wait, so it costs nothing).
 A thread samples the sidecar's ``/metrics`` every 0.25 s all along; each test below checks one
 property of what was observed (issue 4's list).
 """
@@ -59,7 +60,7 @@ BURST_SECONDS = 40.0
 #: The sidecar's windows in this test: short, so that the scenario is short.
 RATE_WINDOW_S = 10.0
 CONTEXT_WINDOW_S = 300.0
-#: The preemption page's 5-minute rate window, plus evaluation and scrape slack.
+#: The preemption page's longest window (5 minutes), plus evaluation and scrape slack.
 RESOLVE_TIMEOUT_S = 300.0 + 90.0
 #: vLLM's token buckets for max_model_len 512 (1-2-5 up to it).
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, math.inf)
@@ -323,7 +324,8 @@ def _run_scenario(
         )
         scenario.prometheus_names = {r["metric"]["__name__"] for r in names}
 
-        # The page resolves once the burst's preemptions leave its 5-minute window.
+        # The page resolves once the 1-minute rate is under the spike threshold (a 40 s burst
+        # never holds the sustained branch's 2 minutes; the longer rates still count it).
         wait_until(
             lambda: not _spike_alerts(prometheus),
             timeout_s=max(10.0, RESOLVE_TIMEOUT_S - (time.monotonic() - scenario.burst_end)),
@@ -331,7 +333,7 @@ def _run_scenario(
             interval_s=2.0,
         )
         scenario.resolved_after_s = time.monotonic() - scenario.burst_end
-        rates = prometheus.query("headroom:vllm_preemptions:rate5m")
+        rates = prometheus.query("headroom:vllm_preemptions:rate1m")
         scenario.rate_after_resolution = max((float(r["value"][1]) for r in rates), default=0.0)
         yield scenario
     finally:
@@ -505,6 +507,12 @@ def test_the_preemption_page_fires_during_the_burst_and_resolves_after(scenario:
     description = alert["annotations"]["description"]
     assert "<no value>" not in description
     assert scenario.resolved_after_s is not None
-    assert scenario.resolved_after_s > 60.0, "resolved too early for a 5-minute rate window"
+    assert scenario.resolved_after_s > 60.0, "resolved before the 1-minute rate could fall"
     assert scenario.rate_after_resolution is not None
-    assert scenario.rate_after_resolution <= 0.05
+    [spike] = [
+        rule["expr"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("record") == "headroom:threshold:preemptions_per_second_spike"
+    ]
+    assert scenario.rate_after_resolution < float(spike.removeprefix("vector(").rstrip(")"))

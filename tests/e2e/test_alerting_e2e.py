@@ -1,0 +1,511 @@
+"""The page a real preemption incident raises, through a real Prometheus and Alertmanager.
+
+The reference vLLM (tiny Llama, 1,024-token KV pool) and the real sidecar, scraped every 5 s by
+a real Prometheus under the job and target labels the Helm chart's monitors give them (release
+``e2e`` in namespace ``llm``, pod ``llm-0``), evaluating the rules the chart renders for that
+release (scope release, ``alertLabels`` team, ``runbookUrl`` and ``grafanaUrl``). Prometheus
+sends to Debian's Alertmanager running the shipped example, ``alerts/alertmanager/
+vllm-headroom.yml``, with its receivers pointed at a webhook receiver in this test, which also
+serves the runbooks that the alerts link to.
+
+One change to the rules, the one a Helm value makes: VllmHeadroomLow's ``for`` is 30s instead of
+15m, so that a ticket of the same pod fires during the burst and the inhibition has something to
+mute (its 15 minutes would outlast the burst). It fires before the page does; the ticket route's
+``group_wait`` of 5 minutes holds it until the page mutes it.
+
+The scenario, once for the module: idle, with three requests that never preempt (448 + 32 tokens) so
+that the sidecar knows a p95 context before the burst; a burst of 8 concurrent 128 + 352-token
+requests for 150 s (vLLM preempts several times a second); drain; the page resolves. The tests
+check: exactly one page for the incident, with model, namespace, pod and team labels and links that
+work; the lower-severity alerts of the pod inhibited; resolved after the burst. The measured time
+from the first preemption to the page at the webhook is printed (``-s``) and written in
+docs/alerting.md.
+
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import yaml
+
+from tests import paths
+from tests.e2e.harness import (
+    REFERENCE_MODEL_NAME,
+    BackgroundBurst,
+    ProcessGroup,
+    PrometheusServer,
+    ScrapeJob,
+    VllmServer,
+    alertmanager_binary,
+    burst,
+    free_port,
+    loopback_client,
+    sample_value,
+    wait_until,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+    from pathlib import Path
+
+ROOT = paths.REPO
+CHART = ROOT / "helm" / "vllm-headroom"
+EXAMPLE = ROOT / "alerts" / "alertmanager" / "vllm-headroom.yml"
+RUNBOOKS = ROOT / "docs" / "runbooks"
+DASHBOARDS = ROOT / "dashboards"
+
+RELEASE, NAMESPACE, POD = "e2e", "llm", "llm-0"
+FULLNAME = f"{RELEASE}-vllm-headroom"
+VLLM_JOB, EXPORTER_JOB = f"{NAMESPACE}/{FULLNAME}-vllm", f"{NAMESPACE}/{FULLNAME}-exporter"
+GRAFANA = "https://grafana.example.com"
+PAGE_ALERT = "VllmHeadroomPreemptionSpike"
+TICKET_ALERT = "VllmHeadroomLow"
+SCRAPE_S = 5.0
+BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
+BURST_SECONDS = 150.0
+#: After the burst: the sustained branch holds while the 2m rate stays up (2 minutes), then
+#: the page route's group_interval (1m) before the resolved notification, plus slack.
+RESOLVE_TIMEOUT_S = 300.0
+
+
+# ------------------------------------------------------------------- the webhook receiver
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One POST from Alertmanager: where, when (monotonic) and its JSON body."""
+
+    path: str
+    t: float
+    body: dict[str, Any]
+
+    def alerts(self, status: str) -> list[dict[str, Any]]:
+        """The alerts of the notification with this status (firing or resolved)."""
+        return [a for a in self.body["alerts"] if a["status"] == status]
+
+
+class Receiver:
+    """Webhook receiver (``POST /page``, ``POST /ticket``) and the runbooks (``GET /runbooks``)."""
+
+    def __init__(self) -> None:
+        self.notifications: list[Notification] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                with receiver.lock:
+                    receiver.notifications.append(Notification(self.path, time.monotonic(), body))
+                self.send_response(200)
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                name = self.path.removeprefix("/runbooks/")
+                page = RUNBOOKS / name
+                if self.path.startswith("/runbooks/") and "/" not in name and page.is_file():
+                    data = page.read_bytes()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/markdown")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def received(self, path: str) -> list[Notification]:
+        """The notifications POSTed to ``path`` so far."""
+        with self.lock:
+            return [n for n in self.notifications if n.path == path]
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ------------------------------------------------------------------------- the servers
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledJob(ScrapeJob):
+    """A scrape job whose targets carry labels, as the chart's monitors give them."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def to_config(self) -> dict[str, Any]:
+        """The job with ``labels`` on its static targets."""
+        config = ScrapeJob.to_config(self)
+        config["static_configs"][0]["labels"] = dict(self.labels)
+        return config
+
+
+class AlertmanagerServer:
+    """Debian's Alertmanager on loopback, no gossip port, with the given configuration."""
+
+    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.config_path = workdir / "alertmanager.yml"
+        self.config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        self.group = ProcessGroup(
+            [
+                str(alertmanager_binary()),
+                f"--config.file={self.config_path}",
+                f"--storage.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            log_path=workdir / "alertmanager.log",
+        )
+        self.client = loopback_client(f"http://127.0.0.1:{self.port}")
+
+    def start(self) -> None:
+        """Start it and wait until it is ready."""
+        self.group.start()
+        wait_until(self._ready, timeout_s=30.0, what=f"Alertmanager on port {self.port}")
+
+    def _ready(self) -> bool:
+        try:
+            return self.client.get("/-/ready", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every alert it holds, silenced and inhibited ones included (``/api/v2/alerts``)."""
+        response = self.client.get("/api/v2/alerts", timeout=10.0)
+        response.raise_for_status()
+        alerts: list[dict[str, Any]] = response.json()
+        return alerts
+
+    def stop(self) -> None:
+        """Stop it."""
+        self.client.close()
+        self.group.stop()
+
+
+def render_rules(helm: Path, receiver_url: str, workdir: Path) -> Path:
+    """The chart's PrometheusRule for release e2e in namespace llm, as a rule file."""
+    values = {
+        "vllm": {"servedModelName": REFERENCE_MODEL_NAME},
+        "prometheusRule": {
+            "enabled": True,
+            "alertLabels": {"team": "inference"},
+            "runbookUrl": f"{receiver_url}/runbooks/{{alertname}}.md",
+            "grafanaUrl": GRAFANA,
+            "alerts": {TICKET_ALERT: {"for": "30s"}},
+        },
+    }
+    values_path = workdir / "values.yaml"
+    values_path.write_text(yaml.safe_dump(values))
+    done = _run(
+        [
+            str(helm),
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--values",
+            str(CHART / "ci" / "vllm-values.yaml"),
+            "--values",
+            str(values_path),
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ]
+    )
+    [rule] = [d for d in yaml.safe_load_all(done) if d]
+    path = workdir / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    return path
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def example_config(receiver_url: str) -> dict[str, Any]:
+    """The shipped example with its receivers pointed at this test's webhook receiver."""
+    config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    paths_by_receiver = {"vllm-headroom-page": "/page", "vllm-headroom-ticket": "/ticket"}
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = receiver_url + paths_by_receiver[receiver["name"]]
+    return config
+
+
+def start_sidecar(vllm: VllmServer, logs: Path) -> tuple[ProcessGroup, str]:
+    """The real sidecar (``python -m exporter serve``), polling vLLM every 3 seconds."""
+    port = free_port()
+    group = ProcessGroup(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--target",
+            vllm.base_url,
+            "--listen-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--poll-interval",
+            "3",
+            "--model",
+            str(vllm.model_dir),
+            "--gpu-discovery",
+            "none",
+        ],
+        log_path=logs / "sidecar-alerting.log",
+        # vLLM busy-polls both cores under the burst and its API server answers slowly: a poll
+        # every 3 s with 3 s to answer keeps the sidecar's figures (and VllmHeadroomLow) steady.
+        env={**os.environ, "HEADROOM_POLL_TIMEOUT_SECONDS": "3"},
+    )
+    group.start()
+    url = f"http://127.0.0.1:{port}"
+    client = loopback_client(url)
+
+    def ready() -> bool:
+        try:
+            return client.get("/-/ready", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(ready, timeout_s=60.0, what="the sidecar ready")
+    finally:
+        client.close()
+    return group, url
+
+
+# ------------------------------------------------------------------------- the scenario
+
+
+@dataclass(slots=True)
+class Incident:
+    """What the scenario observed."""
+
+    receiver_url: str
+    burst_start: float = 0.0
+    first_preemption: float = 0.0
+    burst_end: float = 0.0
+    resolved_at: float | None = None
+    page_notifications: list[Notification] = field(default_factory=list)
+    ticket_notifications: list[Notification] = field(default_factory=list)
+    #: Alertmanager's view of the pod's other alerts while the page fired: name -> states.
+    others_in_alertmanager: dict[str, set[str]] = field(default_factory=dict)
+    #: Alerts Prometheus had firing at some point during the incident: name -> labels.
+    firing_in_prometheus: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Every state each alert had in Prometheus during the incident (pending, firing).
+    states_in_prometheus: dict[str, set[str]] = field(default_factory=dict)
+
+    @property
+    def first_page(self) -> Notification:
+        """The first notification that reached the pager with a firing alert."""
+        return next(n for n in self.page_notifications if n.alerts("firing"))
+
+    @property
+    def spike_to_webhook_s(self) -> float:
+        """Seconds from the first preemption seen on vLLM to the page at the webhook."""
+        return self.first_page.t - self.first_preemption
+
+
+def _preemptions(vllm: VllmServer) -> float:
+    return sample_value(vllm.metrics_text(), "vllm:num_preemptions_total") or 0.0
+
+
+def _watch(
+    incident: Incident,
+    receiver: Receiver,
+    alertmanager: AlertmanagerServer,
+    prometheus: PrometheusServer,
+) -> None:
+    """One look at Alertmanager and Prometheus while the page fires."""
+    page_fired = any(n.alerts("firing") for n in receiver.received("/page"))
+    for alert in prometheus.alerts():
+        name = alert["labels"]["alertname"]
+        incident.states_in_prometheus.setdefault(name, set()).add(alert["state"])
+        if alert["state"] == "firing":
+            incident.firing_in_prometheus.setdefault(alert["labels"]["alertname"], alert["labels"])
+    if not page_fired:
+        return
+    for alert in alertmanager.alerts():
+        name = alert["labels"]["alertname"]
+        if name != PAGE_ALERT and alert["labels"].get("pod") in {POD, None}:
+            incident.others_in_alertmanager.setdefault(name, set()).add(alert["status"]["state"])
+
+
+def _run_incident(
+    vllm: VllmServer,
+    prometheus_factory: Callable[..., PrometheusServer],
+    helm: Path,
+    workdir: Path,
+) -> Iterator[Incident]:
+    receiver = Receiver()
+    incident = Incident(receiver_url=receiver.url)
+    alertmanager = AlertmanagerServer(example_config(receiver.url), workdir / "alertmanager")
+    sidecar, sidecar_url = start_sidecar(vllm, workdir)
+    try:
+        alertmanager.start()
+        rules = render_rules(helm, receiver.url, workdir)
+        labels = {"namespace": NAMESPACE, "pod": POD}
+        prometheus = prometheus_factory(
+            [
+                LabelledJob(VLLM_JOB, [vllm.metrics_url], labels=labels),
+                LabelledJob(EXPORTER_JOB, [f"{sidecar_url}/metrics"], labels=labels),
+            ],
+            rule_files=[rules],
+            scrape_interval_s=SCRAPE_S,
+            evaluation_interval_s=SCRAPE_S,
+            alertmanagers=[f"127.0.0.1:{alertmanager.port}"],
+        )
+        prometheus.wait_for_targets_up(VLLM_JOB)
+        prometheus.wait_for_targets_up(EXPORTER_JOB)
+        # A p95 context for the sidecar's headroom figures (448 + 32 tokens never preempt), then
+        # a minute of flat counters: the rates have a baseline.
+        burst(
+            vllm.base_url,
+            REFERENCE_MODEL_NAME,
+            concurrency=1,
+            prompt_tokens=448,
+            output_tokens=32,
+            count=3,
+        )
+        time.sleep(12 * SCRAPE_S)
+        assert not [a for a in prometheus.alerts() if a["state"] == "firing"], "firing when idle"
+
+        before = _preemptions(vllm)
+        incident.burst_start = time.monotonic()
+        with BackgroundBurst(
+            vllm.base_url, REFERENCE_MODEL_NAME, duration_s=BURST_SECONDS, **BURST
+        ) as load:
+            while not load.done():
+                if not incident.first_preemption and _preemptions(vllm) > before:
+                    incident.first_preemption = time.monotonic()
+                _watch(incident, receiver, alertmanager, prometheus)
+                time.sleep(0.5 if not incident.first_preemption else 2.0)
+            load.result(timeout_s=300.0)
+        incident.burst_end = time.monotonic()
+
+        def resolved() -> bool:
+            _watch(incident, receiver, alertmanager, prometheus)
+            return any(n.alerts("resolved") for n in receiver.received("/page"))
+
+        wait_until(resolved, timeout_s=RESOLVE_TIMEOUT_S, what="the page resolved", interval_s=2.0)
+        incident.resolved_at = time.monotonic()
+        incident.page_notifications = receiver.received("/page")
+        incident.ticket_notifications = receiver.received("/ticket")
+        yield incident
+    finally:
+        sidecar.stop()
+        alertmanager.stop()
+        receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def incident(
+    vllm_server: VllmServer,
+    prometheus_factory: Callable[..., PrometheusServer],
+    helm: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Incident]:
+    """The scenario, run once for the tests below."""
+    yield from _run_incident(
+        vllm_server, prometheus_factory, helm, tmp_path_factory.mktemp("alerting")
+    )
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def test_one_page_reaches_the_pager_for_the_incident(incident: Incident) -> None:
+    """Every notification to the pager is the one preemption alert of the one pod, one group."""
+    pages = incident.page_notifications
+    assert pages, "no page reached the webhook"
+    assert {n.body["groupKey"] for n in pages} == {pages[0].body["groupKey"]}
+    alerts = [a for n in pages for a in n.body["alerts"]]
+    assert {a["labels"]["alertname"] for a in alerts} == {PAGE_ALERT}
+    assert {a["fingerprint"] for a in alerts} == {alerts[0]["fingerprint"]}
+    assert incident.first_page.t >= incident.first_preemption > incident.burst_start
+    print(
+        f"\nspike-to-webhook: {incident.spike_to_webhook_s:.0f} s from vLLM's first preemption "
+        f"to the page at the webhook ({SCRAPE_S:g} s scrape and evaluation intervals)"
+    )
+    assert incident.spike_to_webhook_s < 150.0
+
+
+def test_the_page_carries_the_routing_labels(incident: Incident) -> None:
+    """model_name, namespace, pod, severity, the team from values and the release."""
+    [alert] = incident.first_page.alerts("firing")
+    labels = alert["labels"]
+    assert labels["model_name"] == REFERENCE_MODEL_NAME
+    assert labels["namespace"] == NAMESPACE
+    assert labels["pod"] == POD
+    assert labels["severity"] == "critical"
+    assert labels["team"] == "inference"
+    assert labels["headroom_release"] == f"{NAMESPACE}/{FULLNAME}"
+    assert labels["job"] == VLLM_JOB
+    assert "<no value>" not in alert["annotations"]["description"]
+    assert "Evidence: KV cache" in alert["annotations"]["description"]
+
+
+def test_the_page_links_open_the_runbook_and_the_dashboard(incident: Incident) -> None:
+    """runbook_url answers with the alert's runbook; dashboard_url is Grafana's, absolute."""
+    [alert] = incident.first_page.alerts("firing")
+    runbook = alert["annotations"]["runbook_url"]
+    assert runbook == f"{incident.receiver_url}/runbooks/{PAGE_ALERT}.md"
+    with loopback_client(incident.receiver_url) as client:
+        response = client.get(runbook.removeprefix(incident.receiver_url))
+    assert response.status_code == 200
+    assert response.text.startswith(f"# {PAGE_ALERT}\n")
+    dashboard = alert["annotations"]["dashboard_url"]
+    uid = "vllm-headroom-instance"
+    assert dashboard.startswith(f"{GRAFANA}/d/{uid}?var-model={REFERENCE_MODEL_NAME}")
+    assert f"var-namespace={NAMESPACE}" in dashboard
+    assert json.loads((DASHBOARDS / f"{uid}.json").read_text())["uid"] == uid
+
+
+def test_the_lower_severity_alerts_of_the_pod_are_inhibited(incident: Incident) -> None:
+    """The ticket of the same pod fired in Prometheus, was suppressed, and was never sent."""
+    observed = (incident.states_in_prometheus, incident.others_in_alertmanager)
+    assert TICKET_ALERT in incident.firing_in_prometheus, observed
+    assert incident.firing_in_prometheus[TICKET_ALERT]["pod"] == POD
+    states = incident.others_in_alertmanager.get(TICKET_ALERT, set())
+    assert states == {"suppressed"}, incident.others_in_alertmanager
+    for notification in incident.ticket_notifications:
+        names = {a["labels"]["alertname"] for a in notification.alerts("firing")}
+        assert TICKET_ALERT not in names
+    for name, seen in incident.others_in_alertmanager.items():
+        assert seen == {"suppressed"}, (name, seen)
+
+
+def test_the_page_resolves_after_the_burst(incident: Incident) -> None:
+    """A resolved notification for the page follows the burst's end."""
+    resolved = [n for n in incident.page_notifications if n.alerts("resolved")]
+    assert resolved
+    assert resolved[0].t > incident.burst_end
+    assert incident.resolved_at is not None
+    print(f"\nresolved: {resolved[0].t - incident.burst_end:.0f} s after the burst ended")
