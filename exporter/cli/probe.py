@@ -462,7 +462,12 @@ async def probe(args: argparse.Namespace) -> int:
 
 
 async def _probe(args: argparse.Namespace, plan: SweepPlan, interrupt: asyncio.Event) -> int:
-    pool = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
+    # Idle connections are dropped after 2 s, before vLLM's server drops them (its keep-alive
+    # timeout is 5 s): a request sent on a connection the server is closing just then fails
+    # with "Server disconnected", which would count as a failed request in the step.
+    pool = httpx.Limits(
+        max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64, keepalive_expiry=2.0
+    )
     async with (
         httpx.AsyncClient(trust_env=False) as http,
         httpx.AsyncClient(trust_env=False, limits=pool) as load_http,

@@ -879,7 +879,10 @@ def burst(
     lock = threading.Lock()
     failed = threading.Event()
     results: list[Completion] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # No keep-alive: a connection left idle while a long (preempted) request runs elsewhere is
+    # closed by vLLM's server after 5 s, and a request sent on it just then fails with
+    # "Server disconnected without sending a response" (the page e2e's 150 s burst hit it).
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     if not 0 <= shared_prefix_tokens <= prompt_tokens:
         raise ValueError("shared_prefix_tokens must be between 0 and prompt_tokens")
     prefix = prompt_token_ids(-1, shared_prefix_tokens, seed=seed)

@@ -248,8 +248,11 @@ def test_max_num_seqs_binds_headroom_is_zero_and_plan_agrees(
         time.sleep(2 * POLL_S)
     samples = observer.samples
     assert samples
-    # Learnt from the vLLM process's command line, not configured by the test.
-    assert all(_max_num_seqs(s) == {"command_line": 2.0} for s in samples)
+    # Learnt from the vLLM process's command line, not configured by the test (a poll that
+    # timed out on the busy cores shows no figures at all, never another origin).
+    learnt = [_max_num_seqs(s) for s in samples if _max_num_seqs(s)]
+    assert len(learnt) >= len(samples) // 2, _seen(observer)
+    assert all(m == {"command_line": 2.0} for m in learnt), learnt
     assert max(s.vllm_running or 0 for s in observer.vllm) == 2, "vLLM never runs more than 2"
     full = [
         s
