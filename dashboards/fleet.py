@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards import limits
 from dashboards.queries import (
@@ -33,17 +32,16 @@ from dashboards.templating import label_variable
 from dashboards.widgets import (
     FLEET_UID,
     INSTANCE_UID,
-    TAGS,
     Cell,
     Column,
     Query,
     Row,
     assemble,
     bargauge_panel,
+    dashboard_frame,
     dashboard_link,
     firing_alerts_table,
     limit_mapping,
-    restart_annotation,
     runbook_index_link,
     stat_panel,
     table_panel,
@@ -52,6 +50,7 @@ from dashboards.widgets import (
 
 if TYPE_CHECKING:
     from grafana_foundation_sdk.cog import builder as cogbuilder
+    from grafana_foundation_sdk.models import dashboard as dm
 
     from dashboards.rules import RuleFacts
 
@@ -494,6 +493,14 @@ def _burn(ratio: str, window: str, objective: str) -> str:
     return f"{bad} / on (headroom_release) group_left () {budget}"
 
 
+def _burn_rates(ratio: str, objective: str) -> list[Query]:
+    """The fast-burn page's two windows (1h and 5m) of one SLO, a line per model."""
+    return [
+        Query(_burn(ratio, window, objective), legend=f"{window} {MODEL_LEGEND}")
+        for window in ("1h", "5m")
+    ]
+
+
 def _trends(facts: RuleFacts) -> Row:
     def total(name: str) -> str:
         return f"sum by ({MODEL_KEY}) ({metric(name, FLEET_ENGINE)})"
@@ -583,16 +590,7 @@ def _trends(facts: RuleFacts) -> Row:
                         "5m: the page needs both above the line."
                     ),
                     unit="suffix:×",
-                    queries=[
-                        Query(
-                            _burn("headroom:model_ttft_slow", "1h", "slo_ttft_objective"),
-                            legend="1h " + MODEL_LEGEND,
-                        ),
-                        Query(
-                            _burn("headroom:model_ttft_slow", "5m", "slo_ttft_objective"),
-                            legend="5m " + MODEL_LEGEND,
-                        ),
-                    ],
+                    queries=_burn_rates("headroom:model_ttft_slow", "slo_ttft_objective"),
                     facts=facts,
                     limits=[limits.SLO_FAST_BURN],
                     minimum=0,
@@ -609,16 +607,7 @@ def _trends(facts: RuleFacts) -> Row:
                         "the page needs both above the line."
                     ),
                     unit="suffix:×",
-                    queries=[
-                        Query(
-                            _burn("headroom:model_requests_failed", "1h", "slo_error_objective"),
-                            legend="1h " + MODEL_LEGEND,
-                        ),
-                        Query(
-                            _burn("headroom:model_requests_failed", "5m", "slo_error_objective"),
-                            legend="5m " + MODEL_LEGEND,
-                        ),
-                    ],
+                    queries=_burn_rates("headroom:model_requests_failed", "slo_error_objective"),
                     facts=facts,
                     limits=[limits.SLO_FAST_BURN],
                     minimum=0,
@@ -712,20 +701,16 @@ def _alerts(facts: RuleFacts) -> Row:
 def build(facts: RuleFacts) -> dm.Dashboard:
     """The fleet overview dashboard, its thresholds and runbook links taken from ``facts``."""
     builder = (
-        db.Dashboard(TITLE)
-        .uid(FLEET_UID)
-        .description(
+        dashboard_frame(
+            TITLE,
+            FLEET_UID,
             "Every vLLM instance's KV-cache capacity and headroom for real traffic, by model, "
-            "from the vllm-headroom sidecars."
+            "from the vllm-headroom sidecars.",
+            since="6h",
+            refresh="1m",
+            variables=_variables(),
+            target_selector=TARGET,
         )
-        .tags(TAGS)
-        .editable()
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .time("now-6h", "now")
-        .refresh("1m")
-        .timezone("browser")
-        .variables(_variables())
-        .annotation(restart_annotation(TARGET))
         .link(
             dashboard_link(
                 "Instance drill-down", INSTANCE_UID, "One instance's sizing chain and history"

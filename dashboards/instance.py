@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards import limits
@@ -41,17 +40,16 @@ from dashboards.templating import (
 from dashboards.widgets import (
     FLEET_UID,
     INSTANCE_UID,
-    TAGS,
     Cell,
     Column,
     Limit,
     Query,
     Row,
     assemble,
+    dashboard_frame,
     dashboard_link,
     firing_alerts_table,
     limit_mapping,
-    restart_annotation,
     runbook_index_link,
     stat_panel,
     state_timeline_panel,
@@ -69,6 +67,18 @@ TITLE = "vLLM headroom / Instance"
 #: Quantiles of the latency panels.
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)
 ENGINE_LEGEND = "engine {{engine}}"
+
+
+def per_engine(name: str, what: str) -> Query:
+    """One sidecar series per engine of the selected instance, drawn as ``what, engine N``."""
+    return Query(metric(name, ENGINE_SERIES), legend=f"{what}, {ENGINE_LEGEND}")
+
+
+#: max_num_seqs per engine (one line, whichever source the sidecar learnt it from).
+MAX_NUM_SEQS = Query(
+    f"max by (engine) ({metric('headroom_max_num_seqs', ENGINE_SERIES)})",
+    legend=f"max_num_seqs, {ENGINE_LEGEND}",
+)
 
 _UP_MAPPING = dm.ValueMap(
     options={
@@ -281,14 +291,8 @@ def _capacity(facts: RuleFacts) -> Row:
                     ),
                     unit="count:tokens",
                     queries=[
-                        Query(
-                            metric("headroom_kv_capacity_tokens", ENGINE_SERIES),
-                            legend="actual, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_kv_capacity_predicted_tokens", ENGINE_SERIES),
-                            legend="predicted, engine {{engine}}",
-                        ),
+                        per_engine("headroom_kv_capacity_tokens", "actual"),
+                        per_engine("headroom_kv_capacity_predicted_tokens", "predicted"),
                     ],
                     facts=facts,
                     minimum=0,
@@ -322,18 +326,9 @@ def _capacity(facts: RuleFacts) -> Row:
                     ),
                     unit="count:tokens",
                     queries=[
-                        Query(
-                            metric("headroom_kv_used_tokens", ENGINE_SERIES),
-                            legend="in use, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_kv_usable_tokens", ENGINE_SERIES),
-                            legend="usable, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_kv_capacity_tokens", ENGINE_SERIES),
-                            legend="capacity, engine {{engine}}",
-                        ),
+                        per_engine("headroom_kv_used_tokens", "in use"),
+                        per_engine("headroom_kv_usable_tokens", "usable"),
+                        per_engine("headroom_kv_capacity_tokens", "capacity"),
                         Query(
                             f"predict_linear({metric('headroom_kv_used_tokens', ENGINE_SERIES)}"
                             f"[30m], {horizon:g})",
@@ -357,10 +352,7 @@ def _capacity(facts: RuleFacts) -> Row:
                     ),
                     unit="percentunit",
                     queries=[
-                        Query(
-                            metric("headroom_kv_usage_ratio", ENGINE_SERIES),
-                            legend="sidecar, engine {{engine}}",
-                        ),
+                        per_engine("headroom_kv_usage_ratio", "sidecar"),
                         Query(usage_5m, legend="vLLM 5 min average, engine {{engine}}"),
                     ],
                     facts=facts,
@@ -401,22 +393,13 @@ def _headroom(facts: RuleFacts) -> Row:
                     ),
                     unit="count:seqs",
                     queries=[
-                        Query(
-                            metric("headroom_p95_available_sequences", ENGINE_SERIES),
-                            legend="available, engine {{engine}}",
+                        per_engine("headroom_p95_available_sequences", "available"),
+                        per_engine("headroom_p95_ceiling_sequences", "ceiling"),
+                        per_engine(
+                            "headroom_p95_effective_available_sequences",
+                            "available with shared prefixes",
                         ),
-                        Query(
-                            metric("headroom_p95_ceiling_sequences", ENGINE_SERIES),
-                            legend="ceiling, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_p95_effective_available_sequences", ENGINE_SERIES),
-                            legend="available with shared prefixes, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_p95_available_requests", ENGINE_SERIES),
-                            legend="available requests, engine {{engine}}",
-                        ),
+                        per_engine("headroom_p95_available_requests", "available requests"),
                     ],
                     facts=facts,
                     limits=[limits.HEADROOM_SEQUENCES],
@@ -592,22 +575,12 @@ def _limits(facts: RuleFacts) -> Row:
                     ),
                     unit="count:seqs",
                     queries=[
-                        Query(
-                            metric("headroom_p95_ceiling_sequences", ENGINE_SERIES),
-                            legend="every limit, engine {{engine}}",
+                        per_engine("headroom_p95_ceiling_sequences", "every limit"),
+                        per_engine("headroom_p95_kv_ceiling_sequences", "KV cache alone"),
+                        per_engine(
+                            "headroom_p95_effective_ceiling_sequences", "with shared prefixes"
                         ),
-                        Query(
-                            metric("headroom_p95_kv_ceiling_sequences", ENGINE_SERIES),
-                            legend="KV cache alone, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_p95_effective_ceiling_sequences", ENGINE_SERIES),
-                            legend="with shared prefixes, engine {{engine}}",
-                        ),
-                        Query(
-                            f"max by (engine) ({metric('headroom_max_num_seqs', ENGINE_SERIES)})",
-                            legend="max_num_seqs, engine {{engine}}",
-                        ),
+                        MAX_NUM_SEQS,
                     ],
                     facts=facts,
                     alerts=[limits.MAX_NUM_SEQS_BINDING],
@@ -626,22 +599,10 @@ def _limits(facts: RuleFacts) -> Row:
                     ),
                     unit="short",
                     queries=[
-                        Query(
-                            metric("headroom_sequences_running", ENGINE_SERIES),
-                            legend="sequences running, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_requests_running", ENGINE_SERIES),
-                            legend="requests running, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_requests_waiting", ENGINE_SERIES),
-                            legend="requests waiting, engine {{engine}}",
-                        ),
-                        Query(
-                            f"max by (engine) ({metric('headroom_max_num_seqs', ENGINE_SERIES)})",
-                            legend="max_num_seqs, engine {{engine}}",
-                        ),
+                        per_engine("headroom_sequences_running", "sequences running"),
+                        per_engine("headroom_requests_running", "requests running"),
+                        per_engine("headroom_requests_waiting", "requests waiting"),
+                        MAX_NUM_SEQS,
                     ],
                     facts=facts,
                     alerts=[limits.MAX_NUM_SEQS_BINDING],
@@ -732,18 +693,11 @@ def _sharing(facts: RuleFacts) -> Row:
                     ),
                     unit="count:tokens",
                     queries=[
-                        Query(
-                            metric("headroom_kv_tokens_per_running_sequence", ENGINE_SERIES),
-                            legend="in use per running sequence, engine {{engine}}",
+                        per_engine(
+                            "headroom_kv_tokens_per_running_sequence", "in use per running sequence"
                         ),
-                        Query(
-                            metric("headroom_context_length_mean_tokens", ENGINE_SERIES),
-                            legend="mean context, engine {{engine}}",
-                        ),
-                        Query(
-                            metric("headroom_shared_prefix_tokens", ENGINE_SERIES),
-                            legend="shared prefix, engine {{engine}}",
-                        ),
+                        per_engine("headroom_context_length_mean_tokens", "mean context"),
+                        per_engine("headroom_shared_prefix_tokens", "shared prefix"),
                     ],
                     facts=facts,
                     minimum=0,
@@ -783,10 +737,7 @@ def _traffic(facts: RuleFacts) -> Row:
                     unit="count:/s",
                     queries=[
                         Query(preemptions_5m, legend="vLLM, 5 min"),
-                        Query(
-                            metric("headroom_preemptions_per_second", ENGINE_SERIES),
-                            legend="sidecar, engine {{engine}}",
-                        ),
+                        per_engine("headroom_preemptions_per_second", "sidecar"),
                     ],
                     facts=facts,
                     limits=[limits.PREEMPTION_RATE],
@@ -806,10 +757,7 @@ def _traffic(facts: RuleFacts) -> Row:
                     unit="short",
                     queries=[
                         Query(f"{preemptions_5m} / {finished_5m}", legend="vLLM, 5 min"),
-                        Query(
-                            metric("headroom_preemptions_per_finished_request", ENGINE_SERIES),
-                            legend="sidecar, engine {{engine}}",
-                        ),
+                        per_engine("headroom_preemptions_per_finished_request", "sidecar"),
                         Query(histogram_mean, legend="vLLM per-request histogram mean"),
                     ],
                     facts=facts,
@@ -1129,21 +1077,17 @@ def _alerts(facts: RuleFacts) -> Row:
 def build(facts: RuleFacts) -> dm.Dashboard:
     """The instance drill-down dashboard, its thresholds and runbook links from ``facts``."""
     builder = (
-        db.Dashboard(TITLE)
-        .uid(INSTANCE_UID)
-        .description(
+        dashboard_frame(
+            TITLE,
+            INSTANCE_UID,
             "One vLLM instance: its KV-cache sizing chain, capacity and headroom for real "
             "traffic under every limit of vLLM's scheduler, prefix sharing, preemptions, "
-            "latency, GPU memory and the exporter's health."
+            "latency, GPU memory and the exporter's health.",
+            since="3h",
+            refresh="30s",
+            variables=_variables(),
+            target_selector=TARGET,
         )
-        .tags(TAGS)
-        .editable()
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .time("now-3h", "now")
-        .refresh("30s")
-        .timezone("browser")
-        .variables(_variables())
-        .annotation(restart_annotation(TARGET))
         .link(dashboard_link("Fleet overview", FLEET_UID, "Every instance by model"))
         .link(runbook_index_link(facts))
     )

@@ -528,6 +528,36 @@ INSTANCE_UID = "vllm-headroom-instance"
 TAGS = ["vllm", "vllm-headroom"]
 
 
+def dashboard_frame(
+    title: str,
+    uid: str,
+    description: str,
+    *,
+    since: str,
+    refresh: str,
+    variables: Sequence[cogbuilder.Builder[dm.VariableModel]],
+    target_selector: str,
+) -> db.Dashboard:
+    """A dashboard in our common frame, its rows still to add.
+
+    Tags, a shared crosshair, the browser's time zone, ``now-<since>`` to now, and vLLM restarts
+    marked on every panel.
+    """
+    return (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .time(f"now-{since}", "now")
+        .refresh(refresh)
+        .timezone("browser")
+        .variables(list(variables))
+        .annotation(restart_annotation(target_selector))
+    )
+
+
 def dashboard_link(title: str, uid: str, tooltip: str) -> db.DashboardLink:
     """A link to another of our dashboards that keeps the time range and the variables."""
     return (

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real captures, served by the fake vLLM on loopback."""
+"""Shared fixtures: the real captures served by the fake vLLM on loopback, and the real tools."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from hypothesis import settings
 
 from exporter.testing.fakevllm import FakeVllm, VllmState
 from tests import paths
+from tests.e2e.harness import checkov_binary, helm_binary, kubectl_binary, promtool_binary
+from tests.tools import require
 
 # Property tests judge behaviour, not speed: a machine busy with other work (CI, a vLLM on the
 # CPU) must not turn a slow example into a failure.
@@ -17,6 +19,7 @@ settings.load_profile("headroom")
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 CAPTURES = paths.CAPTURES
 
@@ -45,3 +48,30 @@ def busy_vllm() -> Iterator[FakeVllm]:
     state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
     with FakeVllm(state=state, payload=capture) as server:
         yield server
+
+
+# The real tools: each fails in CI and skips elsewhere when not installed (tests/tools.py).
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned Helm 3 binary (``scripts/e2e/install-helm.sh``)."""
+    return require(helm_binary)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """promtool from Debian's prometheus package (unpacked into the cache, else on PATH)."""
+    return require(promtool_binary)
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> Path:
+    """kubectl (its built-in kustomize), installed beside Helm."""
+    return require(kubectl_binary)
+
+
+@pytest.fixture(scope="session")
+def checkov() -> Path:
+    """checkov in its own cached virtual environment."""
+    return require(checkov_binary)

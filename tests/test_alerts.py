@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
 from typing import TYPE_CHECKING, Any
@@ -30,8 +29,9 @@ import pytest
 import yaml
 
 from tests import paths
-from tests.e2e.harness import MissingResourceError, alertmanager_binary, promtool_binary
+from tests.e2e.harness import alertmanager_binary
 from tests.promql import PromQLSyntaxError, metric_names, number_literals
+from tests.tools import require
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -97,21 +97,6 @@ RUNBOOK_SECTIONS = ("Meaning", "Confirm", "Fix", "Escalation", "When to ignore",
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    """promtool (the cache's, else PATH's); fails in CI and skips elsewhere when not installed."""
-    try:
-        return promtool_binary()
-    except MissingResourceError as exc:
-        if _in_ci():
-            pytest.fail(f"CI=true and {exc}", pytrace=False)
-        pytest.skip(str(exc))
 
 
 def _run(argv: list[str | Path], *, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -812,13 +797,7 @@ RECEIVER_BY_SEVERITY = {
 @pytest.fixture(scope="module")
 def amtool() -> Path:
     """amtool beside Debian's alertmanager (the cache's, else PATH's)."""
-    try:
-        alertmanager = alertmanager_binary()
-    except MissingResourceError as exc:
-        if _in_ci():
-            pytest.fail(f"CI=true and {exc}", pytrace=False)
-        pytest.skip(str(exc))
-    return alertmanager.parent / "amtool"
+    return require(alertmanager_binary).parent / "amtool"
 
 
 def test_the_alertmanager_example_passes_amtool(amtool: Path) -> None:

@@ -56,18 +56,12 @@ from exporter.sim.scenario import Scenario
 from exporter.sim.traffic import default_profile
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
-from tests.e2e.harness import MissingResourceError, promtool_binary
 from tests.test_helm import (
     CHART,
-    HELM_INSTALL,
-    HELM_VERSION,
     NAMESPACE,
-    PROMTOOL_INSTALL,
     RELEASE,
     RULES_FILE,
     Manifest,
-    _helm_path,
-    _require,
     load_yaml,
     only,
     render,
@@ -101,22 +95,6 @@ KINDS = [("keda", KEDA), ("keda-to-zero", KEDA_TO_ZERO), ("hpa", HPA)]
 
 #: What the chart's values.yaml sets (read from it, so a change there is replayed here).
 DEFAULTS = load_yaml(CHART / "values.yaml")["autoscaling"]
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned Helm 3 binary (the e2e installer's cache), as tests/test_helm.py finds it."""
-    return _require(_helm_path(), f"Helm {HELM_VERSION} (at {_helm_path()})", HELM_INSTALL)
-
-
-@pytest.fixture(scope="session")
-def promtool() -> Path:
-    """promtool from Debian's prometheus package (unpacked into the cache, else on PATH)."""
-    try:
-        found: Path | None = promtool_binary()
-    except MissingResourceError:
-        found = None
-    return _require(found, "promtool", PROMTOOL_INSTALL)
 
 
 # ==================================================================================== policy

@@ -23,22 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.e2e.harness import MissingResourceError, checkov_binary
 from tests.test_helm import (
     CHART,
     CI_VALUES,
     DOCKERFILE,
-    HELM_INSTALL,
-    HELM_VERSION,
     REPO,
-    _helm_path,
-    _require,
 )
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-CHECKOV_INSTALL = "bash scripts/e2e/install-checkov.sh  (or: make deps)"
 DOCS = REPO / "docs" / "kubernetes.md"
 PLAIN_RECIPE = REPO / "helm" / "examples" / "plain-deployment"
 
@@ -83,22 +77,6 @@ CASES: list[tuple[str, tuple[Path, ...], tuple[str, ...]]] = [
         ),
     ),
 ]
-
-
-@pytest.fixture(scope="session")
-def checkov() -> Path:
-    """checkov in its cached virtual environment."""
-    try:
-        found: Path | None = checkov_binary()
-    except MissingResourceError:
-        found = None
-    return _require(found, "checkov", CHECKOV_INSTALL)
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned Helm 3 binary (the e2e installer's cache), as tests/test_helm.py finds it."""
-    return _require(_helm_path(), f"Helm {HELM_VERSION} (at {_helm_path()})", HELM_INSTALL)
 
 
 def scan(helm: Path, checkov: Path, workdir: Path) -> dict[str, dict[str, Any]]:

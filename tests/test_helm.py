@@ -41,7 +41,6 @@ import exporter
 from exporter.service.allowlist import AllowlistError, parse_allowlist
 from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
 from tests import paths
-from tests.e2e.harness import MissingResourceError, promtool_binary
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -53,9 +52,6 @@ RULES_FILE = REPO / "alerts" / "vllm-headroom.rules.yml"
 DASHBOARDS = REPO / "dashboards"
 DOCKERFILE = REPO / "Dockerfile"
 
-HELM_VERSION = "3.17.2"
-HELM_INSTALL = "bash scripts/e2e/install-helm.sh  (or: make deps)"
-PROMTOOL_INSTALL = "bash scripts/e2e/install-prometheus.sh  (or: make deps)"
 RELEASE = "rel"
 NAMESPACE = "inference"
 
@@ -85,44 +81,6 @@ CHART_OWNED_SETTINGS = frozenset(
 )
 
 Manifest = dict[str, Any]
-
-
-# ------------------------------------------------------------------------------ the tools
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def _require(tool: Path | None, what: str, install: str) -> Path:
-    if tool is not None and os.access(tool, os.X_OK):
-        return tool
-    message = f"{what} is not installed; install it with: {install}"
-    if _in_ci():
-        pytest.fail(f"CI=true and {message}", pytrace=False)
-    pytest.skip(message)
-
-
-def _helm_path() -> Path:
-    cache = os.environ.get("VLLM_HEADROOM_CACHE")
-    root = Path(cache) if cache else Path.home() / ".cache" / "vllm-headroom"
-    return root / f"helm-{HELM_VERSION}" / "helm"
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned Helm 3 binary (the e2e installer's cache)."""
-    return _require(_helm_path(), f"Helm {HELM_VERSION} (at {_helm_path()})", HELM_INSTALL)
-
-
-@pytest.fixture(scope="session")
-def promtool() -> Path:
-    """promtool from Debian's prometheus package (unpacked into the cache, else on PATH)."""
-    try:
-        found: Path | None = promtool_binary()
-    except MissingResourceError:
-        found = None
-    return _require(found, "promtool", PROMTOOL_INSTALL)
 
 
 class RenderError(Exception):

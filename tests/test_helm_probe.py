@@ -24,12 +24,8 @@ from exporter.sim import Scenario, SimEngineConfig
 from exporter.testing.simload import SimCompletionsServer
 from tests.test_helm import (
     CHART,
-    HELM_INSTALL,
-    HELM_VERSION,
     NAMESPACE,
     RELEASE,
-    _helm_path,
-    _require,
     ci,
     container,
     load_yaml,
@@ -102,12 +98,6 @@ def flag(args: Sequence[str], name: str) -> str:
     """The value after ``name`` in ``args``."""
     assert args.count(name) == 1, (name, args)
     return args[args.index(name) + 1]
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned Helm 3 binary (the e2e installer's cache), as tests/test_helm.py finds it."""
-    return _require(_helm_path(), f"Helm {HELM_VERSION} (at {_helm_path()})", HELM_INSTALL)
 
 
 @pytest.fixture(scope="module")

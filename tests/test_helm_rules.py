@@ -35,10 +35,8 @@ from tests.test_helm import (
     _helm_run,
     _quiet,
     ci,
-    helm,
     load_yaml,
     only,
-    promtool,
     render,
     render_error,
     validate_manifest,
@@ -47,8 +45,6 @@ from tests.test_helm import (
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
-
-__all__ = ["helm", "promtool"]  # the fixtures, used by name
 
 THRESHOLD_GROUP = "vllm-headroom-thresholds"
 THRESHOLD_PREFIX = "headroom:threshold:"

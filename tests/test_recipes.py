@@ -38,15 +38,10 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.e2e.harness import MissingResourceError, kubectl_binary
 from tests.test_helm import (
     CHART,
-    HELM_INSTALL,
-    HELM_VERSION,
     REPO,
     Manifest,
-    _helm_path,
-    _require,
     container,
     env_of,
     load_yaml,
@@ -70,22 +65,6 @@ NAMESPACE = "inference"
 
 RECIPES = ["plain-deployment", "production-stack", "kserve", "llm-d"]
 SIDECAR = "vllm-headroom"
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned Helm 3 binary (the e2e installer's cache), as tests/test_helm.py finds it."""
-    return _require(_helm_path(), f"Helm {HELM_VERSION} (at {_helm_path()})", HELM_INSTALL)
-
-
-@pytest.fixture(scope="session")
-def kubectl() -> Path:
-    """kubectl 1.32 (its built-in kustomize), installed beside Helm."""
-    try:
-        found: Path | None = kubectl_binary()
-    except MissingResourceError:
-        found = None
-    return _require(found, "kubectl", "bash scripts/e2e/install-helm.sh  (or: make deps)")
 
 
 def _run(*argv: str | Path, env: Mapping[str, str] | None = None) -> str:

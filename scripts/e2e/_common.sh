@@ -38,3 +38,35 @@ as_root() {
         die "need root for: $*; run this script as root or install sudo"
     fi
 }
+
+# Cached virtual environments (tools too big or too pinned for the project's own .venv). A
+# complete one has a stamp file naming what was installed; anything else is rebuilt.
+
+# venv_complete VENV WANT EXE: true when VENV's executable EXE runs and its stamp reads WANT.
+venv_complete() { [ -x "$1/$3" ] && [ "$(cat "$1/.headroom-installed" 2>/dev/null)" = "$2" ]; }
+
+# reuse_venv_or_lock NAME VENV WANT EXE PRINT: when VENV is complete, print PRINT and exit 0;
+# else take the lock NAME and check again (a concurrent installer may have finished meanwhile).
+# Returns, holding the lock, only when the caller has to build VENV.
+reuse_venv_or_lock() {
+    if venv_complete "$2" "$3" "$4"; then
+        say "$1 already installed"
+        echo "$5"
+        exit 0
+    fi
+    take_lock "$1"
+    if venv_complete "$2" "$3" "$4"; then
+        say "$1 installed by a concurrent run"
+        echo "$5"
+        exit 0
+    fi
+}
+
+# fresh_venv PY VENV: remove whatever is at VENV and create an empty virtual environment there.
+fresh_venv() {
+    rm -rf "$2"
+    "$1" -m venv "$2" || die "could not create a virtual environment at $2 with $1"
+}
+
+# stamp_venv VENV WANT: mark VENV complete (the last step, after its check passed).
+stamp_venv() { echo "$2" >"$1/.headroom-installed"; }

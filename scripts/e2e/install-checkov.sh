@@ -18,28 +18,15 @@ SCRIPT_NAME=install-checkov
 
 CHECKOV_VERSION=3.3.30
 VENV="${HEADROOM_CACHE}/checkov-${CHECKOV_VERSION}"
-STAMP="${VENV}/.headroom-installed"
 WANT="checkov==${CHECKOV_VERSION}"
 
-if [ -x "${VENV}/bin/checkov" ] && [ "$(cat "${STAMP}" 2>/dev/null)" = "${WANT}" ]; then
-    say "checkov ${CHECKOV_VERSION} already installed"
-    echo "${VENV}/bin/checkov"
-    exit 0
-fi
-
-take_lock "checkov-${CHECKOV_VERSION}"
-if [ -x "${VENV}/bin/checkov" ] && [ "$(cat "${STAMP}" 2>/dev/null)" = "${WANT}" ]; then
-    say "checkov ${CHECKOV_VERSION} installed by a concurrent run"
-    echo "${VENV}/bin/checkov"
-    exit 0
-fi
+reuse_venv_or_lock "checkov-${CHECKOV_VERSION}" "${VENV}" "${WANT}" bin/checkov "${VENV}/bin/checkov"
 
 PY="${CHECKOV_PYTHON:-python3}"
 command -v "${PY}" >/dev/null 2>&1 || die "${PY} not found; checkov needs Python 3.9 or later (set CHECKOV_PYTHON)"
 
 say "step 1/3: creating ${VENV}"
-rm -rf "${VENV}"
-"${PY}" -m venv "${VENV}" || die "could not create a virtual environment at ${VENV} with ${PY}"
+fresh_venv "${PY}" "${VENV}"
 
 say "step 2/3: pip install ${WANT} (about 100 packages)"
 "${VENV}/bin/python" -m pip install --quiet --disable-pip-version-check "${WANT}" >&2 ||
@@ -48,5 +35,5 @@ say "step 2/3: pip install ${WANT} (about 100 packages)"
 say "step 3/3: checking that checkov runs"
 got="$("${VENV}/bin/checkov" --version 2>&1 | tail -n 1)" || die "checkov does not run in ${VENV}: ${got}"
 [ "${got}" = "${CHECKOV_VERSION}" ] || die "expected checkov ${CHECKOV_VERSION} in ${VENV}, found: ${got}"
-echo "${WANT}" >"${STAMP}"
+stamp_venv "${VENV}" "${WANT}"
 echo "${VENV}/bin/checkov"

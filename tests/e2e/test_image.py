@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import require
 from tests.e2e.harness import (
     REPO_ROOT,
     MissingResourceError,
@@ -40,6 +39,7 @@ from tests.e2e.harness import (
     sample_value,
     wait_until,
 )
+from tests.tools import require
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -145,19 +145,12 @@ def sidecar_for(tmp_path: Path) -> Iterator[Callable[[VllmServer], str]]:
     started: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
 
     def start(server: VllmServer) -> str:
-        from tests.e2e.harness import free_port, wait_until
+        from tests.e2e.harness import free_port, sidecar_argv, wait_until
 
         port = free_port()
         log = (tmp_path / f"sidecar-{port}.log").open("wb")
         process = subprocess.Popen(
-            [
-                sys.executable, "-m", "exporter", "serve",
-                "--target", server.base_url,
-                "--listen-address", "127.0.0.1",
-                "--port", str(port),
-                "--poll-interval", str(POLL_S),
-                "--gpu-discovery", "none",
-            ],
+            sidecar_argv(server.base_url, port, poll_interval_s=POLL_S),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=paths.REPO,
@@ -166,7 +159,7 @@ def sidecar_for(tmp_path: Path) -> Iterator[Callable[[VllmServer], str]]:
                 "HEADROOM_RATE_WINDOW_SECONDS": "10",
                 "HEADROOM_POLL_TIMEOUT_SECONDS": str(POLL_S),
             },
-        )  # fmt: skip
+        )
         started.append((process, log))
         url = f"http://127.0.0.1:{port}"
 

@@ -17,8 +17,6 @@ property of what was observed (issue 4's list).
 from __future__ import annotations
 
 import math
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,13 +34,12 @@ from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
     BackgroundBurst,
     Completion,
-    ProcessGroup,
     PrometheusServer,
     ScrapeJob,
     VllmServer,
     cache_config_labels,
-    free_port,
     sample_value,
+    start_sidecar,
     wait_until,
 )
 
@@ -180,52 +177,6 @@ def rules_with_for(source: Path, target: Path, *, alert: str, for_: str) -> Path
     return target
 
 
-def start_sidecar(vllm: VllmServer, logs: Path) -> tuple[ProcessGroup, str]:
-    """The real sidecar as its own process (``python -m exporter serve``), polling every second."""
-    port = free_port()
-    environment = {
-        **os.environ,
-        "HEADROOM_RATE_WINDOW_SECONDS": str(RATE_WINDOW_S),
-        "HEADROOM_CONTEXT_WINDOW_SECONDS": str(CONTEXT_WINDOW_S),
-        "HEADROOM_POLL_TIMEOUT_SECONDS": "1",
-    }
-    group = ProcessGroup(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "serve",
-            "--target",
-            vllm.base_url,
-            "--listen-address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--poll-interval",
-            "1",
-            "--model",
-            str(vllm.model_dir),
-            "--gpu-discovery",
-            "none",
-            "--log-format",
-            "json",
-        ],
-        log_path=logs / "sidecar.log",
-        env=environment,
-    )
-    group.start()
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _answers(f"{url}/-/ready"), timeout_s=60.0, what="the sidecar ready")
-    return group, url
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _spike_alerts(prometheus: PrometheusServer) -> list[dict[str, Any]]:
     return [a for a in prometheus.alerts() if a["labels"].get("alertname") == ALERT]
 
@@ -243,7 +194,17 @@ def _run_scenario(
     workdir: Path,
     logs: Path,
 ) -> Iterator[Scenario]:
-    sidecar, url = start_sidecar(vllm, logs)
+    sidecar, url = start_sidecar(
+        vllm.base_url,
+        log_path=logs / "sidecar.log",
+        poll_interval_s=1,
+        model=vllm.model_dir,
+        json_logs=True,
+        settings={
+            "HEADROOM_RATE_WINDOW_SECONDS": str(RATE_WINDOW_S),
+            "HEADROOM_CONTEXT_WINDOW_SECONDS": str(CONTEXT_WINDOW_S),
+        },
+    )
     scenario = Scenario(sidecar_url=url)
     sampler = Sampler(url, scenario)
     try:
