@@ -554,7 +554,10 @@ def test_every_alert_has_a_runbook_page_that_links_back(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(ALERTS))
 def test_runbooks_state_the_real_default_of_each_threshold_their_alert_reads(name: str) -> None:
-    """Each threshold an alert reads appears in its runbook as `name` = `default` from the file."""
+    """Each threshold an alert reads appears in its runbook as `name` = `default` from the file.
+
+    So does its keep_firing_for, where it has one (the runbook says why it resolves late).
+    """
     section = _section(_runbook(name), "Threshold")
     defaults = {
         n: re.sub(r"^vector\((.*)\)$", r"\1", expr.strip())
@@ -569,6 +572,8 @@ def test_runbooks_state_the_real_default_of_each_threshold_their_alert_reads(nam
         read = set()  # it watches them all; the index lists them
     for threshold in read:
         assert f"`{THRESHOLD_PREFIX}{threshold}` = `{defaults[threshold]}`" in section, threshold
+    if "keep_firing_for" in ALERTS[name]:
+        assert f"`keep_firing_for` = `{ALERTS[name]['keep_firing_for']}`" in section
 
 
 @pytest.mark.parametrize("name", sorted(CAPACITY_ALERTS))
@@ -782,6 +787,81 @@ def test_time_to_page_for_spike_shapes_is_measured_and_written_in_the_runbook(
     for name in NEVER_PAGE:
         assert measured[name] is None, (name, measured[name])
     assert _page_table() == {name: _cell(seconds) for name, seconds in measured.items()}
+
+
+# ------------------------------------------------------------------- one page per incident
+
+
+def _fired(output: str) -> dict[str, set[int]]:
+    """promtool's failures of cases that expected silence: alert name -> seconds it fired at."""
+    found: dict[str, set[int]] = {}
+    for name, when in re.findall(r"alertname: (\w+), time: ([0-9hms]+),", output):
+        found.setdefault(name, set()).add(_seconds(when))
+    return found
+
+
+def test_the_capacity_page_outlasts_the_slow_first_tokens_it_caused(
+    promtool: Path, tmp_path: Path
+) -> None:
+    """While the TTFT SLO page fires, so does the preemption page that mutes it (inhibition).
+
+    After six healthy hours (the SLO's longest window), fifteen minutes of preemptions at 1/s
+    with every first token slow, then healthy traffic again: the TTFT SLO's 5-minute window
+    keeps the slow tokens for minutes after the preemptions stop. The preemption page's
+    keep_firing_for holds it active meanwhile, so Alertmanager keeps the symptom page muted
+    instead of paging a second time as the incident ends; it resolves after.
+    """
+    labels = 'job="vllm",instance="a:8000",model_name="m"'
+    # Steps of 30 s: 6 h healthy, 15 min of the incident, 20 min after.
+    onset, length, total = 720, 30, 790
+    burst = [1.0 if onset <= i < onset + length else 0.0 for i in range(total)]
+    fast = [0.0 if onset <= i < onset + length else 5.0 for i in range(total)]
+
+    def counter(per_second: list[float]) -> str:
+        values, sum_ = [0.0], 0.0
+        for rate in per_second:
+            sum_ += rate * _STEP
+            values.append(sum_)
+        return " ".join(f"{v:g}" for v in values)
+
+    series = [
+        {"series": f"vllm:num_preemptions_total{{{labels}}}", "values": counter(burst)},
+        {
+            "series": f'vllm:request_success_total{{{labels},finished_reason="stop"}}',
+            "values": counter([10.0] * total),
+        },
+        {
+            "series": f'vllm:time_to_first_token_seconds_bucket{{{labels},le="2.5"}}',
+            "values": counter(fast),
+        },
+        {
+            "series": f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}}',
+            "values": counter([5.0] * total),
+        },
+        {
+            "series": f"vllm:time_to_first_token_seconds_count{{{labels}}}",
+            "values": counter([5.0] * total),
+        },
+    ]
+    alerts = ("VllmHeadroomPreemptionSpike", "VllmHeadroomTtftBudgetBurn")
+    cases = [
+        {"eval_time": f"{t}s", "alertname": name, "exp_alerts": []}
+        for t in range(onset * _STEP, total * _STEP + 1, _STEP)
+        for name in alerts
+    ]
+    done = _promtool_test(
+        promtool,
+        tmp_path,
+        _without_annotations(DOCUMENT),
+        [{"interval": f"{_STEP}s", "input_series": series, "alert_rule_test": cases}],
+    )
+    fired = _fired(done.stdout + done.stderr)
+    page, symptom = (fired.get(name, set()) for name in alerts)
+    end = (onset + length) * _STEP
+    assert page, done.stdout
+    assert {t for t in symptom if t > end}, "the symptom should outlast the cause (else: no test)"
+    assert symptom <= page, f"the TTFT page fires unmuted at {sorted(symptom - page)} s"
+    assert max(page) < total * _STEP, "the preemption page never resolved"
 
 
 # ------------------------------------------------------------------------ Alertmanager

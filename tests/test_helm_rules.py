@@ -151,6 +151,8 @@ def _alert(
         return None
     if "for" in knobs:
         rule["for"] = knobs["for"]
+    if "keepFiringFor" in knobs:
+        rule["keep_firing_for"] = knobs["keepFiringFor"]
     rule["labels"] = {**alert_labels, **rule.get("labels", {})}
     if "severity" in knobs:
         rule["labels"]["severity"] = knobs["severity"]
@@ -249,7 +251,7 @@ def test_every_alert_and_threshold_knob_is_applied(
     assert thresholds_names
     alerts = {
         alerts_names[0]: {"enabled": False},
-        alerts_names[1]: {"for": "42m", "severity": "info"},
+        alerts_names[1]: {"for": "42m", "severity": "info", "keepFiringFor": "7m"},
     }
     thresholds: dict[str, float] = {
         name: 1000.0 * (index + 1) + 0.25 for index, name in enumerate(thresholds_names)

@@ -50,8 +50,10 @@ if TYPE_CHECKING:
 ROOT = paths.REPO
 RULES = ROOT / "alerts" / "vllm-headroom.rules.yml"
 ALERT = "VllmHeadroomPreemptionSpike"
-#: The test configuration: what a Helm value ``prometheusRule.alerts.<name>.for`` would set.
+#: The test configuration: what Helm values ``prometheusRule.alerts.<name>.for`` and
+#: ``.keepFiringFor`` would set (no keep_firing_for: this scenario has no SLO page to mute).
 SHORT_FOR = "5s"
+NO_KEEP_FIRING = "0s"
 BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 BURST_SECONDS = 40.0
 #: The sidecar's windows in this test: short, so that the scenario is short.
@@ -162,8 +164,10 @@ class Sampler:
         self._thread.join(10)
 
 
-def rules_with_for(source: Path, target: Path, *, alert: str, for_: str) -> Path:
-    """Copy the rule file with one alert's ``for`` replaced, by rule name (the chart's way)."""
+def rules_with_for(
+    source: Path, target: Path, *, alert: str, for_: str, keep_firing_for: str
+) -> Path:
+    """Copy the rule file with one alert's timing replaced, by rule name (the chart's way)."""
     document: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
     matched = [
         rule
@@ -173,6 +177,7 @@ def rules_with_for(source: Path, target: Path, *, alert: str, for_: str) -> Path
     ]
     assert len(matched) == 1, f"{alert} is not exactly one rule of {source}"
     matched[0]["for"] = for_
+    matched[0]["keep_firing_for"] = keep_firing_for
     target.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     return target
 
@@ -208,7 +213,13 @@ def _run_scenario(
     scenario = Scenario(sidecar_url=url)
     sampler = Sampler(url, scenario)
     try:
-        rules = rules_with_for(RULES, workdir / "rules.yml", alert=ALERT, for_=SHORT_FOR)
+        rules = rules_with_for(
+            RULES,
+            workdir / "rules.yml",
+            alert=ALERT,
+            for_=SHORT_FOR,
+            keep_firing_for=NO_KEEP_FIRING,
+        )
         prometheus = prometheus_factory(
             [ScrapeJob("vllm", [vllm.metrics_url]), ScrapeJob("headroom", [f"{url}/metrics"])],
             rule_files=[rules],

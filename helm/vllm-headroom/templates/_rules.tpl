@@ -131,6 +131,9 @@ consumes the character after a name, which may come before the next name.
 {{- if hasKey $knobs "for" -}}
 {{- $_ := set $rule "for" $knobs.for -}}
 {{- end -}}
+{{- if hasKey $knobs "keepFiringFor" -}}
+{{- $_ := set $rule "keep_firing_for" $knobs.keepFiringFor -}}
+{{- end -}}
 {{- $labels := deepCopy ($rule.labels | default dict) -}}
 {{- $labels = merge $labels (deepCopy $alertLabels) -}}
 {{- if hasKey $knobs "severity" -}}
