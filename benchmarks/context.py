@@ -2,8 +2,9 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/context.py              # about 10 s
-    .venv/bin/python benchmarks/context.py --windows 5  # a quick look
+    .venv/bin/python benchmarks/context.py                # about 30 s
+    .venv/bin/python benchmarks/context.py --windows 5    # a quick look
+    .venv/bin/python benchmarks/context.py --seeds 7 8 9  # other simulations
 
 Each traffic shape draws per-request (prompt, output) lengths; requests finish in 5 s poll
 intervals at a Poisson rate (0.5, 2 and 10 per interval), 120 intervals a window (the default
@@ -17,7 +18,8 @@ p99 it compares, with the exact quantile of the true prompt + output lengths:
 - new: ``exporter.core.context.estimate_context_quantiles`` over the per-interval deltas.
 
 Errors are relative to the truth, over several windows per shape and rate (median, and the worst
-below and above). The goal (issue): the new p95 within 10 % of the truth for every shape whose
+below and above), each simulated with three seeds and merged; the goal line counts the windows
+outside it. The goal (issue): the new p95 within 10 % of the truth for every shape whose
 lengths lie in one bucket pair (one prompt bucket, one output bucket), and never more than 5 %
 below the truth for any shape.
 """
@@ -46,6 +48,8 @@ RATES = (0.5, 2.0, 10.0)
 INTERVALS = 120  # 600 s window, 5 s polls
 GOAL_WITHIN = 0.10
 GOAL_FLOOR = -0.05
+#: Independent simulations, merged: one seed's windows can meet the goal by luck.
+SEEDS = (20261201, 1, 2)
 
 Draw = Callable[[random.Random], tuple[int, int]]
 
@@ -241,19 +245,46 @@ def _both(errors: Errors, q: float) -> str:
     return f"{_pct(statistics.median(errors.old[q]))} /{_pct(statistics.median(errors.new[q]))}"
 
 
+def _outside(errors: Errors, narrow: bool) -> int:
+    """Windows whose new p95 misses the goal: below the floor, or (one pair) off by over 10 %."""
+    return sum(e < GOAL_FLOOR or (narrow and abs(e) > GOAL_WITHIN) for e in errors.new[0.95])
+
+
+def _merge(into: Errors, more: Errors) -> None:
+    for q in QUANTILES:
+        into.old[q].extend(more.old[q])
+        into.new[q].extend(more.new[q])
+    into.truth_p95.extend(more.truth_p95)
+    into.seconds.extend(more.seconds)
+
+
 def main() -> None:
     """Print the comparison table, the goal per shape and the issue's run."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--windows", type=int, default=40, help="windows per shape and rate")
-    parser.add_argument("--seed", type=int, default=20261201)
+    parser.add_argument("--windows", type=int, default=40, help="windows per shape, rate and seed")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=list(SEEDS),
+        help="one simulation per seed, merged (default: %(default)s)",
+    )
     args = parser.parse_args()
-    rng = random.Random(args.seed)  # noqa: S311 - a reproducible simulation, not secrets
 
     print(
-        f"{INTERVALS} poll intervals a window, {args.windows} windows per shape and rate, "
-        f"seed {args.seed}. Error relative to the true quantile of prompt + output:\n"
-        "median over the windows [lowest, highest]; old = sum of histogram_quantile.\n"
+        f"{INTERVALS} poll intervals a window, {args.windows} windows per shape and rate for each"
+        f" of the seeds {', '.join(map(str, args.seeds))}. Error relative to the true quantile"
+        " of prompt + output:\nmedian over the windows [lowest, highest]; old = sum of"
+        " histogram_quantile.\n"
     )
+    started = time.perf_counter()
+    merged = {(shape.name, rate): Errors() for shape in SHAPES for rate in RATES}
+    for seed in args.seeds:
+        rng = random.Random(seed)  # noqa: S311 - a reproducible simulation, not secrets
+        for shape in SHAPES:
+            for rate in RATES:
+                _merge(merged[shape.name, rate], run_case(shape, rate, args.windows, rng))
+
     header = (
         f"{'shape':32} {'req/poll':>8} {'true p95':>8} | {'old p95':^27} | {'new p95':^27} |"
         f" {'p50 old / new':^17} | {'p99 old / new':^17}"
@@ -262,18 +293,21 @@ def main() -> None:
     print("-" * len(header))
     verdicts: list[str] = []
     seconds: list[float] = []
-    started = time.perf_counter()
+    missed_total = windows_total = 0
     for shape in SHAPES:
-        probe = random.Random(args.seed)  # noqa: S311 - a reproducible simulation
+        probe = random.Random(SEEDS[0])  # noqa: S311 - a reproducible simulation
         narrow = one_pair([shape.draw(probe) for _ in range(5000)], bounds_for(shape.max_model_len))
-        meets = True
+        outside: list[str] = []
         worst = dict.fromkeys(QUANTILES, 0.0)
         for rate in RATES:
-            errors = run_case(shape, rate, args.windows, rng)
+            errors = merged[shape.name, rate]
             seconds.extend(errors.seconds)
             new95 = errors.new[0.95]
-            meets &= min(new95) >= GOAL_FLOOR
-            meets &= not narrow or max(abs(min(new95)), abs(max(new95))) <= GOAL_WITHIN
+            missed = _outside(errors, narrow)
+            missed_total += missed
+            windows_total += len(new95)
+            if missed:
+                outside.append(f"{missed} of {len(new95)} at {rate:g}/poll")
             for q in QUANTILES:
                 worst[q] = min(worst[q], *errors.new[q])
             p50, p99 = (_both(errors, q) for q in (0.5, 0.99))
@@ -283,12 +317,11 @@ def main() -> None:
             )
         goal = "one bucket pair: p95 within 10%" if narrow else "spread: p95 not below -5%"
         lows = " ".join(_pct(worst[q]) for q in QUANTILES)
-        verdicts.append(
-            f"  {shape.name:32} {goal:32} {'met   ' if meets else 'MISSED'}"
-            f"   lowest new p50/p95/p99: {lows}"
-        )
-    print("\nGoal per shape (every window, every rate):")
+        verdict = "met" if not outside else "MISSED in " + ", ".join(outside)
+        verdicts.append(f"  {shape.name:32} {goal:32} lowest new p50/p95/p99: {lows}   {verdict}")
+    print("\nGoal per shape (every window, every rate, every seed):")
     print("\n".join(verdicts))
+    print(f"  windows outside the goal: {missed_total} of {windows_total}")
     print("\nThe issue's run (24 requests of 128 + 256 tokens, max_model_len 512), p95:")
     for intervals in (1, 2, 3, 24):
         truth, old_p95, new_p95 = burst(intervals)
