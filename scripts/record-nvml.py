@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.samples < 1 or args.interval < 0:
         parser.error("--samples must be at least 1 and --interval not negative")
     try:
-        selection: GpuSelection = (
-            parse_gpu_selectors(args.gpu, setting="--gpu") if args.gpu else ALL_GPUS
-        )
+        selection: GpuSelection = parse_gpu_selectors(args.gpu) if args.gpu else ALL_GPUS
     except UsageError as exc:
+        if any(entry.strip().lower() == "all" for entry in args.gpu):
+            parser.error("--gpu all: leave --gpu out to record every GPU NVML sees")
         parser.error(str(exc))
 
     reader = NvmlGpuReader()

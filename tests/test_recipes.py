@@ -122,7 +122,8 @@ def kserve_schema() -> dict[str, Any]:
     """KServe's InferenceService v1beta1 schema, strict: unknown fields fail."""
     crd = yaml.safe_load(gzip.decompress(KSERVE_CRD.read_bytes()))
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
-    return _strict(version["schema"]["openAPIV3Schema"])
+    schema: dict[str, Any] = _strict(version["schema"]["openAPIV3Schema"])
+    return schema
 
 
 def _strict(schema: Any) -> Any:
@@ -218,7 +219,8 @@ def vllm_container(pod: Mapping[str, Any]) -> dict[str, Any]:
         and any("gpu" in r for r in c.get("resources", {}).get("limits", {}))
     ]
     assert len(found) == 1, [c["name"] for c in pod["containers"]]
-    return found[0]
+    container: dict[str, Any] = found[0]
+    return container
 
 
 def listening_port(vllm: Mapping[str, Any]) -> int:
@@ -363,7 +365,10 @@ def test_production_stack_post_renderer_touches_only_the_engine(helm: Path, kube
             *("-f", EXAMPLES / "production-stack" / "values.yaml"),
         )
     )
-    key = lambda m: (m["kind"], m["metadata"]["name"])  # noqa: E731
+
+    def key(m: Manifest) -> tuple[str, str]:
+        return (m["kind"], m["metadata"]["name"])
+
     assert sorted(map(key, objects)) == sorted(map(key, plain))
     changed = [key(m) for m in objects if m != next(p for p in plain if key(p) == key(m))]
     assert changed == [key(engine)]

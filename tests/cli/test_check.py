@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -29,10 +29,10 @@ STABLE_KEYS = {
 }
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     """Run check with --json and parse its output."""
     assert main(["check", *argv, "--json"]) == 0
-    result: dict[str, object] = json.loads(capsys.readouterr().out)
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
     return result
 
 
@@ -171,7 +171,7 @@ def test_a_partial_capture_reports_what_it_can_and_names_what_is_missing(
     assert "context since start    p50" in text
     assert "missing: vllm:cache_config_info (needed for KV capacity" in text
     result = run_json(capsys, str(path))
-    missing = {m["family"] for m in result["missing_families"]}  # type: ignore[union-attr, index]
+    missing = {m["family"] for m in result["missing_families"]}
     assert "vllm:cache_config_info" in missing
     assert "vllm:request_prompt_tokens" not in missing
     engines = result["engines"]
@@ -185,11 +185,11 @@ def test_max_num_seqs_flag_caps_the_ceiling_and_names_the_limit(
     """--max-num-seqs 1 on the real capture: the ceiling is 1, limited by max_num_seqs."""
     capture = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
     result = run_json(capsys, capture, "--max-num-seqs", "1")
-    (engine,) = result["engines"]  # type: ignore[misc]
+    (engine,) = result["engines"]
     assert engine["max_num_seqs"] == {"setting": 1.0}
     assert engine["p95_ceiling_sequences"] <= 1
     default = run_json(capsys, capture)
-    (engine,) = default["engines"]  # type: ignore[misc]
+    (engine,) = default["engines"]
     # The CPU backend's default for vLLM 0.33 rules (no --vllm-version): 128 x 1.
     assert engine["max_num_seqs"] == {"default": 128.0}
     assert engine["p95_ceiling_limited_by"] == "kv_cache"
@@ -209,6 +209,6 @@ def test_kv_capacity_tokens_is_vllms_and_the_pool_is_apart(
 ) -> None:
     """kv_capacity_tokens is vLLM's kv_cache_size_tokens; kv_pool_tokens blocks x block size."""
     result = run_json(capsys, str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom"))
-    (engine,) = result["engines"]  # type: ignore[misc]
+    (engine,) = result["engines"]
     assert engine["kv_capacity_tokens"] == 1024
     assert engine["kv_pool_tokens"] == 8 * 128

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -29,10 +30,11 @@ WORKED = [
 ]
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     """Run the CLI with --json and return the parsed object."""
     assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
 
 
 def test_worked_example_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,8 +42,8 @@ def test_worked_example_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None
     out = run_json(capsys, *WORKED)
     assert out["bytes_per_token"] == 131_072
     assert out["kv_budget_bytes"] == 52 * 10**9
-    assert [s["sequences"] for s in out["sequences"]] == [198, 49]  # type: ignore[index, union-attr]
-    fp8 = next(row for row in out["what_if"] if row["change"] == "FP8 KV cache")  # type: ignore[union-attr]
+    assert [s["sequences"] for s in out["sequences"]] == [198, 49]
+    fp8 = next(row for row in out["what_if"] if row["change"] == "FP8 KV cache")
     assert fp8["sequences"] == {"2000": 396, "8000": 99}
 
 
@@ -150,7 +152,7 @@ SMALL_CONTEXT = ["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--kv-dtype
 def test_max_num_seqs_binds_and_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     """An 8B model with FP8 KV on an H100 at 1.5k tokens: --max-num-seqs 256 binds, not the pool."""
     out = run_json(capsys, *SMALL_CONTEXT, "--context-tokens", "1500", "--max-num-seqs", "256")
-    (row,) = out["sequences"]  # type: ignore[misc]
+    (row,) = out["sequences"]
     assert row["sequences"] == 256
     assert row["limited_by"] == "max_num_seqs"
     assert row["kv_sequences"] > 256
@@ -180,7 +182,7 @@ def test_default_max_num_seqs_follows_the_gpu(capsys: pytest.CaptureFixture[str]
 def test_kv_pool_binds_at_long_contexts(capsys: pytest.CaptureFixture[str]) -> None:
     """At 8k tokens the same deployment is limited by the KV cache, and says so."""
     out = run_json(capsys, *SMALL_CONTEXT, "--context-tokens", "8000", "--max-num-seqs", "256")
-    (row,) = out["sequences"]  # type: ignore[misc]
+    (row,) = out["sequences"]
     assert row["limited_by"] == "kv_cache"
     assert row["sequences"] == row["kv_sequences"] < 256
 
@@ -190,7 +192,7 @@ def test_what_ifs_show_when_a_change_moves_the_binding_limit(
 ) -> None:
     """Raising --max-num-seqs past the pool hands the limit to the KV cache, and the row says so."""
     out = run_json(capsys, *SMALL_CONTEXT, "--context-tokens", "1500", "--max-num-seqs", "256")
-    rows = {row["change"]: row for row in out["what_if"]}  # type: ignore[union-attr]
+    rows = {row["change"]: row for row in out["what_if"]}
     raised = [row for name, row in rows.items() if name.startswith("max-num-seqs")]
     assert raised, "a binding max_num_seqs gets what-ifs that raise it"
     assert any(row["moves_limit"] and row["limited_by"]["1500"] == "kv_cache" for row in raised)
@@ -202,9 +204,9 @@ def test_what_ifs_show_when_a_change_moves_the_binding_limit(
 def test_needs_says_when_max_num_seqs_must_rise_too(capsys: pytest.CaptureFixture[str]) -> None:
     """Asking for more sequences than --max-num-seqs allows says the flag must rise too."""
     out = run_json(capsys, *SMALL_CONTEXT, "--max-num-seqs", "256", "--sequences", "400")
-    assert out["needs"]["max_num_seqs_too_low"] is True  # type: ignore[index]
+    assert out["needs"]["max_num_seqs_too_low"] is True
     within = run_json(capsys, *SMALL_CONTEXT, "--max-num-seqs", "256", "--sequences", "100")
-    assert within["needs"]["max_num_seqs_too_low"] is False  # type: ignore[index]
+    assert within["needs"]["max_num_seqs_too_low"] is False
 
 
 @pytest.mark.parametrize("flag", ["--max-num-seqs", "--max-num-batched-tokens"])
@@ -224,5 +226,5 @@ def test_kv_capacity_tokens_means_what_vllm_logs_on_hybrid_models(
         capsys, "plan", "--model", "gemma-2-9b-it", "--gpu", "H100", "--max-model-len", "8192"
     )
     assert out["kv_capacity_tokens"] == out["kv_cache_size_tokens"]
-    assert out["kv_pool_tokens"] == out["kv_blocks"] * out["block_size"]  # type: ignore[operator]
+    assert out["kv_pool_tokens"] == out["kv_blocks"] * out["block_size"]
     assert out["kv_capacity_tokens"] != out["kv_pool_tokens"]

@@ -339,3 +339,34 @@ def test_the_recorder_script_writes_a_recording_the_replayer_reads(tmp_path: Pat
     never_available = all(s.unavailable is not None for s in recording.samples)
     assert done.returncode == (1 if never_available else 0), done.stderr
     assert f"wrote {out}" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("gpus", "error"),
+    [
+        (["--gpu", "0"], None),
+        (["--gpu", "0", "--gpu", "1"], None),
+        (["--gpu", "all"], "--gpu all: leave --gpu out to record every GPU NVML sees"),
+        (["--gpu", "GPU-bad!"], "'GPU-bad!' is not a GPU"),
+    ],
+)
+def test_the_recorder_script_records_chosen_gpus_or_names_a_bad_one(
+    tmp_path: Path, gpus: list[str], error: str | None
+) -> None:
+    """--gpu picks GPUs by index or UUID; a bad entry is one line naming it, exit 2."""
+    import subprocess
+
+    out = tmp_path / "capture.json"
+    script = paths.REPO / "scripts" / "record-nvml.py"
+    argv = [sys.executable, str(script), *gpus, "--samples", "1", "--interval", "0"]
+    done = subprocess.run(
+        [*argv, "--out", str(out)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert "Traceback" not in done.stderr
+    if error is None:
+        assert load_recording(out).source == "captured", done.stderr
+        assert done.returncode in {0, 1}, done.stderr
+    else:
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines()[-1].startswith(f"record-nvml.py: error: {error}")
+        assert not out.exists()

@@ -250,7 +250,7 @@ def test_a_caller_giving_up_leaves_the_lookup_to_the_others_asking() -> None:
         impatient = asyncio.wait_for(resolver.resolve("x.svc"), 0.1)
         patient = resolver.resolve("x.svc")
         asyncio.get_running_loop().call_later(0.3, release.set)
-        return await asyncio.gather(impatient, patient, return_exceptions=True)
+        return list(await asyncio.gather(impatient, patient, return_exceptions=True))
 
     try:
         first, second = asyncio.run(go())

@@ -56,14 +56,19 @@ def test_every_model_entry_parses_and_cites() -> None:
 
 def test_model_lookup_by_hub_id_and_alias() -> None:
     """A model is found by name, hub id or alias."""
-    assert find_model("meta-llama/Llama-3.1-8B-Instruct").name == "llama-3.1-8b"
-    assert find_model("Qwen/Qwen2.5-7B").name == "qwen2.5-7b"
+    llama, qwen = find_model("meta-llama/Llama-3.1-8B-Instruct"), find_model("Qwen/Qwen2.5-7B")
+    assert llama is not None
+    assert llama.name == "llama-3.1-8b"
+    assert qwen is not None
+    assert qwen.name == "qwen2.5-7b"
     assert find_model("no-such-model") is None
 
 
 def test_smallest_gpu_is_the_first_that_fits() -> None:
     """The smallest catalogue GPU holding the target fits it; the one below it does not."""
-    arch = find_model("llama-3.1-8b").arch()
+    llama = find_model("llama-3.1-8b")
+    assert llama is not None
+    arch = llama.arch()
     deployment = Deployment(gpu_memory_bytes=0, max_model_len=8192)
     spec = smallest_gpu(arch, deployment=deployment, sequences=100, context_tokens=4000)
     assert spec is not None

@@ -138,7 +138,8 @@ def test_overrides_replace_config_fields_and_bad_ones_are_refused() -> None:
     predictor = ModelPredictor(overrides={"num_kv_heads": 32})
     info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192)
     predictor.load(info)
-    prediction = predictor.predict(snapshot(CacheConfig(0.9, 16)), info, (h100(),))
+    cache = CacheConfig(block_size=16, gpu_memory_utilization=0.9)
+    prediction = predictor.predict(snapshot(cache), info, (h100(),))
     assert prediction.bytes_per_token == 4 * 131_072
     with pytest.raises(UsageError, match="unknown field 'kv_heads'"):
         ModelPredictor(overrides={"kv_heads": 8})
