@@ -501,6 +501,26 @@ def _burn_rates(ratio: str, objective: str) -> list[Query]:
     ]
 
 
+def _burn_cell(facts: RuleFacts, title: str, budget: str, ratio: str, objective: str) -> Cell:
+    """One SLO's fast-burn panel: its burn rate per model over the page's two windows."""
+    return Cell(
+        timeseries_panel(
+            title,
+            description=(
+                f"How many times faster than its objective allows each model spends its {budget},"
+                " over 1h and 5m: the page needs both above the line."
+            ),
+            unit="suffix:×",
+            queries=_burn_rates(ratio, objective),
+            facts=facts,
+            limits=[limits.SLO_FAST_BURN],
+            minimum=0,
+        ),
+        12,
+        8,
+    )
+
+
 def _trends(facts: RuleFacts) -> Row:
     def total(name: str) -> str:
         return f"sum by ({MODEL_KEY}) ({metric(name, FLEET_ENGINE)})"
@@ -581,39 +601,19 @@ def _trends(facts: RuleFacts) -> Row:
                 6,
                 8,
             ),
-            Cell(
-                timeseries_panel(
-                    "Time-to-first-token budget burn",
-                    description=(
-                        "How many times faster than its objective allows each model spends its "
-                        "TTFT error budget (requests slower than the SLO's target), over 1h and "
-                        "5m: the page needs both above the line."
-                    ),
-                    unit="suffix:×",
-                    queries=_burn_rates("headroom:model_ttft_slow", "slo_ttft_objective"),
-                    facts=facts,
-                    limits=[limits.SLO_FAST_BURN],
-                    minimum=0,
-                ),
-                12,
-                8,
+            _burn_cell(
+                facts,
+                "Time-to-first-token budget burn",
+                "TTFT error budget (requests slower than the SLO's target)",
+                "headroom:model_ttft_slow",
+                "slo_ttft_objective",
             ),
-            Cell(
-                timeseries_panel(
-                    "Error budget burn",
-                    description=(
-                        "How many times faster than its objective allows each model spends its "
-                        "error budget (requests vLLM finished with an error), over 1h and 5m: "
-                        "the page needs both above the line."
-                    ),
-                    unit="suffix:×",
-                    queries=_burn_rates("headroom:model_requests_failed", "slo_error_objective"),
-                    facts=facts,
-                    limits=[limits.SLO_FAST_BURN],
-                    minimum=0,
-                ),
-                12,
-                8,
+            _burn_cell(
+                facts,
+                "Error budget burn",
+                "error budget (requests vLLM finished with an error)",
+                "headroom:model_requests_failed",
+                "slo_error_objective",
             ),
             Cell(
                 timeseries_panel(
