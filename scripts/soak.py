@@ -43,6 +43,7 @@ MIB = 1024 * 1024
 POLL = 5.0
 SCRAPE = 15.0
 CONTEXT_WINDOW = 600.0
+CONTEXT_MAX_WINDOW = 3600.0
 RATE_WINDOW = 60.0
 
 #: One cycle of the schedule, in simulated seconds: (how long, what the fake vLLM does).
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 "HEADROOM_POLL_INTERVAL_SECONDS": f"{poll:g}",
                 "HEADROOM_POLL_TIMEOUT_SECONDS": f"{poll:g}",
                 "HEADROOM_CONTEXT_WINDOW_SECONDS": f"{CONTEXT_WINDOW / args.speedup:g}",
+                "HEADROOM_CONTEXT_MAX_WINDOW_SECONDS": f"{CONTEXT_MAX_WINDOW / args.speedup:g}",
                 "HEADROOM_RATE_WINDOW_SECONDS": f"{RATE_WINDOW / args.speedup:g}",
             }
         )

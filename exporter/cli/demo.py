@@ -16,8 +16,9 @@ Two settings differ from a real deployment's, on purpose. ``max_num_seqs`` is gi
 sidecar (``headroom_max_num_seqs{origin="setting"}``): there is no vLLM process whose command
 line it could read, as for a vLLM in a container the sidecar cannot see into, and the
 simulated engine runs with ``--max-num-seqs 256`` where vLLM's default on this H100 is 1,024.
-The context window looks back 60 simulated seconds instead of 600, so that each phase of a
-minute or so shows in the p95 context while it lasts.
+The context window looks back 60 simulated seconds instead of 600, and does not reach further
+back when it holds fewer than ``context_min_requests`` requests, so that each phase of a minute
+or so shows in the p95 context while it lasts.
 """
 
 from __future__ import annotations
@@ -232,6 +233,8 @@ async def demo(
             "poll_interval_seconds": poll,
             "poll_timeout_seconds": min(poll, 3.0),
             "context_window_seconds": max(10.0, CONTEXT_WINDOW_SIM_S / speed),
+            # Each phase's own requests, however few: never reach back into the phase before.
+            "context_min_requests": 0,
             "rate_window_seconds": max(poll * 2, 60.0 / speed),
             # No vLLM process to read --max-num-seqs from: say it, as for a hidden container.
             "max_num_seqs": scenario.engine.max_num_seqs,

@@ -56,11 +56,13 @@ Bias and when it is exact
   measure no spread).
 - Lengths within one bucket pair: the groups' exact means and the measured variance place the
   mass; what is left is the assumed shape given them, the noise of a variance measured over one
-  window, and the deliberate rise. Measured (``benchmarks/context.py``, 120 windows per shape
-  and rate over three seeds): p95 +0.6 to +3.9 % typical, from -4.0 to +8.7 % in the worst
-  windows of 2 requests a poll or more, where the sum of quantiles read up to +14 % typical. In
-  windows of about 60 requests (0.5 a poll) a few read up to +20 % high: the p95 of so few is
-  the third-longest request, and groups of 2-3 near it cannot be split.
+  window, and the deliberate rise. Measured (``benchmarks/context.py``, windows as the sidecar
+  reads them: 10 minutes, reaching back for 400 requests up to an hour; 120 per shape and
+  rate over three seeds): p95 +0.1 to +3.9 % typical, from -3.0 to +8.7 % in the worst
+  windows, where the sum of quantiles read up to +14 % typical. Over the requests of a
+  10-minute window alone, at 60 requests or fewer, some read up to +20 % high: the p95 of so
+  few is the third-longest request, and groups of 2-3 near it cannot be split; that is why
+  the caller reaches back for more requests (``exporter.core.derive``).
 - Where the data cannot say more, the estimate leans high: the pairing inside groups spread over
   several buckets is the upper bound, a bucket or cell seen in one group only is spread as
   evenly as its bounds allow (24 requests of 128 + 256 tokens all in one poll read 503 with
@@ -72,9 +74,9 @@ Bias and when it is exact
 - These are estimates, not bounds: in small windows (tens of requests), traffic that runs into
   ``max_model_len`` (its mass piles at the cap, but is spread below it here), or data built to
   defeat them (one group of ``302, 302, 698`` among groups with the same mean), the truth can
-  lie more than 5 % above them. The benchmark's worst windows read p95 4.4 % low with 2
-  requests a poll or more, and down to 14.9 % low in windows of about 60 requests whose longest
-  requests share polls across many buckets.
+  lie more than 5 % above them. The benchmark's worst windows read p95 4.8 % low; windows of
+  about 240 requests 5.5 % low in rare draws, and windows of about 60 requests down to 15 %
+  low where their longest requests share polls across many buckets.
 - vLLM's live KV tokens per running sequence are not used: they describe unfinished requests,
   rounded to blocks, and say nothing of how a finished request's length splits.
 

@@ -72,6 +72,14 @@ class WindowSettings:
 
     #: Requests finished within this window make up the context-length distribution.
     context_seconds: float = 600.0
+    #: Fewest finished requests the context figures are read from: with fewer within
+    #: ``context_seconds``, the window reaches further back, one poll interval at a time, until
+    #: it holds this many or spans ``context_max_seconds`` (0: it never reaches back). The
+    #: p95 of a few dozen requests is their second or third longest: too noisy to size by.
+    context_min_requests: int = 400
+    #: The furthest back the context window reaches for ``context_min_requests`` requests
+    #: (never less than ``context_seconds``).
+    context_max_seconds: float = 3600.0
     #: Preemption and request rates are averaged over this window.
     rate_seconds: float = 60.0
 
@@ -87,6 +95,9 @@ class ContextEstimate:
     window_requests: float
     #: ``"window"`` or ``"lifetime"`` (nothing finished within the window).
     basis: str
+    #: Seconds the window spans: up to the context window, more where it reached back for
+    #: requests (0: the figures are since vLLM started).
+    window_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +207,11 @@ class EngineDerived:
     def context_window_requests(self) -> float | None:
         """Requests the context figures are drawn from (0: since vLLM started)."""
         return self.context.window_requests if self.context is not None else None
+
+    @property
+    def context_window_seconds(self) -> float | None:
+        """Seconds the context figures look back over (0: since vLLM started)."""
+        return self.context.window_seconds if self.context is not None else None
 
 
 def _one_hot(limit: Limit | None) -> dict[str, float]:
@@ -425,6 +441,8 @@ class _Traffic:
     #: Requests finished in the window (0 when the figures are since vLLM started).
     window_requests: float
     basis: str
+    #: Seconds from the window's first sample to the latest (0: since vLLM started).
+    window_seconds: float = 0.0
 
     @property
     def prompt_mean(self) -> float | None:
@@ -433,18 +451,23 @@ class _Traffic:
         return math.fsum(i.prompt.sum for i in self.intervals) / count if count > 0 else None
 
 
-def _intervals(samples: Sequence[Sample], engine: str) -> list[IntervalCounts]:
-    """Both token histograms' increases over each consecutive pair of samples, oldest first.
+def _intervals(
+    samples: Sequence[Sample], engine: str, start: int = 0
+) -> list[tuple[int, IntervalCounts]]:
+    """Both token histograms' increases over each consecutive pair of ``samples[start:]``.
 
-    One poll interval's two increases belong together (vLLM observes a request's prompt and
-    output when it finishes): the context estimator relies on that pairing. A restart between
-    two samples counts the new lifetime's values as the increase (as for every counter).
+    Oldest first, each with the index (in ``samples``) of the sample it counts from. One poll
+    interval's two increases belong together (vLLM observes a request's prompt and output
+    when it finishes): the context estimator relies on that pairing. A restart between two
+    samples counts the new lifetime's values as the increase (as for every counter).
     """
-    out: list[IntervalCounts] = []
+    out: list[tuple[int, IntervalCounts]] = []
     previous: tuple[Histogram, Histogram] | None = None
+    since = start
     pending_reset = False  # a restart seen while a histogram was absent applies to its return
-    for i, sample in enumerate(samples):
-        pending_reset |= sample.restarted and i > 0
+    for i in range(start, len(samples)):
+        sample = samples[i]
+        pending_reset |= sample.restarted and i > start
         metrics = sample.snapshot.engines.get(engine)
         if metrics is None or metrics.prompt_tokens is None or metrics.generation_tokens is None:
             continue
@@ -454,19 +477,39 @@ def _intervals(samples: Sequence[Sample], engine: str) -> list[IntervalCounts]:
             prompt = histogram_increase(before[0], current[0], reset=pending_reset)
             output = histogram_increase(before[1], current[1], reset=pending_reset)
             if prompt is not None and output is not None and (prompt.total or output.total):
-                out.append(IntervalCounts(prompt, output))
-        previous, pending_reset = current, False
+                base = since if previous is not None else i - 1
+                out.append((base, IntervalCounts(prompt, output)))
+        previous, pending_reset, since = current, False, i
     return out
 
 
-def _traffic(name: str, samples: Sequence[Sample], *, seconds: float) -> _Traffic:
-    """The window's intervals; since vLLM started (one interval) when nothing finished in it."""
-    window = samples[_tail(samples, seconds) :]
-    intervals = _intervals(window, name)
-    finished = math.fsum(i.prompt.total for i in intervals)
+def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _Traffic:
+    """The context window's intervals, reaching back for requests where it holds too few.
+
+    The window is the last ``context_seconds``; where fewer than ``context_min_requests``
+    finished in it, older intervals join, newest first, until the window holds that many or
+    spans ``context_max_seconds`` (as far as the kept samples go). Since vLLM started (one
+    interval) when nothing finished in all that.
+    """
+    start = _tail(samples, windows.context_seconds)
+    chosen = _intervals(samples, name, start)
+    finished = math.fsum(counts.prompt.total for _, counts in chosen)
+    first = start
+    if finished < windows.context_min_requests and start > 0:
+        # The p95 of a few dozen requests is their second or third longest: reach back.
+        reach = max(windows.context_max_seconds, windows.context_seconds)
+        older = [iv for iv in _intervals(samples, name, _tail(samples, reach)) if iv[0] < start]
+        while older and finished < windows.context_min_requests:
+            interval = older.pop()
+            chosen.insert(0, interval)
+            finished += interval[1].prompt.total
+            first = interval[0]
     if finished > 0:
+        window = samples[first:]
         params_n = _histogram_window(window, name, lambda e: e.request_params_n)
-        return _Traffic(tuple(intervals), params_n, finished, "window")
+        seconds = window[-1].t - window[0].t
+        intervals = tuple(counts for _, counts in chosen)
+        return _Traffic(intervals, params_n, finished, "window", seconds)
     latest = samples[-1].snapshot.engines[name]
     prompt, output = _lifetime(latest.prompt_tokens), _lifetime(latest.generation_tokens)
     lifetime = (IntervalCounts(prompt, output),) if prompt and output else ()
@@ -485,6 +528,7 @@ def _context(traffic: _Traffic, *, max_model_len: int | None) -> ContextEstimate
         mean=found.mean,
         window_requests=traffic.window_requests,
         basis=traffic.basis,
+        window_seconds=traffic.window_seconds,
     )
 
 
@@ -692,7 +736,7 @@ def derive_engine(
     engine = latest.engines[name]
     engine_count = sum(1 for e in latest.engines.values() if e.cache_config is not None) or 1
     kv = _kv_state(engine, engine_count, predicted_capacity_tokens)
-    traffic = _traffic(name, samples, seconds=windows.context_seconds)
+    traffic = _traffic(name, samples, windows)
     context = _context(traffic, max_model_len=max_model_len)
     mean_n = _mean_n(traffic)
     requests_running, sequences_running = _running(engine, mean_n)

@@ -134,6 +134,10 @@ def _poll_settings(settings: Settings) -> PollSettings:
     return PollSettings(
         windows=WindowSettings(
             context_seconds=settings.context_window_seconds,
+            context_min_requests=settings.context_min_requests,
+            context_max_seconds=max(
+                settings.context_max_window_seconds, settings.context_window_seconds
+            ),
             rate_seconds=settings.rate_window_seconds,
         ),
         model_retry_seconds=settings.poll_interval_seconds * MODEL_RETRY_POLLS,

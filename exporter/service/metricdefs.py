@@ -210,11 +210,23 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_context_window_requests",
         Kind.GAUGE,
-        "Requests finished within the context window (0: context figures are since vLLM started).",
+        "Requests the context figures are read from: those finished within the context window, "
+        "reaching back for context_min_requests (0: context figures are since vLLM started).",
         ENGINE,
         source="vllm:request_prompt_tokens_count delta",
         row=Row.ENGINE,
         field="context_window_requests",
+    ),
+    MetricDef(
+        "headroom_context_window_seconds",
+        Kind.GAUGE,
+        "Seconds the context figures look back over: the context window, or further where it "
+        "held fewer than context_min_requests requests (0: context figures are since vLLM "
+        "started).",
+        ENGINE,
+        source="timestamps of the polls whose vllm:request_prompt_tokens deltas are counted",
+        row=Row.ENGINE,
+        field="context_window_seconds",
     ),
     # --- Concurrency and headroom -----------------------------------------------------------
     MetricDef(

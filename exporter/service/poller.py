@@ -344,12 +344,18 @@ class TargetPoller:
         self._model_retry_at = None if failure is None else self._clock() + retry
 
     def _add(self, sample: Sample) -> None:
-        """Add a sample to the window: bounded by age, and by count through a minimum spacing."""
+        """Add a sample to the window: bounded by age, and by count through a minimum spacing.
+
+        The spacing spreads the kept samples over the context and rate windows; the context
+        window's reach for more requests (``context_max_seconds``) goes only as far back as
+        the samples that count leaves, so it never costs memory or poll-interval resolution.
+        """
         windows = self._settings.windows
-        keep = max(windows.context_seconds, windows.rate_seconds)
+        span = max(windows.context_seconds, windows.rate_seconds)
+        keep = max(span, windows.context_max_seconds if windows.context_min_requests else 0.0)
         engines = max(1, len(sample.snapshot.engines))
         capacity = max(2, self._settings.max_engine_samples // engines)
-        spacing = keep / capacity
+        spacing = span / capacity
         window = self._window
         if len(window) >= 2 and sample.t - window[-2].t < spacing:
             # Too close to the one before the latest: the new sample replaces the latest, and

@@ -119,6 +119,20 @@ class Settings(BaseSettings):
     context_window_seconds: WindowSeconds = Field(
         default=600.0, description="Requests finished within this window make up the p95 context."
     )
+    context_min_requests: int = Field(
+        default=400,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Fewest finished requests the p95 context is read from: with fewer in "
+            "context_window_seconds the window reaches further back, up to "
+            "context_max_window_seconds (0: never)."
+        ),
+    )
+    context_max_window_seconds: WindowSeconds = Field(
+        default=3600.0,
+        description="How far back the context window may reach for context_min_requests.",
+    )
     rate_window_seconds: WindowSeconds = Field(
         default=60.0, description="Window of the preemption and request rates."
     )
@@ -330,6 +344,16 @@ class Settings(BaseSettings):
             msg = (
                 f"gpu_discovery=settings needs the gpus setting ({env_name('gpus')}): "
                 "GPU UUIDs or indices"
+            )
+            raise ValueError(msg)
+        if (
+            "context_max_window_seconds" in self.model_fields_set
+            and self.context_max_window_seconds < self.context_window_seconds
+        ):
+            msg = (
+                f"context_max_window_seconds ({self.context_max_window_seconds:g}) must not be "
+                f"shorter than context_window_seconds ({self.context_window_seconds:g}); raise "
+                "it, or set context_min_requests to 0 to keep the window fixed"
             )
             raise ValueError(msg)
         if self.poll_timeout_seconds > self.poll_interval_seconds:

@@ -563,3 +563,101 @@ def test_every_capture_derives_a_ceiling_under_its_limits(path: Path, limit: int
                 e.sequences_running
             )
         assert e.engine_asleep in (None, 0.0), "every recorded vLLM was awake"
+
+
+# --- The context window reaches back for requests where it holds too few -------------------
+
+
+def engine_after(short: int, long: int) -> EngineMetrics:
+    """One engine after ``short`` requests of 101 + 380 tokens and ``long`` of 401 + 380."""
+    prompt = Histogram(
+        TOKEN_BOUNDS,
+        tuple(float(short) * (i >= 7) + float(long) * (i >= 8) for i in range(len(TOKEN_BOUNDS))),
+        float(short + long),
+        101.0 * short + 401.0 * long,
+    )
+    return replace(
+        engine(finished=short + long),
+        prompt_tokens=prompt,
+        generation_tokens=token_hist(8, short + long, 380.0),
+    )
+
+
+def a_request_a_minute(minutes: int, *, long_until: int = 0) -> list[Sample]:
+    """Polls a minute apart with one request finished between each two.
+
+    The first ``long_until`` requests are 401 + 380 tokens long, the rest 101 + 380.
+    """
+    return chain(
+        *(
+            Sample(60.0 * m, snap(engine_after(max(0, m - long_until), min(m, long_until))))
+            for m in range(minutes + 1)
+        )
+    )
+
+
+def reaching(min_requests: int, max_seconds: float = 3600.0) -> WindowSettings:
+    """A 600 s context window that reaches back for ``min_requests`` over ``max_seconds``."""
+    return WindowSettings(
+        context_seconds=600.0,
+        rate_seconds=60.0,
+        context_min_requests=min_requests,
+        context_max_seconds=max_seconds,
+    )
+
+
+def test_a_window_with_too_few_requests_reaches_back_until_it_holds_the_minimum() -> None:
+    """Ten requests in the last 600 s, 30 wanted: twenty older minutes join, no more."""
+    (e,) = derive_target(a_request_a_minute(50), windows=reaching(30)).engines
+    assert e.context is not None
+    assert e.context.window_requests == 30
+    assert e.context_window_seconds == 1800.0
+
+
+def test_a_window_with_enough_requests_stays_as_it_is() -> None:
+    """Ten requests in the last 600 s, ten wanted: nothing older joins."""
+    (e,) = derive_target(a_request_a_minute(50), windows=reaching(10)).engines
+    assert e.context_window_requests == 10
+    assert e.context_window_seconds == 600.0
+
+
+def test_the_reach_stops_at_context_max_seconds() -> None:
+    """However few the requests, the window never spans more than context_max_seconds."""
+    (e,) = derive_target(a_request_a_minute(50), windows=reaching(1000, 1200.0)).engines
+    assert e.context_window_requests == 20
+    assert e.context_window_seconds == 1200.0
+
+
+def test_the_reach_stops_where_the_kept_samples_end() -> None:
+    """A sidecar that started 15 minutes ago reaches back 15 minutes, no further."""
+    (e,) = derive_target(a_request_a_minute(15), windows=reaching(1000)).engines
+    assert e.context_window_requests == 15
+    assert e.context_window_seconds == 900.0
+
+
+def test_context_min_requests_0_keeps_the_window_fixed() -> None:
+    """0 turns the reach off: the window is the last 600 s, however few requests it holds."""
+    (e,) = derive_target(a_request_a_minute(50), windows=reaching(0)).engines
+    assert e.context_window_requests == 10
+    assert e.context_window_seconds == 600.0
+
+
+def test_the_requests_reached_back_for_shape_the_quantiles() -> None:
+    """The last ten minutes were short requests, the twenty before long: p95 of 30 is long."""
+    samples = a_request_a_minute(50, long_until=40)
+    (fixed,) = derive_target(samples, windows=reaching(0)).engines
+    (reached,) = derive_target(samples, windows=reaching(30)).engines
+    assert fixed.context_p95_tokens == pytest.approx(481.0)
+    assert reached.context_p95_tokens == pytest.approx(781.0)
+    assert reached.context_mean_tokens == pytest.approx((10 * 481 + 20 * 781) / 30)
+
+
+def test_the_lifetime_fallback_spans_no_window() -> None:
+    """Nothing finished in all the reach: the figures are since vLLM started, over no window."""
+    samples = chain(
+        Sample(0.0, snap(engine(finished=12))), Sample(700.0, snap(engine(finished=12)))
+    )
+    (e,) = derive_target(samples, windows=reaching(200)).engines
+    assert e.context is not None
+    assert e.context.basis == "lifetime"
+    assert e.context_window_seconds == 0.0

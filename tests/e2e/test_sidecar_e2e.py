@@ -56,9 +56,11 @@ SHORT_FOR = "5s"
 NO_KEEP_FIRING = "0s"
 BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 BURST_SECONDS = 40.0
-#: The sidecar's windows in this test: short, so that the scenario is short.
+#: The sidecar's windows in this test: short, so that the scenario is short. Once drained,
+#: nothing finished within the context window: its figures come from reaching back for the
+#: burst's requests (context_min_requests, default 400, up to an hour).
 RATE_WINDOW_S = 10.0
-CONTEXT_WINDOW_S = 300.0
+CONTEXT_WINDOW_S = 10.0
 #: The preemption page's longest window (5 minutes), plus evaluation and scrape slack.
 RESOLVE_TIMEOUT_S = 300.0 + 90.0
 #: vLLM's token buckets for max_model_len 512 (1-2-5 up to it).
@@ -118,6 +120,7 @@ WATCHED = {
     "headroom_p95_ceiling_sequences",
     "headroom_context_length_p95_tokens",
     "headroom_context_window_requests",
+    "headroom_context_window_seconds",
     "headroom_target_restarts_total",
 }
 
@@ -416,6 +419,22 @@ def test_the_p95_context_brackets_the_true_context_within_the_buckets(scenario: 
     assert estimate
     assert low <= p + g <= high
     assert low <= estimate[-1] <= high
+
+
+def test_the_context_window_reaches_back_for_the_bursts_requests(scenario: Scenario) -> None:
+    """Once drained, nothing finished in the last 10 s: the window reached back for the burst."""
+    quiet_for = scenario.drained - scenario.burst_end
+    assert quiet_for > CONTEXT_WINDOW_S
+    requests = _values(
+        scenario, "headroom_context_window_requests", scenario.drained - 2, scenario.drained
+    )
+    seconds = _values(
+        scenario, "headroom_context_window_seconds", scenario.drained - 2, scenario.drained
+    )
+    assert requests
+    assert seconds
+    assert requests[-1] >= len(scenario.completions) > 0
+    assert quiet_for <= seconds[-1] <= scenario.drained - scenario.burst_start + 2.0
 
 
 # -- 4. the restart -----------------------------------------------------------------------------

@@ -72,6 +72,13 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("max_response_bytes", {"HEADROOM_MAX_RESPONSE_BYTES": "1"}, "greater than or equal"),
     ("max_response_bytes", {"HEADROOM_MAX_RESPONSE_BYTES": "16MB"}, "valid integer"),
     ("context_window_seconds", {"HEADROOM_CONTEXT_WINDOW_SECONDS": "0"}, "greater than or equal"),
+    ("context_min_requests", {"HEADROOM_CONTEXT_MIN_REQUESTS": "-1"}, "greater than or equal"),
+    ("context_min_requests", {"HEADROOM_CONTEXT_MIN_REQUESTS": "many"}, "valid integer"),
+    (
+        "context_max_window_seconds",
+        {"HEADROOM_CONTEXT_MAX_WINDOW_SECONDS": "60"},
+        "must not be shorter than context_window_seconds",
+    ),
     ("rate_window_seconds", {"HEADROOM_RATE_WINDOW_SECONDS": "1m"}, "valid number"),
     ("model", {"HEADROOM_MODEL": ""}, "is empty"),
     ("hf_home", {"HEADROOM_HF_HOME": ""}, "is empty"),

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from exporter.core.derive import WindowSettings
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.service.poller import PollSettings, TargetPoller
 from exporter.testing.fakevllm import FakeVllm, Fault, VllmState
@@ -188,9 +189,29 @@ def test_recovery_after_an_outage_rereads_the_target_facts() -> None:
 
 def test_the_window_keeps_one_sample_older_than_the_longest_window() -> None:
     """Samples older than the windows are dropped, keeping one baseline before them."""
-    poller = poll(fake_vllm(), Clock(), times=200)  # 1000 s of polls, windows of 600 s
+    fixed = PollSettings(windows=WindowSettings(context_seconds=600.0, context_min_requests=0))
+    poller = poll(fake_vllm(), Clock(), times=200, settings=fixed)  # 1000 s of polls
     # 121 samples within [now - 600 s, now] at a 5 s cadence, and the baseline before them.
     assert poller.view.window_samples == 600 // 5 + 1 + 1
+
+
+def test_the_window_keeps_the_samples_the_context_window_may_reach_back_for() -> None:
+    """Samples within context_max_seconds stay, for the context window's reach."""
+    reach = WindowSettings(context_seconds=600.0, context_max_seconds=900.0)
+    poller = poll(fake_vllm(), Clock(), times=300, settings=PollSettings(windows=reach))
+    assert poller.view.window_samples == 900 // 5 + 1 + 1
+
+
+def test_the_reach_back_costs_no_resolution_where_samples_are_scarce() -> None:
+    """Where the sample count binds (fleet mode), the windows keep their resolution.
+
+    Samples stay one poll apart over the windows and the reach gets what the count leaves,
+    not a window thinned to span the reach.
+    """
+    reach = WindowSettings(context_seconds=600.0, context_max_seconds=3600.0)
+    scarce = PollSettings(windows=reach, max_engine_samples=130)
+    poller = poll(fake_vllm(), Clock(), times=300, settings=scarce)
+    assert poller.view.window_samples == 130  # 645 s of 5 s polls: the window and a little
 
 
 class StubPredictor:

@@ -94,6 +94,17 @@ def test_poll_timeout_may_not_exceed_the_interval() -> None:
         load_settings({"poll_interval_seconds": 2, "poll_timeout_seconds": 5})
 
 
+def test_the_context_windows_reach_is_never_shorter_than_the_window() -> None:
+    """A longer context window carries the reach with it; a reach set shorter is refused."""
+    from exporter.service.app import _poll_settings
+
+    longer = _poll_settings(load_settings({"context_window_seconds": 7200}))
+    assert longer.windows.context_max_seconds == 7200
+    assert longer.windows.context_min_requests == 400
+    with pytest.raises(UsageError, match=r"context_max_window_seconds \(600\) must not be shorter"):
+        load_settings({"context_window_seconds": 900, "context_max_window_seconds": 600})
+
+
 def test_secret_values_are_never_echoed_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     """An invalid token setting does not print the token."""
     monkeypatch.setenv("HEADROOM_BEARER_TOKEN", "x" * 3)
