@@ -452,9 +452,9 @@ class _Traffic:
 
 
 def _intervals(
-    samples: Sequence[Sample], engine: str, start: int = 0
+    samples: Sequence[Sample], engine: str, start: int = 0, stop: int | None = None
 ) -> list[tuple[int, IntervalCounts]]:
-    """Both token histograms' increases over each consecutive pair of ``samples[start:]``.
+    """Both token histograms' increases over each consecutive pair of ``samples[start:stop]``.
 
     Oldest first, each with the index (in ``samples``) of the sample it counts from. One poll
     interval's two increases belong together (vLLM observes a request's prompt and output
@@ -465,13 +465,16 @@ def _intervals(
     previous: tuple[Histogram, Histogram] | None = None
     since = start
     pending_reset = False  # a restart seen while a histogram was absent applies to its return
-    for i in range(start, len(samples)):
+    for i in range(start, len(samples) if stop is None else stop):
         sample = samples[i]
         pending_reset |= sample.restarted and i > start
         metrics = sample.snapshot.engines.get(engine)
         if metrics is None or metrics.prompt_tokens is None or metrics.generation_tokens is None:
             continue
         current = (metrics.prompt_tokens, metrics.generation_tokens)
+        if current == previous and not pending_reset:
+            since = i  # nothing finished (samples share unchanged histograms: a cheap test)
+            continue
         if previous is not None or pending_reset:
             before = previous or (None, None)
             prompt = histogram_increase(before[0], current[0], reset=pending_reset)
@@ -498,7 +501,7 @@ def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _
     if finished < windows.context_min_requests and start > 0:
         # The p95 of a few dozen requests is their second or third longest: reach back.
         reach = max(windows.context_max_seconds, windows.context_seconds)
-        older = [iv for iv in _intervals(samples, name, _tail(samples, reach)) if iv[0] < start]
+        older = _intervals(samples, name, _tail(samples, reach), start + 1)
         while older and finished < windows.context_min_requests:
             interval = older.pop()
             chosen.insert(0, interval)
