@@ -431,9 +431,10 @@ def _headroom(facts: RuleFacts) -> Row:
                 timeseries_panel(
                     "Context length of finished requests",
                     description=(
-                        "Prompt + output tokens of requests finished in the window: quantiles "
-                        "(an upper bound, from vLLM's histograms), the exact mean, and p95 a day "
-                        "earlier."
+                        "Prompt + output tokens of the requests finished in the context window "
+                        "(by default the last 10 minutes, or as far back as it takes to hold 400 "
+                        "requests, up to an hour: headroom_context_window_seconds): quantiles "
+                        "estimated from vLLM's histograms, the exact mean, and p95 a day earlier."
                     ),
                     unit="count:tokens",
                     queries=[*quantiles, yesterday],
