@@ -83,6 +83,13 @@ class WindowSettings:
     #: Preemption and request rates are averaged over this window.
     rate_seconds: float = 60.0
 
+    @property
+    def context_reach_seconds(self) -> float:
+        """How far back the context window may look: its reach, never less than itself."""
+        if self.context_min_requests <= 0:
+            return self.context_seconds
+        return max(self.context_max_seconds, self.context_seconds)
+
 
 @dataclass(frozen=True, slots=True)
 class ContextEstimate:
@@ -500,13 +507,13 @@ def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _
     first = start
     if finished < windows.context_min_requests and start > 0:
         # The p95 of a few dozen requests is their second or third longest: reach back.
-        reach = max(windows.context_max_seconds, windows.context_seconds)
-        older = _intervals(samples, name, _tail(samples, reach), start + 1)
-        while older and finished < windows.context_min_requests:
-            interval = older.pop()
-            chosen.insert(0, interval)
-            finished += interval[1].prompt.total
-            first = interval[0]
+        older = _intervals(samples, name, _tail(samples, windows.context_reach_seconds), start + 1)
+        taken = 0
+        while taken < len(older) and finished < windows.context_min_requests:
+            taken += 1
+            first, counts = older[-taken]
+            finished += counts.prompt.total
+        chosen = older[len(older) - taken :] + chosen
     if finished > 0:
         window = samples[first:]
         params_n = _histogram_window(window, name, lambda e: e.request_params_n)

@@ -352,7 +352,7 @@ class TargetPoller:
         """
         windows = self._settings.windows
         span = max(windows.context_seconds, windows.rate_seconds)
-        keep = max(span, windows.context_max_seconds if windows.context_min_requests else 0.0)
+        keep = max(span, windows.context_reach_seconds)
         engines = max(1, len(sample.snapshot.engines))
         capacity = max(2, self._settings.max_engine_samples // engines)
         spacing = span / capacity
