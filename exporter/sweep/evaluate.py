@@ -6,8 +6,9 @@ A step has two sources, both plain data by the time they get here:
   or so during the step. Running and waiting requests and KV usage are averaged over the
   measurement window (the step after its settle time); preemptions, finished requests and tokens
   are reset-aware counter increases over it; the server-side latencies are bucket quantiles of the
-  histograms' increase; the headroom is the sidecar's own figure (:func:`derive_target` over the
-  step's samples, at each sample), its lowest value in the window;
+  histograms' increase, the mean queue time exact from its sum and count; the headroom is the
+  sidecar's own figure (:func:`derive_target` over the step's samples, at each sample), its
+  lowest value in the window;
 - the **client's timings** of every request (:class:`RequestResult`): time to first token, time per
   output token after the first, the achieved rate (requests that finished in the window over its
   length) and the requests in flight on average over the window (each request's time inside the
@@ -137,6 +138,10 @@ class StepResult:
     #: vLLM's own inter-token latency and TTFT histograms over the window (p95).
     server_itl_p95_s: float | None = None
     server_ttft_p95_s: float | None = None
+    #: vLLM's mean queue time (arrival to first scheduled) of the requests it finished in the
+    #: window: exact, from its histogram's sum over its count. Unlike the waiting gauge it sees
+    #: every request that waited, whenever ``/metrics`` is read (not the wait after a preemption).
+    server_queue_mean_s: float | None = None
     running_mean: float | None = None
     running_max: float | None = None
     waiting_mean: float | None = None
@@ -210,9 +215,10 @@ def _increase(
     return window_increase(values, resets)
 
 
-def _histogram_quantile(
-    first: Sample, last: Sample, pick: Callable[[EngineMetrics], Histogram | None], q: float
-) -> float | None:
+def _histogram_delta(
+    first: Sample, last: Sample, pick: Callable[[EngineMetrics], Histogram | None]
+) -> BucketCounts | None:
+    """A histogram's increase from ``first`` to ``last``, merged over engines."""
     parts: list[BucketCounts] = []
     for name, engine in last.snapshot.engines.items():
         current = pick(engine)
@@ -223,7 +229,13 @@ def _histogram_quantile(
         delta = histogram_increase(old, current, reset=last.restarted)
         if delta is not None:
             parts.append(delta)
-    merged = merge_buckets(parts)
+    return merge_buckets(parts)
+
+
+def _histogram_quantile(
+    first: Sample, last: Sample, pick: Callable[[EngineMetrics], Histogram | None], q: float
+) -> float | None:
+    merged = _histogram_delta(first, last, pick)
     return bucket_quantile(q, merged) if merged is not None else None
 
 
@@ -326,6 +338,7 @@ def evaluate_step(
     )
     window_headroom = headroom[-len(inside) :] if headroom else []
     ttfts = [t for r in settled if (t := r.ttft_s) is not None]
+    queued = _histogram_delta(measured[0], measured[-1], lambda e: e.request_queue_time)
     tpots = [t for r in settled if (t := r.tpot_s) is not None]
     result = StepResult(
         load=load,
@@ -353,6 +366,7 @@ def evaluate_step(
         server_ttft_p95_s=_histogram_quantile(
             measured[0], measured[-1], lambda e: e.time_to_first_token, 0.95
         ),
+        server_queue_mean_s=queued.mean if queued is not None else None,
         running_mean=_mean(running),
         running_max=max(running) if running else None,
         waiting_mean=_mean(waiting),

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from exporter.core.derive import next_sample
+from exporter.core.derive import Sample, detect_restart
 from exporter.errors import HeadroomError
 from exporter.sweep.evaluate import Limits, StepResult, early_stop, evaluate_step
 from exporter.sweep.knee import Knee, TargetCeiling, find_knee
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
     from exporter.core.ceiling import RunningLimit
-    from exporter.core.derive import Sample
     from exporter.core.snapshot import VllmSnapshot
     from exporter.sweep.evaluate import RequestResult
     from exporter.sweep.shape import RequestShape, TrafficShape
@@ -155,7 +154,12 @@ class _Sweep:
                 raise _Abort(f"the target's metrics failed {self.failures} times: {exc}") from None
             return None
         self.failures = 0
-        self.previous = next_sample(self.previous, self.clock(), snapshot)
+        # The whole snapshot, not the sidecar's lean window sample (``next_sample``), which
+        # leaves out the latency and queue-time histograms a step's server figures come from;
+        # a step holds tens of samples, not the sidecar's hundreds.
+        previous = self.previous
+        restarted = previous is not None and detect_restart(previous.snapshot, snapshot)
+        self.previous = Sample(self.clock(), snapshot, restarted)
         return self.previous
 
     async def wait_idle(self, timeout_s: float) -> bool | None:

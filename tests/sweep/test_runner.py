@@ -169,6 +169,28 @@ def test_concurrency_knee_is_max_num_seqs_exactly_when_it_binds(
     assert past.kv_usage_max <= 0.55
 
 
+def test_every_step_reads_vllms_latency_and_queue_histograms(
+    kv_concurrency: SweepResult, seats_concurrency: SweepResult
+) -> None:
+    """The server-side figures come from vLLM's own histograms over each step's window.
+
+    The runner keeps whole snapshots: the sidecar's lean window samples leave those histograms
+    out. Requests queue only where a limit binds: behind max_num_seqs they wait for a seat.
+    """
+    for result in (kv_concurrency, seats_concurrency):
+        for step in result.steps:
+            assert step.server_ttft_p95_s is not None
+            assert step.server_itl_p95_s is not None
+            assert step.server_queue_mean_s is not None
+    knee = seats_concurrency.knee
+    assert knee.index is not None
+    below = seats_concurrency.steps[: knee.index + 1]
+    past = seats_concurrency.steps[knee.first_failure or 0]
+    assert past.server_queue_mean_s is not None
+    assert all((s.server_queue_mean_s or 0.0) < 0.01 for s in below)
+    assert past.server_queue_mean_s > 0.1
+
+
 def test_rate_knee_holds_a_stated_share_of_the_kv_capacity(kv_rate: SweepResult) -> None:
     """Under Poisson arrivals the knee runs 30 to 100 % of the 8 the pool holds.
 
