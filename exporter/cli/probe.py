@@ -6,7 +6,8 @@ traffic shape; refuses to send anything when the target already serves traffic, 
 benchmark client where it is installed, else the built-in httpx client, printing a line per step
 on stderr. The summary goes to stdout (``--json``: one object), the curves to ``--report`` (HTML
 or PNG, with the ``report`` extra). Ctrl-C stops it cleanly: requests in flight are cancelled
-(vLLM aborts them), the target is left idle, and what was measured is reported (exit 130). When
+(vLLM aborts them), the target is left idle, and what was measured is reported (exit 130);
+SIGTERM likewise (exit 143), so a Kubernetes Job that is deleted or runs out of time reports. When
 none of the baseline's requests completes (a wrong model name, a target that refuses them) the
 sweep stops there and says why (exit 1).
 """
@@ -64,13 +65,17 @@ DESCRIPTION = (
     "histograms, a file of lengths, or given) and find the knee: the highest load that keeps "
     "preemptions and queueing under the limits, the concurrency there against the KV ceiling, "
     "and the limit that binds. Refuses a server that already serves traffic unless "
-    "--i-know-this-sends-load. Ctrl-C stops it cleanly."
+    "--i-know-this-sends-load. Ctrl-C or SIGTERM stops it cleanly (exit 130 or 143)."
 )
 
 #: Largest /metrics payload, capture or lengths file read.
 MAX_BYTES = 64 * 1024 * 1024
-#: Exit code after Ctrl-C, as a shell reports SIGINT.
-EXIT_INTERRUPTED = 130
+#: Exit codes after Ctrl-C (SIGINT) and SIGTERM (Kubernetes stopping the probe's Job), as a
+#: shell reports them: 128 + the signal's number.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM
+#: The signals that stop the sweep cleanly; a second one stops it at once.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: Exit code when no request of the baseline completed (nothing could be measured).
 EXIT_NOTHING_COMPLETED = 1
 CONFIRM_FLAG = "--i-know-this-sends-load"
@@ -438,27 +443,37 @@ def _err(line: str) -> None:
 
 
 async def probe(args: argparse.Namespace) -> int:
-    """Run the probe; return the exit code (130 after Ctrl-C)."""
+    """Run the probe; return the exit code (130 after Ctrl-C, 143 after SIGTERM)."""
     _check_flags(args)
     plan = _plan(args)
     interrupt = asyncio.Event()
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
 
-    def on_sigint() -> None:
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
         interrupt.set()
-        # A second Ctrl-C is the default one: stop at once.
-        loop.remove_signal_handler(signal.SIGINT)
+        # A second signal gets the default handling: stop at once.
+        for each in STOP_SIGNALS:
+            loop.remove_signal_handler(each)
+
+    def exit_code(code: int) -> int:
+        if code == EXIT_INTERRUPTED and received and received[0] == signal.SIGTERM:
+            return EXIT_TERMINATED
+        return code
 
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
     try:
-        return await _probe(args, plan, interrupt)
+        return exit_code(await _probe(args, plan, interrupt))
     except _Interrupted:
         _err("probe: interrupted before sending any load")
-        return EXIT_INTERRUPTED
+        return exit_code(EXIT_INTERRUPTED)
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(signal.SIGINT)
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
 
 
 async def _probe(args: argparse.Namespace, plan: SweepPlan, interrupt: asyncio.Event) -> int:

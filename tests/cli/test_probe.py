@@ -274,10 +274,14 @@ def test_the_shape_can_come_from_a_capture_of_another_server(
     assert shape["max_context_tokens"] <= 1024
 
 
-def test_ctrl_c_stops_cleanly_reports_and_leaves_the_target_idle(
-    sim: SimCompletionsServer,
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_stops_cleanly_reports_and_leaves_the_target_idle(
+    sim: SimCompletionsServer, sig: signal.Signals, code: int
 ) -> None:
-    """SIGINT mid-step: requests in flight are cancelled, the summary says so, exit code 130."""
+    """A stop signal mid-step: requests in flight cancelled, summary printed, the shell's code.
+
+    SIGINT is Ctrl-C; SIGTERM is Kubernetes deleting the probe's Job or ending it at its deadline.
+    """
     process = subprocess.Popen(
         [
             sys.executable,
@@ -313,9 +317,9 @@ def test_ctrl_c_stops_cleanly_reports_and_leaves_the_target_idle(
             break
     time.sleep(1.0)
     in_flight = sim.received - sim.disconnected
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
     assert "ended: interrupted" in out
     assert "target idle" in out
     assert sim.disconnected >= 4
