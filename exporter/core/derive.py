@@ -450,6 +450,8 @@ class _Traffic:
     basis: str
     #: Seconds from the window's first sample to the latest (0: since vLLM started).
     window_seconds: float = 0.0
+    #: Index of the window's first sample (None: since vLLM started).
+    first: int | None = None
 
     @property
     def prompt_mean(self) -> float | None:
@@ -519,7 +521,7 @@ def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _
         params_n = _histogram_window(window, name, lambda e: e.request_params_n)
         seconds = window[-1].t - window[0].t
         intervals = tuple(counts for _, counts in chosen)
-        return _Traffic(intervals, params_n, finished, "window", seconds)
+        return _Traffic(intervals, params_n, finished, "window", seconds, first)
     latest = samples[-1].snapshot.engines[name]
     prompt, output = _lifetime(latest.prompt_tokens), _lifetime(latest.generation_tokens)
     lifetime = (IntervalCounts(prompt, output),) if prompt and output else ()
@@ -556,9 +558,8 @@ class _Caching:
     cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
 
 
-def _caching(name: str, samples: Sequence[Sample], seconds: float) -> _Caching:
-    """Prefix-cache hit ratio and cached prompt share by source over the window."""
-    window = samples[_tail(samples, seconds) :]
+def _caching(name: str, window: Sequence[Sample]) -> _Caching:
+    """Prefix-cache hit ratio and cached prompt share by source over ``window``'s samples."""
     resets = _restarts(window)
     engines = [s.snapshot.engines.get(name) for s in window]
     latest = engines[-1]
@@ -751,7 +752,9 @@ def derive_engine(
     mean_n = _mean_n(traffic)
     requests_running, sequences_running = _running(engine, mean_n)
     asleep = _asleep(engine)
-    caching = _caching(name, samples, windows.context_seconds)
+    # Over the requests the mean prompt comes from: the context window, as far as it reached.
+    since = traffic.first if traffic.first is not None else _tail(samples, windows.context_seconds)
+    caching = _caching(name, samples[since:])
     shared = None
     prompt_mean = traffic.prompt_mean
     if caching.hit_ratio is not None and prompt_mean is not None:

@@ -369,8 +369,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_prefix_cache_hit_ratio",
         Kind.GAUGE,
-        "Prompt tokens found in the device prefix cache over those looked up, in the context "
-        "window (since vLLM started when none were looked up in it).",
+        "Prompt tokens found in the device prefix cache over those looked up, over the context "
+        "window as far as it reached back for requests (since vLLM started when none were "
+        "looked up in it).",
         ENGINE,
         source="increase of vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total",
         row=Row.ENGINE,

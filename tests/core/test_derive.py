@@ -652,6 +652,30 @@ def test_the_requests_reached_back_for_shape_the_quantiles() -> None:
     assert reached.context_mean_tokens == pytest.approx((10 * 481 + 20 * 781) / 30)
 
 
+def test_the_prefix_hit_ratio_reaches_back_with_the_window() -> None:
+    """Hit ratio and mean prompt describe the same requests, the ones the window reached for.
+
+    Ten requests that shared their 384-token prefix half an hour ago, two without hits in the
+    last ten minutes: the window reaches back for 12, and so does the hit ratio (not 0 of the
+    last ten minutes' lookups, which would leave the shared prefix of 12 requests at 0).
+    """
+    shared = sharing(finished=10, queries=4480.0, hits=3840.0)
+    later = sharing(finished=12, queries=4480.0 + 896.0, hits=3840.0)
+    samples = chain(
+        Sample(0.0, snap(sharing(finished=0, queries=0.0, hits=0.0))),
+        Sample(60.0, snap(shared)),
+        Sample(1800.0, snap(shared)),
+        Sample(2100.0, snap(later)),
+        Sample(2400.0, snap(later)),
+    )
+    (fixed,) = derive_target(samples, windows=reaching(0)).engines
+    (reached,) = derive_target(samples, windows=reaching(12)).engines
+    assert fixed.prefix_cache_hit_ratio == 0.0
+    assert reached.context_window_requests == 12
+    assert reached.prefix_cache_hit_ratio == pytest.approx(3840 / 5376)
+    assert reached.shared_prefix_tokens == pytest.approx(3840 / 5376 * 448.0)
+
+
 def test_the_lifetime_fallback_spans_no_window() -> None:
     """Nothing finished in all the reach: the figures are since vLLM started, over no window."""
     samples = chain(
