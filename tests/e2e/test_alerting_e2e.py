@@ -16,7 +16,7 @@ last even 30 s, as a CI run showed). It fires before the page does; the ticket r
 
 The scenario, once for the module: idle, with three requests that never preempt (448 + 32 tokens) so
 that the sidecar knows a p95 context before the burst; a burst of 8 concurrent 128 + 352-token
-requests for 150 s (vLLM preempts several times a second); drain; the page resolves. The tests
+requests for 120 s (vLLM preempts several times a second); drain; the page resolves. The tests
 check: exactly one page for the incident, with model, namespace, pod and team labels and links that
 work; the lower-severity alerts of the pod inhibited; resolved after the burst. The measured time
 from the first preemption to the page at the webhook is printed (``-s``) and written in
