@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -465,6 +466,21 @@ def test_invalid_probe_values_fail_at_render_time_in_one_line(
 # ================================================================================ running it
 
 
+def job_args(probe: dict[str, Any], url: str) -> list[str]:
+    """The probe container's args with the vLLM Service's URL replaced by ``url``."""
+    return [url if arg == SERVICE_URL else arg for arg in probe["args"]]
+
+
+def job_env(reports: Path) -> dict[str, str]:
+    """The environment the Job gives the container, with this Python's vllm-headroom first."""
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "POD_NAME": POD_NAME,
+        "REPORT_DIR": str(reports),
+    }
+
+
 @pytest.mark.e2e
 def test_the_rendered_command_runs_the_probe_and_keeps_its_report(
     helm: Path, tmp_path: Path
@@ -495,19 +511,12 @@ def test_the_rendered_command_runs_the_probe_and_keeps_its_report(
     reports.mkdir()
     with SimCompletionsServer(scenario, speed=4.0) as sim:
         url = sim.url
-        args = [url if arg == SERVICE_URL else arg for arg in probe["args"]]
-        env = {
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "POD_NAME": POD_NAME,
-            "REPORT_DIR": str(reports),
-        }
         done = subprocess.run(
-            [*probe["command"], *args],
+            [*probe["command"], *job_args(probe, url)],
             capture_output=True,
             text=True,
             check=False,
-            env=env,
+            env=job_env(reports),
             timeout=120,
         )
     assert done.returncode == 0, done.stderr
@@ -519,3 +528,57 @@ def test_the_rendered_command_runs_the_probe_and_keeps_its_report(
     assert json.loads(done.stdout) == document
     assert "exit 0" in done.stderr
     assert str(saved) in done.stderr
+
+
+@pytest.mark.e2e
+def test_sigterm_to_the_jobs_shell_reaches_the_probe_which_reports(
+    helm: Path, tmp_path: Path
+) -> None:
+    """Kubernetes stops a Job with SIGTERM to PID 1, the shell: it passes it on.
+
+    The probe then cancels its requests and reports what it measured (interrupted), and the
+    shell keeps the report and exits with the probe's 143, before the pod's grace period ends.
+    """
+    manifests = render(
+        helm,
+        sets=(
+            MODEL,
+            "--set probe.enabled=true",
+            "--set probe.shape.promptTokens=100",
+            "--set probe.shape.outputTokens=600",
+            "--set probe.mode=concurrency",
+            "--set probe.levels={2,4}",
+            "--set probe.stepSeconds=60",
+            "--set probe.baselineRequests=1",
+            "--set probe.maxDurationSeconds=600",
+        ),
+    )
+    probe = probe_container(manifests)
+    scenario = Scenario(
+        engine=SimEngineConfig(
+            block_size=16, max_model_len=1024, kv_cache_memory_bytes=129 * 16 * 131_072
+        )
+    )
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    with SimCompletionsServer(scenario, speed=4.0) as sim:
+        shell = subprocess.Popen(
+            [*probe["command"], *job_args(probe, sim.url)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**job_env(reports), "PYTHONUNBUFFERED": "1"},
+        )
+        assert shell.stderr is not None
+        for line in shell.stderr:
+            if line.startswith("probe: step 1/"):
+                break
+        shell.send_signal(signal.SIGTERM)
+        out, err = shell.communicate(timeout=30)
+        assert sim.running_and_waiting() == (0, 0)
+    assert shell.returncode == 143, err
+    document = json.loads((reports / f"{POD_NAME}.json").read_text())
+    assert document["interrupted"] is True
+    assert document["ended"] == "interrupted"
+    assert json.loads(out) == document
+    assert "exit 143" in err
