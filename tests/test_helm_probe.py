@@ -466,6 +466,35 @@ def test_invalid_probe_values_fail_at_render_time_in_one_line(
 # ================================================================================ running it
 
 
+def job_probe(helm: Path, *sets: str) -> dict[str, Any]:
+    """The probe container the chart renders for a 2-then-4-client sweep of 100-token prompts."""
+    manifests = render(
+        helm,
+        sets=(
+            MODEL,
+            "--set probe.enabled=true",
+            "--set probe.shape.promptTokens=100",
+            "--set probe.mode=concurrency",
+            "--set probe.levels={2,4}",
+            "--set probe.baselineRequests=1",
+            *sets,
+        ),
+    )
+    return probe_container(manifests)
+
+
+def simulated_vllm() -> SimCompletionsServer:
+    """The simulated vLLM the Job's command runs against: 128 usable blocks of 16 tokens."""
+    return SimCompletionsServer(
+        Scenario(
+            engine=SimEngineConfig(
+                block_size=16, max_model_len=1024, kv_cache_memory_bytes=129 * 16 * 131_072
+            )
+        ),
+        speed=4.0,
+    )
+
+
 def job_args(probe: dict[str, Any], url: str) -> list[str]:
     """The probe container's args with the vLLM Service's URL replaced by ``url``."""
     return [url if arg == SERVICE_URL else arg for arg in probe["args"]]
@@ -486,30 +515,16 @@ def test_the_rendered_command_runs_the_probe_and_keeps_its_report(
     helm: Path, tmp_path: Path
 ) -> None:
     """The Job's command line, run as is against the simulated vLLM, keeps the JSON and logs it."""
-    manifests = render(
+    probe = job_probe(
         helm,
-        sets=(
-            MODEL,
-            "--set probe.enabled=true",
-            "--set probe.shape.promptTokens=100",
-            "--set probe.shape.outputTokens=156",
-            "--set probe.mode=concurrency",
-            "--set probe.levels={2,4}",
-            "--set probe.stepSeconds=2",
-            "--set probe.settleSeconds=0",
-            "--set probe.baselineRequests=1",
-            "--set probe.maxDurationSeconds=60",
-        ),
-    )
-    probe = probe_container(manifests)
-    scenario = Scenario(
-        engine=SimEngineConfig(
-            block_size=16, max_model_len=1024, kv_cache_memory_bytes=129 * 16 * 131_072
-        )
+        "--set probe.shape.outputTokens=156",
+        "--set probe.stepSeconds=2",
+        "--set probe.settleSeconds=0",
+        "--set probe.maxDurationSeconds=60",
     )
     reports = tmp_path / "reports"
     reports.mkdir()
-    with SimCompletionsServer(scenario, speed=4.0) as sim:
+    with simulated_vllm() as sim:
         url = sim.url
         done = subprocess.run(
             [*probe["command"], *job_args(probe, url)],
@@ -539,29 +554,15 @@ def test_sigterm_to_the_jobs_shell_reaches_the_probe_which_reports(
     The probe then cancels its requests and reports what it measured (interrupted), and the
     shell keeps the report and exits with the probe's 143, before the pod's grace period ends.
     """
-    manifests = render(
+    probe = job_probe(
         helm,
-        sets=(
-            MODEL,
-            "--set probe.enabled=true",
-            "--set probe.shape.promptTokens=100",
-            "--set probe.shape.outputTokens=600",
-            "--set probe.mode=concurrency",
-            "--set probe.levels={2,4}",
-            "--set probe.stepSeconds=60",
-            "--set probe.baselineRequests=1",
-            "--set probe.maxDurationSeconds=600",
-        ),
-    )
-    probe = probe_container(manifests)
-    scenario = Scenario(
-        engine=SimEngineConfig(
-            block_size=16, max_model_len=1024, kv_cache_memory_bytes=129 * 16 * 131_072
-        )
+        "--set probe.shape.outputTokens=600",
+        "--set probe.stepSeconds=60",
+        "--set probe.maxDurationSeconds=600",
     )
     reports = tmp_path / "reports"
     reports.mkdir()
-    with SimCompletionsServer(scenario, speed=4.0) as sim:
+    with simulated_vllm() as sim:
         shell = subprocess.Popen(
             [*probe["command"], *job_args(probe, sim.url)],
             stdout=subprocess.PIPE,

@@ -290,13 +290,18 @@ def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
     return restart_evidence(previous, current) is not None
 
 
-def next_sample(previous: Sample | None, t: float, snapshot: VllmSnapshot) -> Sample:
+def next_sample(
+    previous: Sample | None, t: float, snapshot: VllmSnapshot, *, whole: bool = False
+) -> Sample:
     """The sample that follows ``previous``, with a restart between the two detected once.
 
     The sample keeps only what the windows read (:func:`window_snapshot`), sharing with
-    ``previous`` whatever did not change: a window holds hundreds of samples.
+    ``previous`` whatever did not change: a window holds hundreds of samples. ``whole`` keeps
+    the snapshot as it is, latency histograms included (the probe's steps read them).
     """
     restarted = previous is not None and detect_restart(previous.snapshot, snapshot)
+    if whole:
+        return Sample(t, snapshot, restarted)
     lean = window_snapshot(snapshot, previous.snapshot if previous is not None else None)
     return Sample(t, lean, restarted)
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from exporter.core.derive import Sample, detect_restart
+from exporter.core.derive import next_sample
 from exporter.errors import HeadroomError
 from exporter.sweep.evaluate import Limits, StepResult, early_stop, evaluate_step
 from exporter.sweep.knee import Knee, TargetCeiling, find_knee
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
     from exporter.core.ceiling import RunningLimit
+    from exporter.core.derive import Sample
     from exporter.core.snapshot import VllmSnapshot
     from exporter.sweep.evaluate import RequestResult
     from exporter.sweep.shape import RequestShape, TrafficShape
@@ -154,12 +155,9 @@ class _Sweep:
                 raise _Abort(f"the target's metrics failed {self.failures} times: {exc}") from None
             return None
         self.failures = 0
-        # The whole snapshot, not the sidecar's lean window sample (``next_sample``), which
-        # leaves out the latency and queue-time histograms a step's server figures come from;
-        # a step holds tens of samples, not the sidecar's hundreds.
-        previous = self.previous
-        restarted = previous is not None and detect_restart(previous.snapshot, snapshot)
-        self.previous = Sample(self.clock(), snapshot, restarted)
+        # Whole: a step's server figures come from the latency and queue-time histograms the
+        # sidecar's lean samples leave out; a step holds tens of samples, not hundreds.
+        self.previous = next_sample(self.previous, self.clock(), snapshot, whole=True)
         return self.previous
 
     async def wait_idle(self, timeout_s: float) -> bool | None:
