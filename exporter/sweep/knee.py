@@ -14,7 +14,8 @@
   this ceiling says how much of the memory ceiling is usable in practice (without the client's
   timings, vLLM's mean running requests stand in for it).
 - **The binding limit** is read from the first step past the knee: ``max_num_seqs`` when the
-  running requests sat at the scheduler's limit with requests waiting and no preemption;
+  running requests sat at the scheduler's limit with requests waiting (seen by the waiting gauge,
+  or vLLM's mean queue time over the step above ``QUEUED_MEAN_S``) and no preemption;
   ``kv_cache`` when vLLM preempted, or queued with the pool (nearly) full; ``compute`` when the
   step broke a latency objective (or queued) with seats and blocks to spare; ``errors`` when only
   failed requests broke it. ``not_reached`` when no step broke a limit.
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
 
 #: KV usage at or above which the pool counts as full (vLLM's usage is block-granular).
 KV_FULL_RATIO = 0.9
+#: vLLM's mean queue time over a step above which its requests waited for a seat or blocks:
+#: well above one engine step (a request arriving mid-step waits for the next; tens of ms on a
+#: GPU, up to ~0.1 s on a CPU backend), so that only real queueing counts.
+QUEUED_MEAN_S = 0.25
 
 
 class Binding(StrEnum):
@@ -146,7 +151,9 @@ def binding_limit(step: StepResult, ceiling: TargetCeiling) -> Binding:
     """The limit that broke ``step`` (the first step past the knee); see the module docstring."""
     seats = ceiling.max_num_seqs
     preempted = (step.preemptions or 0.0) > 0
-    queued = (step.waiting_max or 0.0) > 0
+    # The waiting gauge is read once a poll and can miss short waits; the queue-time mean
+    # counts every request the step finished, whenever it waited.
+    queued = (step.waiting_max or 0.0) > 0 or (step.server_queue_mean_s or 0.0) > QUEUED_MEAN_S
     kv_full = (step.kv_usage_max or 0.0) >= KV_FULL_RATIO
     at_seats = seats is not None and (step.running_max or 0.0) >= seats
     if at_seats and queued and not preempted:

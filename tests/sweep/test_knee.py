@@ -95,6 +95,21 @@ def test_a_sweep_that_never_fails_has_not_reached_the_knee() -> None:
         ({"waiting_max": 2.0, "kv_usage_max": 0.95, "running_max": 8.0}, 1024, Binding.KV_CACHE),
         ({"waiting_max": 2.0, "kv_usage_max": 0.5, "running_max": 4.0}, 4, Binding.MAX_NUM_SEQS),
         ({"waiting_max": 2.0, "kv_usage_max": 1.0, "running_max": 4.0}, 4, Binding.MAX_NUM_SEQS),
+        (
+            {"server_queue_mean_s": 0.6, "kv_usage_max": 0.5, "running_max": 4.0},
+            4,
+            Binding.MAX_NUM_SEQS,
+        ),
+        (
+            {"server_queue_mean_s": 0.6, "kv_usage_max": 0.95, "running_max": 8.0},
+            1024,
+            Binding.KV_CACHE,
+        ),
+        (
+            {"server_queue_mean_s": 0.05, "kv_usage_max": 0.5, "running_max": 4.0},
+            4,
+            Binding.COMPUTE,
+        ),
         ({"kv_usage_max": 0.3, "running_max": 3.0}, 1024, Binding.COMPUTE),
         ({"failed": 2.0, "running_max": 3.0}, 1024, Binding.ERRORS),
     ],
@@ -105,7 +120,9 @@ def test_the_binding_limit_is_read_from_the_first_step_past_the_knee(
     """Each binding limit is told by its signature in the first step past the knee.
 
     Seats full and queueing without preemption: max_num_seqs; preemption, or a full pool with
-    queueing: the KV cache; only failures: errors; anything else: compute.
+    queueing: the KV cache; only failures: errors; anything else: compute. Queueing is requests
+    seen waiting, or vLLM's mean queue time over the step (which sees waits between two reads of
+    the gauge) above a quarter of a second; a mean of one engine step's wait is no queueing.
     """
     ceiling = TargetCeiling(256, 256, max_num_seqs=seats)
     bad = "2 requests failed" if "failed" in figures else "limit"
