@@ -5,6 +5,8 @@ Run from the repository root::
     .venv/bin/python benchmarks/context.py                # about 30 s
     .venv/bin/python benchmarks/context.py --windows 5    # a quick look
     .venv/bin/python benchmarks/context.py --seeds 7 8 9  # other simulations
+    .venv/bin/python benchmarks/context.py --shapes production --rates 10 --windows 10000
+                                                          # one case's rare windows
 
 Each traffic shape draws per-request (prompt, output) lengths; requests finish in 5 s poll
 intervals at a Poisson rate (0.2, 0.5, 2 and 10 per interval). A window is what the sidecar reads
@@ -308,8 +310,19 @@ def _merge(into: Errors, more: Errors) -> None:
     into.fixed95.extend(more.fixed95)
 
 
-def main() -> None:
-    """Print the comparison table, the goal per shape and the issue's run."""
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What to simulate: the command line's choices."""
+
+    windows: int
+    seeds: Sequence[int]
+    shapes: Sequence[Shape]
+    rates: Sequence[float]
+    reach: Reach
+
+
+def arguments() -> Run:
+    """The command line, read and checked."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--windows", type=int, default=40, help="windows per shape, rate and seed")
     parser.add_argument(
@@ -331,23 +344,51 @@ def main() -> None:
         default=_DEFAULTS.context_max_seconds,
         help="context_max_window_seconds: how far it may reach (default: %(default)s)",
     )
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        metavar="TEXT",
+        help="only the shapes whose name contains one of these (default: all)",
+    )
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        choices=RATES,
+        default=list(RATES),
+        help="requests per poll (default: %(default)s)",
+    )
     args = parser.parse_args()
-    reach = Reach(args.min_requests, max(INTERVALS, round(args.max_window_seconds / POLL_SECONDS)))
+    shapes = [s for s in SHAPES if not args.shapes or any(t in s.name for t in args.shapes)]
+    if not shapes:
+        parser.error(f"no shape's name contains {' or '.join(args.shapes)}: see SHAPES")
+    return Run(
+        args.windows,
+        args.seeds,
+        shapes,
+        [r for r in RATES if r in args.rates],
+        Reach(args.min_requests, max(INTERVALS, round(args.max_window_seconds / POLL_SECONDS))),
+    )
 
+
+def main() -> None:
+    """Print the comparison table, the goal per shape and the issue's run."""
+    run = arguments()
+    shapes, rates, reach = run.shapes, run.rates, run.reach
     print(
         f"Windows of {INTERVALS} poll intervals, reaching back to at most {reach.max_intervals} for"
-        f" {reach.min_requests} requests; {args.windows} windows per shape and rate for each of the"
-        f" seeds {', '.join(map(str, args.seeds))}.\nreqs, span: median requests and seconds a"
+        f" {reach.min_requests} requests; {run.windows} windows per shape and rate for each of the"
+        f" seeds {', '.join(map(str, run.seeds))}.\nreqs, span: median requests and seconds a"
         " window holds. Error relative to the true quantile of prompt + output: median over the"
         " windows [lowest, highest]; old = sum of histogram_quantile.\n"
     )
     started = time.perf_counter()
-    merged = {(shape.name, rate): Errors() for shape in SHAPES for rate in RATES}
-    for seed in args.seeds:
+    merged = {(shape.name, rate): Errors() for shape in shapes for rate in rates}
+    for seed in run.seeds:
         rng = random.Random(seed)  # noqa: S311 - a reproducible simulation, not secrets
-        for shape in SHAPES:
-            for rate in RATES:
-                _merge(merged[shape.name, rate], run_case(shape, rate, args.windows, rng, reach))
+        for shape in shapes:
+            for rate in rates:
+                _merge(merged[shape.name, rate], run_case(shape, rate, run.windows, rng, reach))
 
     header = (
         f"{'shape':32} {'req/poll':>8} {'reqs':>5} {'span':>5} {'true p95':>8} |"
@@ -359,13 +400,13 @@ def main() -> None:
     verdicts: list[str] = []
     seconds: list[float] = []
     missed_total = windows_total = 0
-    fixed_missed = dict.fromkeys(RATES, 0)
-    for shape in SHAPES:
+    fixed_missed = dict.fromkeys(rates, 0)
+    for shape in shapes:
         probe = random.Random(SEEDS[0])  # noqa: S311 - a reproducible simulation
         narrow = one_pair([shape.draw(probe) for _ in range(5000)], bounds_for(shape.max_model_len))
         outside: list[str] = []
         worst = dict.fromkeys(QUANTILES, 0.0)
-        for rate in RATES:
+        for rate in rates:
             errors = merged[shape.name, rate]
             seconds.extend(errors.seconds)
             new95 = errors.new[0.95]
@@ -391,7 +432,7 @@ def main() -> None:
     print("\nGoal per shape (every window, every rate, every seed):")
     print("\n".join(verdicts))
     print(f"  windows outside the goal: {missed_total} of {windows_total}")
-    per_rate = ", ".join(f"{fixed_missed[r]} at {r:g}/poll" for r in RATES)
+    per_rate = ", ".join(f"{fixed_missed[r]} at {r:g}/poll" for r in rates)
     print(
         f"  the same windows cut to their last {INTERVALS} intervals (never reaching back):"
         f" {per_rate}"
