@@ -217,3 +217,20 @@ def test_lengths_within_one_bucket_pair_read_p95_within_10_percent() -> None:
     assert result is not None
     assert abs(result.quantiles[0.95] / truth - 1.0) <= 0.10
     assert sum_of_quantiles(intervals(groups), 0.95) / truth - 1.0 > 0.10  # the old method
+
+
+@pytest.mark.parametrize("requests_per_poll", [2, 10])
+def test_lengths_skew_right_where_no_bound_is_near(requests_per_poll: int) -> None:
+    """Request lengths skew right: the p95 lies further above the mean than the p5 below it.
+
+    Groups in one bucket pair, their exact means spread about 300 tokens a request around
+    16,500, far from the pair's bounds (10,001-20,000 + 1,001-2,000): the shape is assumed,
+    and it is the one real traffic has (log-normal-like), not a symmetric one.
+    """
+    step = round(300 / math.sqrt(requests_per_poll))  # a group's mean spreads sqrt(n) times less
+    groups = [[(15000 + (step if i % 2 else -step), 1500)] * requests_per_poll for i in range(120)]
+    result = estimate_context_quantiles(intervals(groups), (0.05, 0.95), max_model_len=32768)
+    assert result is not None
+    above = result.quantiles[0.95] - result.mean
+    below = result.mean - result.quantiles[0.05]
+    assert above / below == pytest.approx(1.2, abs=0.1)
