@@ -351,16 +351,20 @@ class ExporterServer(ThreadingWSGIServer):
                 del self._waiting[ident]
                 self._evicted.add(ident)
                 self.evictions += 1
+                # The victim gets a 503 (a client that connected first and sends its request
+                # later reads it, not a bare close; over TLS the bytes would be garbage, so
+                # none). Sent under the lock: a victim whose thread has just read its head
+                # learns it was evicted (request_received) only after the 503 is on its way,
+                # so the thread cannot close the connection first, leaving a bare close.
+                if self.tls is None:
+                    with contextlib.suppress(OSError):
+                        victim.send(_BUSY)
                 break
             else:
                 return False
-        # The victim gets a 503 (a client that connected first and sends its request later
-        # reads it, not a bare close; over TLS the bytes would be garbage, so none), and its
-        # thread wakes from recv() (or the TLS handshake) at once and ends. If the socket
+        # Its thread wakes from recv() (or the TLS handshake) at once and ends. If the socket
         # closed by itself meanwhile, the thread is ending anyway.
         with contextlib.suppress(OSError):
-            if self.tls is None:
-                victim.send(_BUSY)
             victim.shutdown(socket.SHUT_RDWR)
         if self.evictions in (1, 10, 100) or self.evictions % 1000 == 0:
             log.warning("http_idle_connections_evicted", total=self.evictions)
