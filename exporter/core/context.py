@@ -500,8 +500,7 @@ def _knots(mean: float, lower: tuple[float, float], upper: tuple[float, float]) 
     (a, flat_a), (b, flat_b) = lower, upper
     pull_a, pull_b = a * _moments(flat_a)[0], b * _moments(flat_b)[0]
     share = pull_b / (pull_a + pull_b)  # of the requests below the mean
-    piece_a = _TRIANGLE if flat_a <= 0.0 else _piece(round(flat_a, 2))
-    piece_b = _TRIANGLE if flat_b <= 0.0 else _piece(round(flat_b, 2))
+    piece_a, piece_b = _piece(round(flat_a, 2)), _piece(round(flat_b, 2))  # cached
     below = tuple((share * (1.0 - v), mean - a * t) for v, t in reversed(piece_a[1:]))
     above = tuple((share + (1.0 - share) * v, mean + b * t) for v, t in piece_b)
     return (*below, *above)
@@ -643,10 +642,6 @@ def _even(prompt: _Key, output: _Key) -> float:
     """Variance of an even spread over a cell (prompt and output each even, comonotonic)."""
     widths = (k[1] - k[0] if math.isfinite(k[1]) else k[0] for k in (prompt, output))
     return sum(widths) ** 2 / 12.0
-
-
-#: The half triangle's knots, computed once.
-_TRIANGLE = _piece(0.0)
 
 
 def _components(groups: Sequence[_Group], cap: float | None) -> list[tuple[float, _Knots]]:

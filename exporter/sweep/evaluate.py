@@ -337,8 +337,8 @@ def evaluate_step(
         max_model_len=max_model_len,
     )
     window_headroom = headroom[-len(inside) :] if headroom else []
-    queued = _histogram_delta(measured[0], measured[-1], lambda e: e.request_queue_time)
     ttfts = [t for r in settled if (t := r.ttft_s) is not None]
+    queued = _histogram_delta(measured[0], measured[-1], lambda e: e.request_queue_time)
     tpots = [t for r in settled if (t := r.tpot_s) is not None]
     result = StepResult(
         load=load,
