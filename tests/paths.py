@@ -18,5 +18,7 @@ NVML = FIXTURES / "nvml"
 PROC = FIXTURES / "proc"
 #: What a real vLLM 0.32 on this project's CPU machine reported (``fixtures/vllm-cpu/README.md``).
 VLLM_CPU = FIXTURES / "vllm-cpu"
+#: Traffic windows the context benchmark found hard (``benchmarks/context.py``), per request.
+CONTEXT = FIXTURES / "context"
 GOLDEN = TESTS / "golden"
 DOCS = REPO / "docs"

@@ -21,7 +21,8 @@ The method
    group's exact sum: the means by generalised least squares (``sum c_b m_b`` against the sum,
    by iteration, starting from the groups that held that histogram in that bucket alone), the
    variances by least squares on the squared gaps, ``E[(S - sum c_b m_b)^2] = (1 - h) sum c_b
-   v_b`` (``h`` the group's own weight in the fitted means), with an even spread over the
+   v_b`` (``h`` the group's own weight in the fitted means; all buckets at once, reweighted
+   a few times, each time halfway), with an even spread over the
    bucket (PromQL's assumption) counted as one more group. So groups spread over several
    buckets inform every bucket they touch, and a bucket seen in few groups leans to the even
    spread. For spreading (not for placing) the variances are raised to their 75 % upper
@@ -50,8 +51,11 @@ The method
 7. **Quantiles.** The ``q`` quantile of ``N`` requests is the ``r``-th smallest,
    ``r = ceil(q N)``. The estimate is the length below which the mixture of all groups holds
    ``r - 1/2`` requests (about the median of the r-th smallest), raised by one standard
-   deviation of that count (requests placed independently): where the placement is uncertain,
-   the figure errs high by about the uncertainty. The mean is exact: sums over counts.
+   deviation of that count (requests placed independently) where every request lies in one
+   bucket pair, by two where they spread over several (but to at most 10 % above the first):
+   where the placement is uncertain, the figure errs high by about the uncertainty, and more
+   so where the placement rests on a model (the pairing, and how a poll's sum divides among
+   buckets) rather than on a measured spread. The mean is exact: sums over counts.
 
 Bias and when it is exact
 -------------------------
@@ -63,8 +67,8 @@ Bias and when it is exact
   window, and the deliberate rise. Measured (``benchmarks/context.py``, windows as the sidecar
   reads them: 10 minutes, reaching back for 400 requests up to an hour; 120 per shape and
   rate over three seeds): p95 +0.2 to +4.1 % typical, from -2.6 to +8.3 % in the worst
-  windows, where the sum of quantiles read up to +14 % typical; over 24 seeds (23,040
-  windows of these shapes) never outside -5 % to +10 %. Over the requests of a
+  windows, where the sum of quantiles read up to +14 % typical; over 48 more seeds (46,080
+  windows of these shapes) 2 outside -5 % to +10 % (below). Over the requests of a
   10-minute window alone, at 60 requests or fewer, some read up to +20 % high: the p95 of so
   few is the third-longest request, and groups of 2-3 near it cannot be split; that is why
   the caller reaches back for more requests (``exporter.core.derive``).
@@ -73,26 +77,33 @@ Bias and when it is exact
   evenly as its bounds allow (24 requests of 128 + 256 tokens all in one poll read 503 with
   ``max_model_len`` 512; over two polls or more, 384), and quantiles rise with the
   uncertainty. With many requests per interval spread over many buckets it tends to the sum of
-  quantiles with the mass placed by the exact sums: p95 +9 to +18 % at 10 requests a poll,
-  where the sum of quantiles read up to +53 %. The same pairing spreads the middle: the p50 of
-  such traffic can read up to about 13 % low, and its p99 in small windows up to 16 % low.
+  quantiles with the mass placed by the exact sums: p95 +10 to +21 % at 10 requests a poll
+  (the doubled rise adds 1 to 3 points), where the sum of quantiles read up to +53 %. The same
+  pairing spreads the middle: the p50 of such traffic can read up to about 11 % low, and its
+  p99 up to 12 % low. Longest with longest bounds how far requests reach past a length (the
+  convex order), not how many do: a poll of three whose longest prompt went with a short
+  output and longest output with a short prompt (2,707, 2,086 and 811 tokens) is placed as
+  3,926, 1,018 and 660, one request fewer above 2,000.
 - These are estimates, not bounds: in small windows (tens of requests), traffic that runs into
   ``max_model_len`` (its mass piles at the cap, but is spread below it here), or data built to
   defeat them (one group of ``302, 302, 698`` among groups with the same mean), the truth can
-  lie more than 5 % above them. The benchmark's worst windows read p95 4.6 % low. Over 24
-  seeds, 5 of 42,240 windows read lower, down to -8.4 %, all spread over several bucket pairs
-  at 2 requests a poll or fewer (123 to 402 requests: their p95 is one of a few longest
-  requests, which share polls across buckets). Production-like lengths at 10 a poll fall
-  outside -5 % to +10 % in 2 of 10,000 windows, both high (to +11.0 %: a spread measured
-  over 120 polls' means alone is off by 20 % in a rare window). Windows reaching back for 200
+  lie more than 5 % above them. The benchmark's worst windows read p95 2.6 % low. Over 48
+  more seeds (84,480 windows) 3 miss -5 % to +10 % (one bucket pair) or -5 % (spread): the
+  production-like shape at 0.2 a poll, -9.4 % (124 requests; three of the seven longest shared
+  a poll with a much shorter one, and a poll's sum cannot say how it splits), the same shape at
+  10 a poll, +10.5 %, and wide log-normal lengths at 0.2 a poll, -8.9 % (the poll of three
+  above). Before the variances were fitted together and the rise doubled for spread lengths,
+  at least 11 (down to -9.3 % at 10 a poll, where a bucket's variance, fitted with the
+  others held, swung between fits and ended at 0). The production-like shape's spread, measured
+  over 120 polls' means alone, is off by 20 % in a rare window. Windows reaching back for 200
   requests instead of 400 read 5.1 % low in rare draws, and 600 s windows of a few dozen
-  requests that do not reach back from 8 % low to 56 % high (one bucket pair: up to 20 %).
+  requests that do not reach back from 7 % low to 56 % high (one bucket pair: up to 20 %).
 - vLLM's live KV tokens per running sequence are not used: they describe unfinished requests,
   rounded to blocks, and say nothing of how a finished request's length splits.
 
-Cost: linear in the occupied buckets of all groups, plus one sort of the mixture's pieces: a few
-milliseconds for 120 intervals of 10 requests in one bucket pair, a few tens when they spread
-over many buckets (Python 3.11, one core).
+Cost: linear in the occupied buckets of all groups (squared within a group, for the variance
+fit), plus one sort of the mixture's pieces: about 15 milliseconds for 120 intervals, up to
+about 80 when many requests a poll spread over many buckets (Python 3.11, one core).
 """
 
 from __future__ import annotations
@@ -114,8 +125,16 @@ if TYPE_CHECKING:
 _CONFIDENCE_Z = -0.6745  # 75 %
 #: An even spread over the bucket counts as this many groups in a measured variance.
 _PRIOR_GROUPS = 1.0
-#: Standard deviations of the count of requests below a length by which quantiles are raised.
+#: Standard deviations of the count of requests below a length by which quantiles are raised,
+#: where every request lies in one bucket pair (the spread that places them is measured) ...
 _RANK_Z = 1.0
+#: ... and where they spread over several (which prompt went with which output, and how a
+#: bucket's sum divides among requests of different buckets, are modelled, not measured),
+_RANK_Z_SPREAD = 2.0
+#: ... but then at most this factor above the single rise: the extra covers a model's error of
+#: a few percent, not a jump to the longest request of a small window (600 s windows of some
+#: 24 requests read up to 23 times the truth without it).
+_SPREAD_RISE_LIMIT = 1.10
 #: How much longer the upper piece of a request's shape is than the lower (lengths skew right).
 _SKEW = 1.3
 #: Standard deviations beyond which a bound no longer shifts a normal variable's moments.
@@ -123,7 +142,7 @@ _FAR = 5.0
 #: Rounds of fitting the bucket means to every group's sum.
 _REFITS = 4
 #: Rounds of fitting the bucket variances to every group's sum.
-_VARIANCE_FITS = 4
+_VARIANCE_FITS = 8
 #: At most this many consecutive intervals are merged to make the two histograms' counts agree.
 _MAX_MERGED = 4
 #: Relative tolerance on ranks and sums (float sums of whole counts).
@@ -579,9 +598,14 @@ def _fit_variances(
 
     ``E[(S - sum c_b m_b)^2] = (1 - h) sum c_b v_b``, ``h`` the group's own weight in the fitted
     means (its leverage): a weighted least-squares fit of the ``v_b`` (weights
-    ``1 / (sum c_b v_b)^2``, as the gap is about normal), each within what its bucket allows,
-    with an even spread over the bucket counted as ``_PRIOR_GROUPS`` groups.
+    ``1 / (sum c_b v_b)^2``, as the gap is about normal, refitted with the weights of the last
+    fit), all buckets at once, each within what its bucket allows, with an even spread over
+    the bucket counted as ``_PRIOR_GROUPS`` groups. At once: buckets that share groups trade
+    variance, and fitting each with the others held swung from fit to fit (a bucket of
+    2,001-5,000 tokens fitted 596, 0, 456, 0 tokens' spread in turn), leaving a wide bucket
+    with none.
     """
+    size = len(keys)
     variances = list(start)
     targets = []
     for total_sum, counts in rows:
@@ -591,16 +615,20 @@ def _fit_variances(
         (k[1] - k[0]) ** 2 / 4.0 if math.isfinite(k[1]) else 3.0 * even
         for k, even in zip(keys, evens, strict=True)
     ]
-    dfs = [0.0] * len(keys)
+    dfs = [0.0] * size
     for _ in range(_VARIANCE_FITS):
-        dfs = [0.0] * len(keys)
+        dfs = [0.0] * size
         predicted = [max(sum(c * variances[i] for i, c in counts), 1e-9) for _, counts in rows]
-        information = [0.0] * len(keys)
+        information = [0.0] * size
         for (_, counts), v in zip(rows, predicted, strict=True):
             for i, c in counts:
                 information[i] += c * c / v
-        numerators = [_PRIOR_GROUPS / max(even, 1e-9) for even in evens]
-        denominators = [_PRIOR_GROUPS / max(even, 1e-9) ** 2 for even in evens]
+        # The normal equations, the even spread's pseudo-group on the diagonal.
+        normal = [[0.0] * size for _ in range(size)]
+        right = [0.0] * size
+        for i, even in enumerate(evens):
+            normal[i][i] += _PRIOR_GROUPS / max(even, 1e-9) ** 2
+            right[i] += _PRIOR_GROUPS / max(even, 1e-9)
         for (_, counts), v, target in zip(rows, predicted, targets, strict=True):
             leverage = min(sum(c * c / (v * information[i]) for i, c in counts), 1.0)
             kept = 1.0 - leverage
@@ -609,14 +637,67 @@ def _fit_variances(
             weight = 1.0 / (kept * v) ** 2
             for i, c in counts:
                 dfs[i] += (kept * c * variances[i] / v) ** 2
-                rest = kept * (v - c * variances[i])
-                numerators[i] += weight * kept * c * (target - rest)
-                denominators[i] += weight * (kept * c) ** 2
-        variances = [
-            min(max(n / d, 0.0), limit)
-            for n, d, limit in zip(numerators, denominators, limits, strict=True)
-        ]
+                right[i] += weight * kept * c * target
+                for j, d in counts:
+                    normal[i][j] += weight * kept * kept * c * d
+        fitted = _bounded_solve(normal, right, limits)
+        # Halfway to the new fit: the weights follow the fit, and a full step can swing
+        # between two fits for ever (a wide bucket's spread at 617 tokens, then at 0).
+        variances = [(old + new) / 2.0 for old, new in zip(variances, fitted, strict=True)]
     return variances, dfs
+
+
+def _bounded_solve(
+    normal: Sequence[Sequence[float]], right: Sequence[float], limits: Sequence[float]
+) -> list[float]:
+    """The least-squares fit with these normal equations, each unknown within [0, its limit].
+
+    Where the unbounded fit puts an unknown outside its range, the one furthest out is held at
+    that bound and the others are fitted again (an active set; a handful of buckets).
+    """
+    held: dict[int, float] = {}
+    while True:
+        free = [i for i in range(len(right)) if i not in held]
+        solved = _solve(
+            [[normal[i][j] for j in free] for i in free],
+            [right[i] - sum(normal[i][j] * x for j, x in held.items()) for i in free],
+        )
+        values = dict(held) | dict(zip(free, solved, strict=True))
+        worst, bound, beyond = -1, 0.0, 0.0
+        for i in free:
+            x, limit = values[i], limits[i]
+            out = max(-x, x - limit) / max(limit, 1e-9)
+            if out > beyond:
+                worst, bound, beyond = i, (0.0 if x < 0 else limit), out
+        if worst < 0:
+            return [min(max(values[i], 0.0), limits[i]) for i in range(len(right))]
+        held[worst] = bound
+
+
+def _solve(matrix: Sequence[Sequence[float]], vector: Sequence[float]) -> list[float]:
+    """``x`` with ``matrix x = vector``: Gaussian elimination with partial pivoting.
+
+    The matrix is symmetric positive definite here (a least-squares fit with a prior on every
+    unknown); a pivot of 0 would mean an unknown nothing informs, and it is left at 0.
+    """
+    size = len(vector)
+    rows = [[*row, value] for row, value in zip(matrix, vector, strict=True)]
+    for k in range(size):
+        pivot = max(range(k, size), key=lambda i: abs(rows[i][k]))
+        rows[k], rows[pivot] = rows[pivot], rows[k]
+        if rows[k][k] == 0.0:
+            continue
+        for i in range(k + 1, size):
+            factor = rows[i][k] / rows[k][k]
+            if factor:
+                for j in range(k, size + 1):
+                    rows[i][j] -= factor * rows[k][j]
+    solution = [0.0] * size
+    for k in reversed(range(size)):
+        if rows[k][k] != 0.0:
+            rest = sum(rows[k][j] * solution[j] for j in range(k + 1, size))
+            solution[k] = (rows[k][size] - rest) / rows[k][k]
+    return solution
 
 
 def _refit_group(
@@ -740,16 +821,30 @@ def _count_sd(components: Sequence[tuple[float, _Knots]], x: float) -> float:
     return math.sqrt(variance)
 
 
+def _one_pair(groups: Sequence[_Group]) -> bool:
+    """Whether every request lies in one bucket pair (one bucket of prompts, one of outputs)."""
+    cells: set[tuple[_Key | None, _Key | None]] = set()
+    for group in groups:
+        if group.prompt.total <= 0 or group.generation.total <= 0:
+            continue
+        if not group.one_cell:
+            return False
+        cells.add((group.prompt.pure, group.generation.pure))
+    return len(cells) <= 1
+
+
 def _quantiles(
-    components: Sequence[tuple[float, _Knots]], quantiles: Sequence[float]
+    components: Sequence[tuple[float, _Knots]], quantiles: Sequence[float], *, spread: bool
 ) -> dict[float, float]:
     """The mixture's quantiles, raised by the uncertainty of the requests' placement.
 
     The ``q`` quantile of ``N`` requests is the ``r``-th smallest, ``r = ceil(q N)``. Where
     requests are known only as distributions, the number at or below a length ``x`` is random
     (mean ``F(x)``, standard deviation ``s(x)``); the estimate is the smallest ``x`` with
-    ``F(x) >= r - 1/2 + _RANK_Z x s(x)``: about the median of the r-th smallest (``r - 1/2``),
-    raised for the uncertainty. Exact where every request is known exactly.
+    ``F(x) >= r - 1/2 + z x s(x)``: about the median of the r-th smallest (``r - 1/2``),
+    raised for the uncertainty, ``z`` being ``_RANK_Z``, or for requests ``spread`` over
+    several bucket pairs ``_RANK_Z_SPREAD`` (at most ``_SPREAD_RISE_LIMIT`` times the first).
+    Exact where every request is known exactly.
     """
     mixture = _Mixture(components)
     total = mixture.total
@@ -758,14 +853,25 @@ def _quantiles(
         return found
     for q in quantiles:
         rank = max(math.ceil(q * total - _EPS), 1) - 0.5
-        low = mixture.at_rank(rank)
-        high = mixture.at_rank(min(rank + _RANK_Z * _count_sd(components, low), total))
-        if high > low:  # s(x) is smaller further out: take it halfway, at both ends
-            near = [c for c in components if c[1][0][1] < high and c[1][-1][1] > low]
-            spread = (_count_sd(near, low) + _count_sd(near, high)) / 2.0
-            high = mixture.at_rank(min(rank + _RANK_Z * spread, total))
-        found[q] = high
+        found[q] = _raised(mixture, components, rank, _RANK_Z)
+        if spread:
+            wider = _raised(mixture, components, rank, _RANK_Z_SPREAD)
+            found[q] = min(wider, found[q] * _SPREAD_RISE_LIMIT)
     return found
+
+
+def _raised(
+    mixture: _Mixture, components: Sequence[tuple[float, _Knots]], rank: float, z: float
+) -> float:
+    """The smallest length with ``rank + z x s`` requests at or below it (``s``: see above)."""
+    total = mixture.total
+    low = mixture.at_rank(rank)
+    high = mixture.at_rank(min(rank + z * _count_sd(components, low), total))
+    if high > low:  # s(x) is smaller further out: take it halfway, at both ends
+        near = [c for c in components if c[1][0][1] < high and c[1][-1][1] > low]
+        spread = (_count_sd(near, low) + _count_sd(near, high)) / 2.0
+        high = mixture.at_rank(min(rank + z * spread, total))
+    return high
 
 
 def estimate_context_quantiles(
@@ -794,8 +900,10 @@ def estimate_context_quantiles(
         math.fsum(i.prompt.sum for i in intervals) / prompt_count
         + math.fsum(i.generation.sum for i in intervals) / output_count
     )
-    components = _components(_groups(intervals, cap), cap)
-    found = _quantiles(components, quantiles) if components else {}
+    groups = _groups(intervals, cap)
+    components = _components(groups, cap)
+    spread = not _one_pair(groups)
+    found = _quantiles(components, quantiles, spread=spread) if components else {}
     limit = cap if cap is not None else math.inf
     return ContextQuantiles(
         quantiles={q: min(found.get(q, mean), limit) for q in quantiles},
