@@ -202,6 +202,17 @@ def test_p95_is_never_more_than_5_percent_below_the_truth_on_random_traffic(
     assert result.mean == pytest.approx(sum(contexts) / len(contexts))
 
 
+def p95_of_benchmark_window(name: str) -> tuple[float, float]:
+    """The estimated and the true p95 of a window kept from the benchmark (max_model_len 8192)."""
+    document = json.loads((paths.CONTEXT / name).read_text())
+    groups = [[(p, o) for p, o in group] for group in document["intervals"]]
+    result = estimate_context_quantiles(
+        intervals(groups, max_model_len=8192), QUANTILES, max_model_len=8192
+    )
+    assert result is not None
+    return result.quantiles[0.95], true_quantile([p + o for g in groups for p, o in g], 0.95)
+
+
 def test_a_window_spread_over_bucket_pairs_leans_high_where_polls_cannot_be_split() -> None:
     """The benchmark's lowest window: p95 no more than 5 % low where the data cannot say more.
 
@@ -213,15 +224,9 @@ def test_a_window_spread_over_bucket_pairs_leans_high_where_polls_cannot_be_spli
     the quantiles rise by two standard deviations of the placement's uncertainty, not one:
     with one, this window read 8.4 % low.
     """
-    document = json.loads((paths.CONTEXT / "spread-window-seed-18.json").read_text())
-    groups = [[(p, o) for p, o in group] for group in document["intervals"]]
-    result = estimate_context_quantiles(
-        intervals(groups, max_model_len=8192), QUANTILES, max_model_len=8192
-    )
-    truth = true_quantile([p + o for g in groups for p, o in g], 0.95)
+    estimate, truth = p95_of_benchmark_window("spread-window-seed-18.json")
     assert truth == 3331
-    assert result is not None
-    assert result.quantiles[0.95] >= 0.95 * truth
+    assert estimate >= 0.95 * truth
 
 
 def test_buckets_that_share_polls_get_their_spreads_fitted_together() -> None:
@@ -232,15 +237,9 @@ def test_buckets_that_share_polls_get_their_spreads_fitted_together() -> None:
     swung from fit to fit and ended with that bucket's at 0, so its requests sat at their
     placed means and the p95 read 9.3 % low; fitted together, halfway each time, they settle.
     """
-    document = json.loads((paths.CONTEXT / "spread-window-seed-24.json").read_text())
-    groups = [[(p, o) for p, o in group] for group in document["intervals"]]
-    result = estimate_context_quantiles(
-        intervals(groups, max_model_len=8192), QUANTILES, max_model_len=8192
-    )
-    truth = true_quantile([p + o for g in groups for p, o in g], 0.95)
+    estimate, truth = p95_of_benchmark_window("spread-window-seed-24.json")
     assert truth == 2974
-    assert result is not None
-    assert 0.95 * truth <= result.quantiles[0.95] <= 1.20 * truth
+    assert 0.95 * truth <= estimate <= 1.20 * truth
 
 
 def test_lengths_within_one_bucket_pair_read_p95_within_10_percent() -> None:
