@@ -2,20 +2,21 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/context.py                # about 30 s
+    .venv/bin/python benchmarks/context.py                # about 5 minutes
     .venv/bin/python benchmarks/context.py --windows 5    # a quick look
     .venv/bin/python benchmarks/context.py --seeds 7 8 9  # other simulations
     .venv/bin/python benchmarks/context.py --shapes production --rates 10 --windows 10000
                                                           # one case's rare windows
 
-Each traffic shape draws per-request (prompt, output) lengths; requests finish in 5 s poll
-intervals at a Poisson rate (0.2, 0.5, 2 and 10 per interval). A window is what the sidecar reads
-with its default settings: the last 120 intervals (``context_window_seconds`` 600), reaching
-back one interval at a time while it holds fewer than 400 requests (``context_min_requests``),
-at most 720 intervals (``context_max_window_seconds`` 3600). Each interval is bucketed with
-vLLM's 1-2-5 bounds up to ``max_model_len`` (bucket counts and sums, as the sidecar sees the
-deltas). For p50, p95 and p99 it compares, with the exact quantile of the true prompt + output
-lengths of the window's requests:
+Each traffic shape draws per-request (prompt, output) lengths, independently or (the ``rho`` shapes)
+with their logarithms correlated, so that longer prompts come with longer outputs (or, at a negative
+``rho``, shorter ones); requests finish in 5 s poll intervals at a Poisson rate (0.2, 0.5, 2 and 10
+per interval). A window is what the sidecar reads with its default settings: the last 120 intervals
+(``context_window_seconds`` 600), reaching back one interval at a time while it holds fewer than 400
+requests (``context_min_requests``), at most 720 intervals (``context_max_window_seconds`` 3600).
+Each interval is bucketed with vLLM's 1-2-5 bounds up to ``max_model_len`` (bucket counts and sums,
+as the sidecar sees the deltas). For p50, p95 and p99 it compares, with the exact quantile of the
+true prompt + output lengths of the window's requests:
 
 - old: the prompt quantile plus the generation quantile, each by PromQL's ``histogram_quantile``
   over the window's merged buckets (``exporter.core.windows.bucket_quantile``), capped at
@@ -89,11 +90,38 @@ def _pair(prompt: Callable[[random.Random], int], output: Callable[[random.Rando
     return lambda rng: (prompt(rng), output(rng))
 
 
+def _correlated(
+    prompt: tuple[float, float, int, int], output: tuple[float, float, int, int], rho: float
+) -> Draw:
+    """Prompt and output log-normal, their logarithms correlated ``rho`` (median, sigma, lo, hi).
+
+    A pair is redrawn until both lie within their ``(lo, hi]``.
+    """
+    (p_median, p_sigma, p_lo, p_hi), (o_median, o_sigma, o_lo, o_hi) = prompt, output
+    other = math.sqrt(1.0 - rho * rho)
+
+    def draw(rng: random.Random) -> tuple[int, int]:
+        while True:
+            z = rng.gauss(0.0, 1.0)
+            w = rho * z + other * rng.gauss(0.0, 1.0)
+            p = max(1, round(p_median * math.exp(p_sigma * z)))
+            o = max(1, round(o_median * math.exp(o_sigma * w)))
+            if p_lo < p <= p_hi and o_lo < o <= o_hi:
+                return p, o
+
+    return draw
+
+
 def _bimodal(rng: random.Random) -> tuple[int, int]:
     """70 % chat turns (100-200 + 20-50), 30 % long documents (2,000-5,000 + 200-500)."""
     if rng.random() < 0.7:
         return rng.randint(101, 200), rng.randint(21, 50)
     return rng.randint(2001, 5000), rng.randint(201, 500)
+
+
+#: The log-normal, wide shape's prompt and output (median, sigma, lo, hi), for correlated pairs.
+_WIDE_PROMPT = (500.0, 1.0, 0, 6000)
+_WIDE_OUTPUT = (200.0, 0.8, 0, 2000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +156,16 @@ SHAPES: tuple[Shape, ...] = (
     Shape(
         "production 2,000-5,000",
         _pair(_lognormal(3000, 0.25, 2000, 5000), _lognormal(300, 0.3, 200, 500)),
+        32768,
+    ),
+    # Prompt and output going together (or against each other): the pairing is unknown within a
+    # poll, and the estimator measures how they go together from the polls' sums.
+    Shape("log-normal, wide, rho +0.9", _correlated(_WIDE_PROMPT, _WIDE_OUTPUT, 0.9)),
+    Shape("log-normal, wide, rho +0.5", _correlated(_WIDE_PROMPT, _WIDE_OUTPUT, 0.5)),
+    Shape("log-normal, wide, rho -0.5", _correlated(_WIDE_PROMPT, _WIDE_OUTPUT, -0.5)),
+    Shape(
+        "production, rho +0.7",
+        _correlated((3000, 0.25, 2000, 5000), (300, 0.3, 200, 500), 0.7),
         32768,
     ),
 )
