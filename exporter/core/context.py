@@ -37,10 +37,19 @@ The method
    is spread with the cell's own variance, ``sum n_i (m_i - m)^2 / (groups - 1)`` over those
    groups' exact mean contexts (unbiased whatever the sizes ``n_i``; it captures how prompt and
    output go together; identical means give 0), at its 75 % upper confidence bound. Elsewhere
-   which prompt went with which output cannot be known: they are paired longest with longest
-   (the comonotonic sum, the upper bound in the convex order), but only within the group, not
-   across the window as the sum of quantiles does, and each pair's spread is the sum of the two
-   standard deviations (the cell's, when measured and smaller).
+   which prompt went with which output within a group cannot be known, but how prompt and
+   output go together can be measured across groups: of two nearby groups (up to four apart),
+   the exact mean prompt and mean output both rise or both fall with probability
+   ``1/2 + asin(rho) / pi`` (``rho`` the normal-score correlation of a request's prompt and
+   output). ``rho`` read from that share, at its upper confidence bound (one standard
+   deviation) and within [0, 1], is the share of each group's requests paired longest with
+   longest (the comonotonic sum); the rest pair each prompt bucket with each output bucket in
+   proportion to their counts (independently). Negative correlation is paired as none (the
+   higher of the two). Each pair's spread is ``sd_p^2 + sd_o^2 + 2 rho sd_p sd_o`` (the
+   cell's, when measured, up to the comonotonic ``(sd_p + sd_o)^2``). Too few pairs of groups
+   that differ (under 16) to measure: all longest with longest. Nearby groups, not the
+   covariance about the window's means: traffic that changes within the window (documents,
+   then chat) correlates prompt and output across the window whatever each request did.
 6. **Shape.** Each pair becomes a two-piece distribution around its mean: half triangles
    peaked at the mean, the upper one 1.3 times as long as the lower (request lengths skew
    right), keeping the mean and (within the bounds) the variance. A piece that would cross a
@@ -55,7 +64,10 @@ The method
    bucket pair, by two where they spread over several (but to at most 10 % above the first):
    where the placement is uncertain, the figure errs high by about the uncertainty, and more
    so where the placement rests on a model (the pairing, and how a poll's sum divides among
-   buckets) rather than on a measured spread. The mean is exact: sums over counts.
+   buckets) rather than on a measured spread. The count's variance includes the pairing's:
+   a request paired independently took one of its group's pairs, which one unknown, so its
+   chance of lying at or below a length is its pairs' mixture's, not each pair's alone. The
+   mean is exact: sums over counts.
 
 Bias and when it is exact
 -------------------------
@@ -73,37 +85,42 @@ Bias and when it is exact
   few is the third-longest request, and groups of 2-3 near it cannot be split; that is why
   the caller reaches back for more requests (``exporter.core.derive``).
 - Where the data cannot say more, the estimate leans high: the pairing inside groups spread over
-  several buckets is the upper bound, a bucket or cell seen in one group only is spread as
-  evenly as its bounds allow (24 requests of 128 + 256 tokens all in one poll read 503 with
-  ``max_model_len`` 512; over two polls or more, 384), and quantiles rise with the
-  uncertainty. With many requests per interval spread over many buckets it tends to the sum of
-  quantiles with the mass placed by the exact sums: p95 +10 to +21 % at 10 requests a poll
-  (the doubled rise adds 1 to 3 points), where the sum of quantiles read up to +53 %. The same
-  pairing spreads the middle: the p50 of such traffic can read up to about 11 % low, and its
-  p99 up to 12 % low. Longest with longest bounds how far requests reach past a length (the
-  convex order), not how many do: a poll of three whose longest prompt went with a short
-  output and longest output with a short prompt (2,707, 2,086 and 811 tokens) is placed as
-  3,926, 1,018 and 660, one request fewer above 2,000.
+  several buckets is longest with longest as far as the measured correlation's upper bound
+  allows (all of it where too few groups measure it), a bucket or cell seen in one group only
+  is spread as evenly as its bounds allow (24 requests of 128 + 256 tokens all in one poll
+  read 503 with ``max_model_len`` 512; over two polls or more, 384), and quantiles rise with
+  the uncertainty, the pairing's included. With many requests per interval spread over many
+  buckets: p95 +2 to +20 % at 10 requests a poll (independent prompt and output: +2 to +14 %;
+  negatively correlated: +20 %), where pairing longest with longest read +2 to +29 % and the
+  sum of quantiles up to +53 %. At 0.2 requests a poll (about 140 requests over an hour, the
+  p95 their 8th longest) the rise for the pairing of a few polls of two can lift the estimate
+  to the next longest request: up to +37 % in the benchmark, and in a heavy tail (log-normal,
+  sigma 1) up to about +60 % in rare windows. The p50 of spread traffic reads up to 10 % low
+  (bimodal: 8 %), its p99 up to 9.4 % low.
 - These are estimates, not bounds: in small windows (tens of requests), traffic that runs into
   ``max_model_len`` (its mass piles at the cap, but is spread below it here), or data built to
   defeat them (one group of ``302, 302, 698`` among groups with the same mean), the truth can
-  lie more than 5 % above them. The benchmark's worst windows read p95 2.6 % low. Over 48
-  more seeds (84,480 windows) 3 miss -5 % to +10 % (one bucket pair) or -5 % (spread): the
-  production-like shape at 0.2 a poll, -9.4 % (124 requests; three of the seven longest shared
-  a poll with a much shorter one, and a poll's sum cannot say how it splits), the same shape at
-  10 a poll, +10.5 %, and wide log-normal lengths at 0.2 a poll, -8.9 % (the poll of three
-  above). Before the variances were fitted together and the rise doubled for spread lengths,
-  at least 11 (down to -9.3 % at 10 a poll, where a bucket's variance, fitted with the
-  others held, swung between fits and ended at 0). The production-like shape's spread, measured
-  over 120 polls' means alone, is off by 20 % in a rare window. Windows reaching back for 200
-  requests instead of 400 read 5.1 % low in rare draws, and 600 s windows of a few dozen
-  requests that do not reach back from 7 % low to 56 % high (one bucket pair: up to 20 %).
+  lie more than 5 % above them. The benchmark's worst windows read p95 2.6 % low (one bucket
+  pair), 1.5 % low (spread), and one window of the production-like shape with correlated prompt
+  and output 5.8 % low (one bucket pair, 0.2 a poll). Over 48 more seeds (84,480 windows) 2 of
+  the one-bucket-pair shapes miss -5 % to +10 %: the production-like shape at 0.2 a poll, -9.4 %
+  (124 requests; three of the seven longest shared a poll with a much shorter one, and a poll's
+  sum cannot say how it splits), and at 10 a poll, +10.5 %. Of 61,440 windows of the spread
+  shapes over 48 other seeds (correlated ones included), none reads more than 4.5 % low. Pairing
+  every poll longest with longest, as before, read such windows down to -14.1 % (a poll of two
+  whose longer prompt went with the shorter output held two of the 7 longest requests); pairing
+  independently without the pairing in the rise, 7 of 92,160 windows read up to 14.1 % low. The
+  production-like shape's spread, measured over 120 polls' means alone, is off by 20 % in a rare
+  window. Windows reaching back for 200 requests instead of 400 read 5.1 % low in rare draws,
+  and 600 s windows of a few dozen requests that do not reach back from 7 % low to 56 % high
+  (one bucket pair: up to 20 %).
 - vLLM's live KV tokens per running sequence are not used: they describe unfinished requests,
   rounded to blocks, and say nothing of how a finished request's length splits.
 
 Cost: linear in the occupied buckets of all groups (squared within a group, for the variance
-fit), plus one sort of the mixture's pieces: about 15 milliseconds for 120 intervals, up to
-about 80 when many requests a poll spread over many buckets (Python 3.11, one core).
+fit and the independent pairs), plus one sort of the mixture's pieces: about 15 milliseconds
+for 120 intervals, up to about 130 when many requests a poll spread over many buckets
+(Python 3.11, one core).
 """
 
 from __future__ import annotations
@@ -147,6 +164,16 @@ _VARIANCE_FITS = 8
 _MAX_MERGED = 4
 #: Relative tolerance on ranks and sums (float sums of whole counts).
 _EPS = 1e-9
+#: Pairs of groups that must differ to measure how prompt and output go together ...
+_MIN_DIFFERENCES = 16
+#: ... compared with the groups up to this many after them (a drift in the traffic cancels).
+_CONCORDANCE_LAGS = 4
+#: One-sided confidence of the upper bound put on that measure (as a normal quantile).
+_CORRELATION_Z = 1.0
+#: Standard deviation of the share of concordant pairs with no correlation, times the square
+#: root of their number: 1/2 for independent pairs; these share groups, which widens it to
+#: 0.8 (measured by simulation with 20 to 400 groups, lags 1 to 4).
+_CONCORDANCE_SD = 0.80
 #: Shares at which a half-triangle piece is cut into even pieces (finer towards its tail).
 _PIECE_SHARES = (0.0, 0.6, 0.9, 1.0)
 
@@ -424,21 +451,41 @@ def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
-def _pairs(prompts: list[_Placed], outputs: list[_Placed]) -> list[tuple[float, _Placed, _Placed]]:
-    """Prompts and outputs paired longest with longest, as shares of each side's requests."""
+def _pairs(
+    prompts: list[_Placed], outputs: list[_Placed], together: float
+) -> list[list[tuple[float, _Placed, _Placed]]]:
+    """Prompts paired with outputs, as shares of each side's requests, in pools.
+
+    A share ``together`` longest with longest (comonotonic; each pair a pool of its own), the
+    rest independently (each prompt bucket with each output bucket in proportion to their
+    counts; one pool: which of those pairs a request took is unknown).
+    """
     prompts = sorted(prompts, key=lambda p: p.center)
     outputs = sorted(outputs, key=lambda p: p.center)
     n_prompts = sum(p.count for p in prompts)
     n_outputs = sum(p.count for p in outputs)
     requests = max(n_prompts, n_outputs)
-    pairs: list[tuple[float, _Placed, _Placed]] = []
+    if len(prompts) == 1 or len(outputs) == 1:  # every coupling is the same
+        together = 1.0
+    pools: list[list[tuple[float, _Placed, _Placed]]] = []
+    if together < 1.0:
+        apart = (1.0 - together) * requests
+        pools.append(
+            [
+                (apart * p.count / n_prompts * o.count / n_outputs, p, o)
+                for p in prompts
+                for o in outputs
+            ]
+        )
+    if together <= 0.0:
+        return pools
     i = j = 0
     left_p = prompts[0].count / n_prompts
     left_g = outputs[0].count / n_outputs
     while i < len(prompts) and j < len(outputs):
         share = min(left_p, left_g)
         if share > _EPS:
-            pairs.append((share * requests, prompts[i], outputs[j]))
+            pools.append([(share * together * requests, prompts[i], outputs[j])])
         left_p -= share
         left_g -= share
         if left_p <= _EPS:
@@ -447,7 +494,40 @@ def _pairs(prompts: list[_Placed], outputs: list[_Placed]) -> list[tuple[float, 
         if left_g <= _EPS:
             j += 1
             left_g = outputs[j].count / n_outputs if j < len(outputs) else 0.0
-    return pairs
+    return pools
+
+
+def _together(groups: Sequence[_Group]) -> float:
+    """How far a request's prompt and output go together: 0 independent, 1 comonotonic.
+
+    Measured across groups, from nearby groups' exact mean prompt and mean output: the share
+    of pairs of groups (up to ``_CONCORDANCE_LAGS`` apart) in which both rise or both fall. For
+    prompt and output going together with (normal-score) correlation ``rho`` that share is
+    ``1/2 + asin(rho) / pi`` (Greiner's relation, for means of several requests as for single
+    ones), so ``rho`` is read from it, at its upper confidence bound, within [0, 1]. Signs of
+    nearby groups' differences, not the groups' covariance about the window's means: traffic
+    that changes within the window (long prompts and short outputs, then the reverse) would
+    show a correlation of its own there, whatever each request's prompt and output did. 1 (the
+    upper bound) where too few groups differ to say.
+    """
+    means = [
+        (g.prompt.sum / g.prompt.total, g.generation.sum / g.prompt.total)
+        for g in groups
+        if g.prompt.total > 0 and abs(g.prompt.total - g.generation.total) < 0.5
+    ]
+    concordant = differences = 0
+    for lag in range(1, _CONCORDANCE_LAGS + 1):
+        for (prompt, output), (later_prompt, later_output) in zip(
+            means[:-lag], means[lag:], strict=True
+        ):
+            product = (later_prompt - prompt) * (later_output - output)
+            if product != 0.0:  # a tie says nothing
+                differences += 1
+                concordant += product > 0.0
+    if differences < _MIN_DIFFERENCES:
+        return 1.0
+    share = concordant / differences + _CORRELATION_Z * _CONCORDANCE_SD / math.sqrt(differences)
+    return max(math.sin(math.pi * (min(share, 1.0) - 0.5)), 0.0)
 
 
 def _two_piece(mean: float, variance: float, lowest: float, highest: float) -> _Knots:
@@ -725,8 +805,53 @@ def _even(prompt: _Key, output: _Key) -> float:
     return sum(widths) ** 2 / 12.0
 
 
-def _components(groups: Sequence[_Group], cap: float | None) -> list[tuple[float, _Knots]]:
-    """Every group's requests as weighted quantile functions of their context length."""
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """Requests placed together: each took one of these (weight, quantile function) pieces."""
+
+    pieces: tuple[tuple[float, _Knots], ...]
+    weight: float
+    #: The range the pieces span.
+    lowest: float
+    highest: float
+
+    @classmethod
+    def of(cls, pieces: Sequence[tuple[float, _Knots]]) -> _Pool:
+        """The pool of these pieces."""
+        return cls(
+            tuple(pieces),
+            sum(w for w, _ in pieces),
+            min(knots[0][1] for _, knots in pieces),
+            max(knots[-1][1] for _, knots in pieces),
+        )
+
+
+def _pair_shape(
+    prompt: _Placed, output: _Placed, together: float, cell: float | None, cap: float | None
+) -> _Knots:
+    """One request's context from its placed prompt and output.
+
+    Spread as the cell's variance ``cell`` where measured (comonotonic at most), else as far
+    together as measured; within both sides' ranges, and ``max_model_len``.
+    """
+    sd_p, sd_o = math.sqrt(prompt.variance), math.sqrt(output.variance)
+    if cell is not None:
+        variance = min((sd_p + sd_o) ** 2, cell)
+    else:
+        variance = sd_p * sd_p + sd_o * sd_o + 2.0 * together * sd_p * sd_o
+    highest = prompt.highest + output.highest
+    if cap is not None:  # prompt + output never exceed max_model_len
+        highest = min(highest, cap)
+    lowest = min(prompt.lowest + output.lowest, highest)
+    return _two_piece(prompt.center + output.center, variance, lowest, highest)
+
+
+def _components(groups: Sequence[_Group], cap: float | None) -> list[_Pool]:
+    """Every group's requests as weighted quantile functions of their context length, pooled.
+
+    A pool's requests are placed together: each of them took one of its pairs, which one
+    unknown (see :func:`_count_sd`).
+    """
     prompt_moments, output_moments, cell_moments = _window_moments(groups)
     sides = [
         (g.prompt, g.generation) for g in groups if g.prompt.total > 0 and g.generation.total > 0
@@ -736,25 +861,27 @@ def _components(groups: Sequence[_Group], cap: float | None) -> list[tuple[float
     cell_variance = {
         (p, g): m.variance(_even(p, g), upper=True) for (p, g), m in cell_moments.items()
     }
-    components: list[tuple[float, _Knots]] = []
+    together = _together(groups)
+    pools: list[_Pool] = []
     for group in groups:
         p, g = group.prompt, group.generation
         if p.total <= 0 or g.total <= 0:
             continue
         within = (p.total - 1.0) / p.total if group.one_cell else 1.0
-        for count, prompt, output in _pairs(_place(p, prompt_priors), _place(g, output_priors)):
-            # One request's prompt and output: comonotonic at most, the cell's spread if known.
-            variance = (math.sqrt(prompt.variance) + math.sqrt(output.variance)) ** 2
-            cell = cell_variance.get((prompt.key, output.key))
-            if cell is not None:
-                variance = min(variance, cell * within)
-            highest = prompt.highest + output.highest
-            if cap is not None:  # prompt + output never exceed max_model_len
-                highest = min(highest, cap)
-            lowest = min(prompt.lowest + output.lowest, highest)
-            center = prompt.center + output.center
-            components.append((count, _two_piece(center, variance, lowest, highest)))
-    return components
+        placed = (_place(p, prompt_priors), _place(g, output_priors))
+        shapes: dict[tuple[_Key, _Key], _Knots] = {}  # a pair both together and apart
+        for pairs in _pairs(*placed, together):
+            pieces: list[tuple[float, _Knots]] = []
+            for count, prompt, output in pairs:
+                key = (prompt.key, output.key)
+                if key not in shapes:
+                    cell = cell_variance.get(key)
+                    measured = None if cell is None else cell * within
+                    shapes[key] = _pair_shape(prompt, output, together, measured, cap)
+                pieces.append((count, shapes[key]))
+            if pieces:
+                pools.append(_Pool.of(pieces))
+    return pools
 
 
 class _Mixture:
@@ -808,16 +935,33 @@ class _Mixture:
         return self.positions[i]
 
 
-def _count_sd(components: Sequence[tuple[float, _Knots]], x: float) -> float:
-    """Standard deviation of the number of requests at or below ``x``, each independent."""
+def _share_at_or_below(knots: _Knots, x: float) -> float:
+    """The share of a quantile function's mass at or below ``x``."""
+    if x < knots[0][1]:
+        return 0.0
+    if x >= knots[-1][1]:
+        return 1.0
+    for (u0, x0), (u1, x1) in itertools.pairwise(knots):
+        if x < x1:
+            return u0 if x < x0 else u0 + (u1 - u0) * (x - x0) / (x1 - x0)
+    return 1.0
+
+
+def _count_sd(pools: Sequence[_Pool], x: float) -> float:
+    """Standard deviation of the number of requests at or below ``x``, each independent.
+
+    A pool's ``W`` requests each lie at or below ``x`` with the pool's share ``F`` of its
+    mass there: ``W F (1 - F)``. So where a group's pairing is unknown (a request's prompt
+    may have gone with either of two outputs) the count varies with it as well as with each
+    pair's spread.
+    """
     variance = 0.0
-    for weight, knots in components:
-        if knots[0][1] <= x < knots[-1][1]:
-            for (u0, x0), (u1, x1) in itertools.pairwise(knots):
-                if x < x1:
-                    share = u0 if x < x0 else u0 + (u1 - u0) * (x - x0) / (x1 - x0)
-                    variance += weight * share * (1.0 - share)
-                    break
+    for pool in pools:
+        if not pool.lowest <= x < pool.highest:
+            continue  # all of it on one side of x: the count is certain
+        below = sum(w * _share_at_or_below(knots, x) for w, knots in pool.pieces)
+        share = below / pool.weight
+        variance += pool.weight * share * (1.0 - share)
     return math.sqrt(variance)
 
 
@@ -834,7 +978,7 @@ def _one_pair(groups: Sequence[_Group]) -> bool:
 
 
 def _quantiles(
-    components: Sequence[tuple[float, _Knots]], quantiles: Sequence[float], *, spread: bool
+    pools: Sequence[_Pool], quantiles: Sequence[float], *, spread: bool
 ) -> dict[float, float]:
     """The mixture's quantiles, raised by the uncertainty of the requests' placement.
 
@@ -846,29 +990,27 @@ def _quantiles(
     several bucket pairs ``_RANK_Z_SPREAD`` (at most ``_SPREAD_RISE_LIMIT`` times the first).
     Exact where every request is known exactly.
     """
-    mixture = _Mixture(components)
+    mixture = _Mixture([piece for pool in pools for piece in pool.pieces])
     total = mixture.total
     found: dict[float, float] = {}
     if total <= 0:
         return found
     for q in quantiles:
         rank = max(math.ceil(q * total - _EPS), 1) - 0.5
-        found[q] = _raised(mixture, components, rank, _RANK_Z)
+        found[q] = _raised(mixture, pools, rank, _RANK_Z)
         if spread:
-            wider = _raised(mixture, components, rank, _RANK_Z_SPREAD)
+            wider = _raised(mixture, pools, rank, _RANK_Z_SPREAD)
             found[q] = min(wider, found[q] * _SPREAD_RISE_LIMIT)
     return found
 
 
-def _raised(
-    mixture: _Mixture, components: Sequence[tuple[float, _Knots]], rank: float, z: float
-) -> float:
+def _raised(mixture: _Mixture, pools: Sequence[_Pool], rank: float, z: float) -> float:
     """The smallest length with ``rank + z x s`` requests at or below it (``s``: see above)."""
     total = mixture.total
     low = mixture.at_rank(rank)
-    high = mixture.at_rank(min(rank + z * _count_sd(components, low), total))
+    high = mixture.at_rank(min(rank + z * _count_sd(pools, low), total))
     if high > low:  # s(x) is smaller further out: take it halfway, at both ends
-        near = [c for c in components if c[1][0][1] < high and c[1][-1][1] > low]
+        near = [p for p in pools if p.lowest < high and p.highest > low]
         spread = (_count_sd(near, low) + _count_sd(near, high)) / 2.0
         high = mixture.at_rank(min(rank + z * spread, total))
     return high
@@ -901,9 +1043,9 @@ def estimate_context_quantiles(
         + math.fsum(i.generation.sum for i in intervals) / output_count
     )
     groups = _groups(intervals, cap)
-    components = _components(groups, cap)
+    pools = _components(groups, cap)
     spread = not _one_pair(groups)
-    found = _quantiles(components, quantiles, spread=spread) if components else {}
+    found = _quantiles(pools, quantiles, spread=spread) if pools else {}
     limit = cap if cap is not None else math.inf
     return ContextQuantiles(
         quantiles={q: min(found.get(q, mean), limit) for q in quantiles},
