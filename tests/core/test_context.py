@@ -202,6 +202,13 @@ def test_p95_is_never_more_than_5_percent_below_the_truth_on_random_traffic(
     assert result.mean == pytest.approx(sum(contexts) / len(contexts))
 
 
+def p95_and_truth(deltas: list[IntervalCounts], contexts: list[int]) -> tuple[float, float]:
+    """The estimated p95 of these deltas (max_model_len 32,768) and the true p95 of contexts."""
+    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=32768)
+    assert result is not None
+    return result.quantiles[0.95], true_quantile(contexts, 0.95)
+
+
 def p95_of_benchmark_window(name: str) -> tuple[float, float]:
     """The estimated and the true p95 of a window kept from the benchmark (max_model_len 8192)."""
     document = json.loads((paths.CONTEXT / name).read_text())
@@ -281,11 +288,8 @@ def test_prompt_and_output_that_go_together_are_paired_longest_with_longest() ->
     prompt sum and output sum rise and fall together, and that says the longest prompts came
     with the longest outputs. Paired independently instead, this window's p95 reads 6.3 % low.
     """
-    deltas, contexts = random_traffic((500.0, 1.0, 200.0, 1.0, 1.0), 10.0, seed=1)
-    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=32768)
-    assert result is not None
-    truth = true_quantile(contexts, 0.95)
-    assert 0.95 * truth <= result.quantiles[0.95] <= 1.10 * truth
+    estimate, truth = p95_and_truth(*random_traffic((500.0, 1.0, 200.0, 1.0, 1.0), 10.0, seed=1))
+    assert 0.95 * truth <= estimate <= 1.10 * truth
 
 
 def test_traffic_that_changes_within_the_window_is_paired_as_each_request_was() -> None:
@@ -312,10 +316,8 @@ def test_traffic_that_changes_within_the_window_is_paired_as_each_request_was() 
             else:
                 group.append((round(50 * math.exp(z / 2)), round(1200 * math.exp(z / 2))))
         groups.append(group)
-    result = estimate_context_quantiles(intervals(groups), QUANTILES, max_model_len=32768)
-    assert result is not None
-    truth = true_quantile([p + o for g in groups for p, o in g], 0.95)
-    assert 0.95 * truth <= result.quantiles[0.95] <= 1.10 * truth
+    estimate, truth = p95_and_truth(intervals(groups), [p + o for g in groups for p, o in g])
+    assert 0.95 * truth <= estimate <= 1.10 * truth
 
 
 def test_independent_prompt_and_output_are_not_paired_longest_with_longest() -> None:
@@ -326,11 +328,8 @@ def test_independent_prompt_and_output_are_not_paired_longest_with_longest() -> 
     chance has them, and each poll's buckets pair (mostly) independently. What is left above
     the truth is the rise for not knowing which prompt went with which output.
     """
-    deltas, contexts = random_traffic((500.0, 1.0, 200.0, 0.8, 0.0), 10.0, seed=0)
-    result = estimate_context_quantiles(deltas, QUANTILES, max_model_len=32768)
-    assert result is not None
-    truth = true_quantile(contexts, 0.95)
-    assert 0.95 * truth <= result.quantiles[0.95] <= 1.15 * truth
+    estimate, truth = p95_and_truth(*random_traffic((500.0, 1.0, 200.0, 0.8, 0.0), 10.0, seed=0))
+    assert 0.95 * truth <= estimate <= 1.15 * truth
 
 
 def test_lengths_within_one_bucket_pair_read_p95_within_10_percent() -> None:
