@@ -245,10 +245,16 @@ class _Group:
     generation: _Side
 
     @property
+    def counts_agree(self) -> bool:
+        """As many prompts as outputs: every request observed on both sides."""
+        return abs(self.prompt.total - self.generation.total) < 0.5
+
+    @property
     def one_cell(self) -> bool:
         """Every prompt in one bucket, every output in one bucket, as many of each."""
-        p, g = self.prompt, self.generation
-        return p.pure is not None and g.pure is not None and abs(p.total - g.total) < 0.5
+        return (
+            self.prompt.pure is not None and self.generation.pure is not None and self.counts_agree
+        )
 
 
 def _groups(intervals: Iterable[IntervalCounts], cap: float | None) -> list[_Group]:
@@ -262,10 +268,9 @@ def _groups(intervals: Iterable[IntervalCounts], cap: float | None) -> list[_Gro
         current.prompt.add(interval.prompt, cap)
         current.generation.add(interval.generation, cap)
         merged += 1
-        p, g = current.prompt.total, current.generation.total
-        if p <= 0 and g <= 0:
+        if current.prompt.total <= 0 and current.generation.total <= 0:
             current = None
-        elif abs(p - g) < 0.5 or merged >= _MAX_MERGED:
+        elif current.counts_agree or merged >= _MAX_MERGED:
             groups.append(current)
             current = None
     if current is not None:
@@ -513,7 +518,7 @@ def _together(groups: Sequence[_Group]) -> float:
     means = [
         (g.prompt.sum / g.prompt.total, g.generation.sum / g.prompt.total)
         for g in groups
-        if g.prompt.total > 0 and abs(g.prompt.total - g.generation.total) < 0.5
+        if g.prompt.total > 0 and g.counts_agree
     ]
     concordant = differences = 0
     for lag in range(1, _CONCORDANCE_LAGS + 1):
