@@ -120,7 +120,11 @@ Bias and when it is exact
 Cost: linear in the occupied buckets of all groups (squared within a group, for the variance
 fit and the independent pairs), plus one sort of the mixture's pieces: about 15 milliseconds
 for 120 intervals, up to about 130 when many requests a poll spread over many buckets
-(Python 3.11, one core).
+(Python 3.11, one core). Bounded whatever the histograms: over ``_MAX_BUCKETS`` occupied
+buckets of one histogram in a window, runs of neighbours merge (real vLLM histograms never
+have that many), and over ``_PAIR_BUDGET`` independent pairs in a window each group merges
+neighbouring placed buckets (count, mean and variance kept) down to its share. Windows within
+both are estimated exactly as without them.
 """
 
 from __future__ import annotations
@@ -131,10 +135,10 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
     from exporter.core.windows import BucketCounts
 
@@ -176,6 +180,20 @@ _CORRELATION_Z = 1.0
 _CONCORDANCE_SD = 0.80
 #: Shares at which a half-triangle piece is cut into even pieces (finer towards its tail).
 _PIECE_SHARES = (0.0, 0.6, 0.9, 1.0)
+#: At most this many occupied buckets of one histogram are told apart over a window; beyond it,
+#: runs of neighbouring buckets are merged. vLLM's 1-2-5 buckets are at most 23 (up to 10M
+#: tokens), so real histograms never are; the fits' time grows with the cube of it.
+_MAX_BUCKETS = 24
+#: At most about this many independently paired (prompt bucket, output bucket) pairs over a
+#: window: their shapes are most of the estimate's time and memory (some 50 us each). Windows
+#: within it are untouched (the benchmark's heaviest, 40 requests a poll over many buckets, hold
+#: about 4,300); over it, each group's neighbouring buckets are merged until it pairs at most
+#: its share ...
+_PAIR_BUDGET = 8192
+#: ... but each may pair this many (4 x 4).
+_MIN_PAIRS = 16
+
+_T = TypeVar("_T")
 
 #: A bucket as whole-token values: (lowest, highest); highest is inf for an open bucket.
 _Key = tuple[float, float]
@@ -221,14 +239,12 @@ class _Side:
     total: float = 0.0
     sum: float = 0.0
 
-    def add(self, buckets: BucketCounts, cap: float | None) -> None:
-        lower = 0.0
-        for bound, count in zip(buckets.bounds, buckets.counts, strict=True):
-            if count > 0:
-                key = _key(lower, bound, cap)
-                self.counts[key] = self.counts.get(key, 0.0) + count
-                self.total += count
-            lower = bound
+    def add(self, buckets: BucketCounts, cap: float | None, merged: Mapping[_Key, _Key]) -> None:
+        """Add an interval's bucket deltas, each bucket counted as the one ``merged`` names."""
+        for bucket, count in _occupied(buckets, cap):
+            key = merged.get(bucket, bucket)
+            self.counts[key] = self.counts.get(key, 0.0) + count
+            self.total += count
         self.sum += buckets.sum
 
     @property
@@ -257,16 +273,50 @@ class _Group:
         )
 
 
-def _groups(intervals: Iterable[IntervalCounts], cap: float | None) -> list[_Group]:
+def _occupied(buckets: BucketCounts, cap: float | None) -> Iterator[tuple[_Key, float]]:
+    """The buckets that counted observations, and how many each."""
+    lower = 0.0
+    for bound, count in zip(buckets.bounds, buckets.counts, strict=True):
+        if count > 0:
+            yield _key(lower, bound, cap), count
+        lower = bound
+
+
+def _runs(items: Sequence[_T], runs: int) -> Iterator[Sequence[_T]]:
+    """``items`` cut into ``runs`` runs of neighbours, as even in length as can be."""
+    for run in range(runs):
+        yield items[run * len(items) // runs : (run + 1) * len(items) // runs]
+
+
+def _merged_buckets(histograms: Iterable[BucketCounts], cap: float | None) -> dict[_Key, _Key]:
+    """Each occupied bucket's merged bucket, where a window holds over ``_MAX_BUCKETS`` of them.
+
+    Runs of neighbouring buckets become one (the lowest one's start to the highest one's end),
+    so that a histogram of hundreds of buckets (no vLLM's; a target's that is not vLLM, or
+    changed) costs what one of ``_MAX_BUCKETS`` does. Empty where none is merged.
+    """
+    occupied = sorted({key for buckets in histograms for key, _ in _occupied(buckets, cap)})
+    if len(occupied) <= _MAX_BUCKETS:
+        return {}
+    merged: dict[_Key, _Key] = {}
+    for run in _runs(occupied, _MAX_BUCKETS):
+        whole = (run[0][0], max(key[1] for key in run))
+        merged.update((key, whole) for key in run)
+    return merged
+
+
+def _groups(intervals: Sequence[IntervalCounts], cap: float | None) -> list[_Group]:
     """Intervals as groups whose prompt and output counts agree (merging a few if needed)."""
+    prompt_buckets = _merged_buckets((i.prompt for i in intervals), cap)
+    output_buckets = _merged_buckets((i.generation for i in intervals), cap)
     groups: list[_Group] = []
     current: _Group | None = None
     merged = 0
     for interval in intervals:
         if current is None:
             current, merged = _Group(_Side({}), _Side({})), 0
-        current.prompt.add(interval.prompt, cap)
-        current.generation.add(interval.generation, cap)
+        current.prompt.add(interval.prompt, cap, prompt_buckets)
+        current.generation.add(interval.generation, cap, output_buckets)
         merged += 1
         if current.prompt.total <= 0 and current.generation.total <= 0:
             current = None
@@ -457,13 +507,14 @@ def _normal_cdf(z: float) -> float:
 
 
 def _pairs(
-    prompts: list[_Placed], outputs: list[_Placed], together: float
+    prompts: list[_Placed], outputs: list[_Placed], together: float, limit: int | None = None
 ) -> list[list[tuple[float, _Placed, _Placed]]]:
     """Prompts paired with outputs, as shares of each side's requests, in pools.
 
     A share ``together`` longest with longest (comonotonic; each pair a pool of its own), the
     rest independently (each prompt bucket with each output bucket in proportion to their
-    counts; one pool: which of those pairs a request took is unknown).
+    counts; one pool: which of those pairs a request took is unknown), in at most ``limit``
+    pairs (see :func:`_within`).
     """
     prompts = sorted(prompts, key=lambda p: p.center)
     outputs = sorted(outputs, key=lambda p: p.center)
@@ -475,11 +526,12 @@ def _pairs(
     pools: list[list[tuple[float, _Placed, _Placed]]] = []
     if together < 1.0:
         apart = (1.0 - together) * requests
+        apart_prompts, apart_outputs = _within(prompts, outputs, limit)
         pools.append(
             [
                 (apart * p.count / n_prompts * o.count / n_outputs, p, o)
-                for p in prompts
-                for o in outputs
+                for p in apart_prompts
+                for o in apart_outputs
             ]
         )
     if together <= 0.0:
@@ -500,6 +552,57 @@ def _pairs(
             j += 1
             left_g = outputs[j].count / n_outputs if j < len(outputs) else 0.0
     return pools
+
+
+def _within(
+    prompts: list[_Placed], outputs: list[_Placed], limit: int | None
+) -> tuple[list[_Placed], list[_Placed]]:
+    """Both sides' placed buckets (in order), neighbours merged to make at most ``limit`` pairs.
+
+    The longer side is merged first, to as many as the shorter leaves room for; past the
+    square root of ``limit`` both are. A merged bucket keeps its requests' count, mean and
+    variance, so the independent pairs' mean and variance are kept; their shape is smoothed.
+    """
+    if limit is None or len(prompts) * len(outputs) <= limit:
+        return prompts, outputs
+    side = math.isqrt(limit)
+    if len(prompts) <= side:
+        return prompts, _merged_placed(outputs, limit // len(prompts))
+    if len(outputs) <= side:
+        return _merged_placed(prompts, limit // len(outputs)), outputs
+    return _merged_placed(prompts, side), _merged_placed(outputs, side)
+
+
+def _merged_placed(placed: Sequence[_Placed], runs: int) -> list[_Placed]:
+    """``placed`` as ``runs`` runs of neighbours, each one bucket of their count, mean, spread."""
+    merged: list[_Placed] = []
+    for run in _runs(placed, runs):
+        if len(run) == 1:
+            merged.append(run[0])
+            continue
+        count = sum(p.count for p in run)
+        center = sum(p.count * p.center for p in run) / count
+        variance = sum(p.count * (p.variance + (p.center - center) ** 2) for p in run) / count
+        merged.append(
+            _Placed(
+                (min(p.key[0] for p in run), max(p.key[1] for p in run)),
+                count,
+                center,
+                variance,
+                min(p.lowest for p in run),
+                max(p.highest for p in run),
+            )
+        )
+    return merged
+
+
+def _pair_limit(groups: Sequence[_Group]) -> int | None:
+    """How many pairs a group may pair independently: no limit within ``_PAIR_BUDGET``."""
+    products = [len(g.prompt.counts) * len(g.generation.counts) for g in groups]
+    spread = [product for product in products if product > 1]
+    if sum(spread) <= _PAIR_BUDGET:
+        return None
+    return max(_PAIR_BUDGET // len(spread), _MIN_PAIRS)
 
 
 def _together(groups: Sequence[_Group]) -> float:
@@ -867,6 +970,7 @@ def _components(groups: Sequence[_Group], cap: float | None) -> list[_Pool]:
         (p, g): m.variance(_even(p, g), upper=True) for (p, g), m in cell_moments.items()
     }
     together = _together(groups)
+    limit = _pair_limit(groups)
     pools: list[_Pool] = []
     for group in groups:
         p, g = group.prompt, group.generation
@@ -875,7 +979,7 @@ def _components(groups: Sequence[_Group], cap: float | None) -> list[_Pool]:
         within = (p.total - 1.0) / p.total if group.one_cell else 1.0
         placed = (_place(p, prompt_priors), _place(g, output_priors))
         shapes: dict[tuple[_Key, _Key], _Knots] = {}  # a pair both together and apart
-        for pairs in _pairs(*placed, together):
+        for pairs in _pairs(*placed, together, limit):
             pieces: list[tuple[float, _Knots]] = []
             for count, prompt, output in pairs:
                 key = (prompt.key, output.key)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
+import random
 import re
 import selectors
 import signal
@@ -455,6 +457,83 @@ def test_nan_usage_and_an_infinite_count_do_not_crash_polls(figures: Figures) ->
         assert exporter.scrape().errors("vllm_metrics", "internal_error") == 0
         assert exporter.non_json_lines() == []
     figures.record("hostile", "not_finite_dropped_per_payload", dropped(scrape, "not_finite"))
+
+
+def fine_histograms(requests_per_scrape: int, buckets: int) -> Callable[[int], bytes]:
+    """The healthy payload with histograms of ``buckets`` buckets (no vLLM's: at most 23).
+
+    Every scrape adds ``requests_per_scrape`` requests spread over all of them.
+    """
+    histogram = re.compile(
+        r"# TYPE (vllm:request_(?:prompt|generation)_tokens) histogram\n(?:\1_\w+\{.*\n)+"
+    )
+    base = histogram.sub("", healthy_text())
+    bounds = range(1, buckets)  # 1, 2, ... 255 tokens: within max_model_len 512 together
+    rng = random.Random(buckets)  # noqa: S311 - test data, not secrets
+    seen = {name: [0] * buckets for name in ("prompt", "generation")}
+    sums = dict.fromkeys(seen, 0)
+
+    def render(name: str) -> str:
+        family = f"vllm:request_{name}_tokens"
+        cumulative = list(itertools.accumulate(seen[name]))
+        lines = [f"# TYPE {family} histogram"]
+        lines += [
+            f'{family}_bucket{{{ENGINE},le="{bound}.0"}} {total}'
+            for bound, total in zip(bounds, cumulative, strict=False)
+        ]
+        lines.append(f'{family}_bucket{{{ENGINE},le="+Inf"}} {cumulative[-1]}')
+        lines.append(f"{family}_count{{{ENGINE}}} {cumulative[-1]}")
+        lines.append(f"{family}_sum{{{ENGINE}}} {sums[name]}")
+        return "\n".join(lines) + "\n"
+
+    def payload(_scrape: int) -> bytes:
+        for name, counts in seen.items():
+            for _ in range(requests_per_scrape):
+                tokens = rng.randint(1, buckets - 1)
+                counts[tokens - 1] += 1
+                sums[name] += tokens
+        return (base + render("prompt") + render("generation")).encode()
+
+    return payload
+
+
+def test_histograms_of_256_buckets_cost_a_bounded_poll(figures: Figures) -> None:
+    """256 buckets a histogram, 300 requests a poll over all of them: polls go on, bounded.
+
+    Each poll's context estimate pairs every busy prompt bucket with every busy output bucket
+    of every poll in its window: 65,536 pairs a poll here, unbounded, held minutes and
+    gigabytes a poll. Merged above 24 buckets and about 8,192 pairs a window, the sidecar
+    keeps polling and serving, and reads the context.
+    """
+    with sidecar(fine_histograms(300, 256)) as (vllm, exporter), scraping(exporter.url) as log:
+        exporter.wait_for(up)
+        reset_peak_rss(exporter.pid)
+        rss_before = exporter.stats().rss_bytes
+        started = time.monotonic()
+        wait_polls(vllm, 12, timeout=60)
+        seconds = (time.monotonic() - started) / 12
+        scrape = exporter.scrape()
+        peak = exporter.stats().peak_rss_bytes
+        assert up(scrape)
+        p95 = scrape.value("headroom_context_length_p95_tokens", engine="0", model_name="tiny")
+        assert p95 is not None
+        # Prompt and output independent and even over 1-255 tokens: the sum's p95 is 431.
+        assert 0.95 * 431 <= p95 <= 1.15 * 431
+        assert "poll_crashed" not in {str(event.get("event")) for event in exporter.events()}
+        assert exporter.non_json_lines() == []
+    log.assert_served()
+    growth = peak - rss_before
+    assert growth < 100 * MIB, f"peak RSS grew by {growth / MIB:.0f} MiB"
+    figures.record(
+        "hostile",
+        "histograms_of_256_buckets",
+        {
+            "seconds_per_poll": round(seconds, 2),
+            "p95_tokens": p95,
+            "peak_rss_growth_mib": round(growth / MIB, 1),
+            "worst_scrape_seconds": round(log.worst, 2),
+        },
+    )
 
 
 def test_negative_gauges_are_not_exported(figures: Figures) -> None:
