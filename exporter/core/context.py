@@ -97,7 +97,10 @@ Bias and when it is exact
   to the next longest request: up to +37 % in the benchmark, and in a heavy tail (log-normal,
   sigma 1) up to about +60 % in rare windows. The p50 of spread traffic reads up to 10 % low
   (bimodal: 8 %), its p99 up to 9.4 % low.
-- These are estimates, not bounds: in small windows (tens of requests), traffic that runs into
+- These are estimates, not bounds, and no estimate can be within 10 % above and 5 % below the
+  truth in every window: the histograms cannot tell a poll of 5,400 x 3 and 2,300 tokens from
+  one of 4,625 x 4, and among 126 requests of 3,000 and 5,300 tokens the p95 is 3,000 with one
+  and 4,625 with the other. In small windows (tens of requests), traffic that runs into
   ``max_model_len`` (its mass piles at the cap, but is spread below it here), or data built to
   defeat them (one group of ``302, 302, 698`` among groups with the same mean), the truth can
   lie more than 5 % above them. The benchmark's worst windows read p95 2.6 % low (one bucket

@@ -438,3 +438,26 @@ def test_a_busy_window_of_vllms_buckets_is_not_merged(monkeypatch: pytest.Monkey
     monkeypatch.setattr(context, "_PAIR_BUDGET", 10**9)
     monkeypatch.setattr(context, "_MAX_BUCKETS", 10**9)
     assert estimate_context_quantiles(deltas, QUANTILES, max_model_len=32768) == bounded
+
+
+def test_no_figure_is_within_the_goal_for_two_windows_the_histograms_cannot_tell_apart() -> None:
+    """Within 10 % for one bucket pair and never more than 5 % low cannot hold in every window.
+
+    130 requests in one bucket pair (prompts 2,001-5,000 tokens, outputs 201-500), each alone
+    in its poll but four that finished in one. In one window those four are three of 5,400
+    tokens and one of 2,300; in the other, four of 4,625 (the same sums, the same buckets).
+    The p95 is the 7th longest: 3,000 in the first, 4,625 in the second. A figure within 10 %
+    of the first (at most 3,300) is 29 % below the second. So issue 16's goal can be met only
+    as a rate (``benchmarks/README.md`` counts the windows outside it); the estimate leans
+    towards the longer reading.
+    """
+    alone = [[(4900, 400)]] * 3 + [[(2700, 300)]] * 123
+    uneven = [*alone[:60], [(4950, 450), (4950, 450), (4950, 450), (2050, 250)], *alone[60:]]
+    even = [*alone[:60], [(4225, 400)] * 4, *alone[60:]]
+    assert intervals(uneven) == intervals(even)
+    truths = [true_quantile([p + o for g in w for p, o in g], 0.95) for w in (uneven, even)]
+    assert truths == [3000, 4625]
+    assert 1.10 * truths[0] < 0.95 * truths[1]
+    estimate, _ = p95_and_truth(intervals(even), [p + o for g in even for p, o in g])
+    assert truths[0] < estimate < truths[1] * 1.10
+    assert estimate > 0.9 * truths[1]
