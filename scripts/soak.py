@@ -45,6 +45,7 @@ SCRAPE = 15.0
 CONTEXT_WINDOW = 600.0
 CONTEXT_MAX_WINDOW = 3600.0
 RATE_WINDOW = 60.0
+CONTEXT_REFRESH = 30.0
 
 #: One cycle of the schedule, in simulated seconds: (how long, what the fake vLLM does).
 #: ``restart:<model>:<blocks>`` restarts it as that model with that many KV blocks.
@@ -272,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 "HEADROOM_CONTEXT_WINDOW_SECONDS": f"{CONTEXT_WINDOW / args.speedup:g}",
                 "HEADROOM_CONTEXT_MAX_WINDOW_SECONDS": f"{CONTEXT_MAX_WINDOW / args.speedup:g}",
                 "HEADROOM_RATE_WINDOW_SECONDS": f"{RATE_WINDOW / args.speedup:g}",
+                "HEADROOM_CONTEXT_REFRESH_SECONDS": f"{CONTEXT_REFRESH / args.speedup:g}",
             }
         )
         stop = threading.Event()

@@ -236,6 +236,8 @@ async def demo(
             # Each phase's own requests, however few: never reach back into the phase before.
             "context_min_requests": 0,
             "rate_window_seconds": max(poll * 2, 60.0 / speed),
+            # Each phase's figures as it runs: a minute's phase is no place to let them stand.
+            "context_refresh_seconds": 0.0,
             # No vLLM process to read --max-num-seqs from: say it, as for a hidden container.
             "max_num_seqs": scenario.engine.max_num_seqs,
         }

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 #: The quantiles of context length we derive.
 CONTEXT_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
+#: Context figures read from at least this many requests may stand for
+#: ``context_refresh_seconds`` (below it they are cheap, and each request moves them).
+KEEP_CONTEXT_MIN_REQUESTS = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,11 @@ class WindowSettings:
     context_max_seconds: float = 3600.0
     #: Preemption and request rates are averaged over this window.
     rate_seconds: float = 60.0
+    #: Context figures read from ``KEEP_CONTEXT_MIN_REQUESTS`` requests or more stand this long
+    #: before they are computed again (0: every poll). They cost up to some 0.2 s of CPU a time
+    #: on busy traffic (many requests a poll over many buckets), and the quantiles of 10 minutes
+    #: of requests move little in 30 s.
+    context_refresh_seconds: float = 30.0
 
     @property
     def context_reach_seconds(self) -> float:
@@ -105,6 +113,10 @@ class ContextEstimate:
     #: Seconds the window spans: up to the context window, more where it reached back for
     #: requests (0: the figures are since vLLM started).
     window_seconds: float = 0.0
+    #: Time of the sample they were computed at (they may stand for a few polls), and the
+    #: ``max_model_len`` they were capped at.
+    computed_at: float = 0.0
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,7 +545,39 @@ def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _
     return _Traffic(lifetime, _lifetime(latest.request_params_n), 0.0, "lifetime")
 
 
-def _context(traffic: _Traffic, *, max_model_len: int | None) -> ContextEstimate | None:
+def _kept_context(
+    previous: ContextEstimate | None,
+    traffic: _Traffic,
+    samples: Sequence[Sample],
+    *,
+    windows: WindowSettings,
+    max_model_len: int | None,
+) -> ContextEstimate | None:
+    """The last context figures, where they may stand at the latest sample.
+
+    Those of a window (not since vLLM started) of ``KEEP_CONTEXT_MIN_REQUESTS`` requests or
+    more, computed less than ``context_refresh_seconds`` ago with the same ``max_model_len``,
+    with no restart since, and a window of as many now: recomputing them every poll cost busy
+    traffic's sidecar over 1 % of a core for figures that move little from poll to poll.
+    """
+    if (
+        previous is None
+        or previous.basis != "window"
+        or traffic.basis != "window"
+        or previous.max_model_len != max_model_len
+        or min(previous.window_requests, traffic.window_requests) < KEEP_CONTEXT_MIN_REQUESTS
+        or not 0.0 <= samples[-1].t - previous.computed_at < windows.context_refresh_seconds
+    ):
+        return None
+    for sample in reversed(samples):
+        if sample.t <= previous.computed_at:
+            return previous
+        if sample.restarted:
+            return None
+    return None  # the sample it was computed at is gone: so is its window
+
+
+def _context(traffic: _Traffic, *, max_model_len: int | None, at: float) -> ContextEstimate | None:
     """Context quantiles and exact mean of the traffic (:mod:`exporter.core.context`)."""
     found = estimate_context_quantiles(
         traffic.intervals, CONTEXT_QUANTILES, max_model_len=max_model_len
@@ -546,6 +590,8 @@ def _context(traffic: _Traffic, *, max_model_len: int | None) -> ContextEstimate
         window_requests=traffic.window_requests,
         basis=traffic.basis,
         window_seconds=traffic.window_seconds,
+        computed_at=at,
+        max_model_len=max_model_len,
     )
 
 
@@ -742,18 +788,22 @@ def derive_engine(
     predicted_capacity_tokens: float | None = None,
     max_model_len: int | None = None,
     running_limit: RunningLimit | None = None,
+    previous_context: ContextEstimate | None = None,
 ) -> EngineDerived:
     """Derive one engine's figures from the target's samples (the last one is "now").
 
     ``running_limit`` is the scheduler's ``max_num_seqs`` as learnt by the caller; without it
-    only the KV pool limits the ceiling.
+    only the KV pool limits the ceiling. ``previous_context`` is the engine's context figures
+    of the poll before, which may stand (:func:`_kept_context`).
     """
     latest = samples[-1].snapshot
     engine = latest.engines[name]
     engine_count = sum(1 for e in latest.engines.values() if e.cache_config is not None) or 1
     kv = _kv_state(engine, engine_count, predicted_capacity_tokens)
     traffic = _traffic(name, samples, windows)
-    context = _context(traffic, max_model_len=max_model_len)
+    context = _kept_context(
+        previous_context, traffic, samples, windows=windows, max_model_len=max_model_len
+    ) or _context(traffic, max_model_len=max_model_len, at=samples[-1].t)
     mean_n = _mean_n(traffic)
     requests_running, sequences_running = _running(engine, mean_n)
     asleep = _asleep(engine)
@@ -856,15 +906,18 @@ def derive_target(
     predicted_capacity_tokens: float | None = None,
     max_model_len: int | None = None,
     running_limit: RunningLimit | None = None,
+    previous: TargetDerived | None = None,
 ) -> TargetDerived:
     """Derive every engine's figures at the latest of ``samples`` (oldest first).
 
     ``predicted_capacity_tokens`` is the sizing model's per-engine capacity in vLLM's own terms
     (``None`` when the prediction is unavailable); ``running_limit`` the scheduler's
-    ``max_num_seqs`` of each engine, where known.
+    ``max_num_seqs`` of each engine, where known; ``previous`` the figures of the poll before,
+    whose context figures may stand for ``windows.context_refresh_seconds``.
     """
     if not samples:
         return TargetDerived(engines=())
+    contexts = {e.engine: e.context for e in previous.engines} if previous is not None else {}
     engines = tuple(
         derive_engine(
             name,
@@ -873,6 +926,7 @@ def derive_target(
             predicted_capacity_tokens=predicted_capacity_tokens,
             max_model_len=max_model_len,
             running_limit=running_limit,
+            previous_context=contexts.get(name),
         )
         for name in samples[-1].snapshot.engines  # in rank order, as the parser keeps them
     )

@@ -139,6 +139,7 @@ def _poll_settings(settings: Settings) -> PollSettings:
                 settings.context_max_window_seconds, settings.context_window_seconds
             ),
             rate_seconds=settings.rate_window_seconds,
+            context_refresh_seconds=settings.context_refresh_seconds,
         ),
         model_retry_seconds=settings.poll_interval_seconds * MODEL_RETRY_POLLS,
         gpu_timeout_seconds=settings.poll_timeout_seconds,

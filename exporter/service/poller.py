@@ -499,6 +499,7 @@ class TargetPoller:
             predicted_capacity_tokens=prediction.capacity_tokens,
             max_model_len=self._info.max_model_len,
             running_limit=self._running_limit(snapshot, gpus),
+            previous=self._view.derived,
         )
         self._view = TargetView(
             target=self.target,

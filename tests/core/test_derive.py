@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import (
+    EngineDerived,
     Sample,
     WindowSettings,
     derive_target,
@@ -685,3 +686,87 @@ def test_the_lifetime_fallback_spans_no_window() -> None:
     assert e.context is not None
     assert e.context.basis == "lifetime"
     assert e.context_window_seconds == 0.0
+
+
+# --- Busy context figures stand for context_refresh_seconds --------------------------------
+
+
+def busy(
+    polls: int, *, long_from: int | None = None, restart_at: int | None = None
+) -> list[Sample]:
+    """Polls 5 s apart, 10 requests of 101 + 380 tokens finished between each two.
+
+    From poll ``long_from`` on, 100 requests of 401 + 380 instead; at poll ``restart_at`` vLLM
+    restarts (a new start time, counters from 0) and goes on as before.
+    """
+    samples = []
+    for m in range(polls + 1):
+        short_polls = min(m, long_from) if long_from is not None else m
+        long_polls = m - short_polls
+        start, since = 1000.0, 0
+        if restart_at is not None and m >= restart_at:
+            start, since = 2000.0, restart_at - 1
+        short = 10 * max(0, short_polls - since)
+        long = 100 * max(0, long_polls - max(0, since - short_polls))
+        samples.append(Sample(5.0 * m, snap(engine_after(short, long), start=start)))
+    return chain(*samples)
+
+
+def polled(samples: list[Sample], windows: WindowSettings = WINDOWS) -> list[EngineDerived]:
+    """The engine's figures at each poll, each derived with the poll before's as the poller does."""
+    previous, figures = None, []
+    for latest in range(1, len(samples) + 1):
+        previous = derive_target(samples[:latest], windows=windows, previous=previous)
+        figures.append(previous.engines[0])
+    return figures
+
+
+def computed_at(figures: EngineDerived) -> float:
+    """When the engine's context figures were computed."""
+    assert figures.context is not None
+    return figures.context.computed_at
+
+
+def test_busy_context_figures_stand_for_context_refresh_seconds() -> None:
+    """Over 400 requests, the context figures are computed every 30 s; the rest every poll.
+
+    1,200 requests a window (10 a 5 s poll), then a flood of long ones from the 125th poll:
+    the figures of 620 s stand until 650 s, when the flood shows, while the rates follow it at
+    once. Recomputing a busy window every poll cost over 1 % of a core.
+    """
+    figures = polled(busy(130, long_from=125))
+    assert [computed_at(f) for f in figures[39:47]] == [195.0, 200.0] + [200.0] * 5 + [230.0]
+    assert [computed_at(f) for f in figures[124:131]] == [620.0] * 6 + [650.0]
+    assert figures[129].context is figures[124].context
+    assert figures[129].context_p95_tokens is not None
+    assert figures[129].context_p95_tokens < 401 + 380
+    assert figures[130].context_p95_tokens == pytest.approx(401 + 380)
+    rate_before = figures[124].finished_requests_per_second
+    rate_flooded = figures[129].finished_requests_per_second
+    assert rate_before is not None
+    assert rate_flooded is not None
+    assert rate_flooded > 2 * rate_before
+
+
+def test_a_restart_computes_the_context_figures_at_once() -> None:
+    """The window a restart leaves is not the one the standing figures were read from."""
+    figures = polled(busy(130, restart_at=126))
+    assert computed_at(figures[125]) == 620.0
+    assert computed_at(figures[126]) == 630.0
+
+
+def test_context_refresh_seconds_0_computes_them_every_poll() -> None:
+    """0: every poll, as before the setting (and in the demo, whose phases last a minute)."""
+    every_poll = WindowSettings(context_seconds=600.0, rate_seconds=60.0, context_refresh_seconds=0)
+    figures = polled(busy(60), every_poll)
+    assert [computed_at(f) for f in figures[1:]] == [5.0 * m for m in range(1, 61)]
+
+
+def test_a_new_max_model_len_computes_the_context_figures_at_once() -> None:
+    """Figures capped at another max_model_len (learnt after the first polls) do not stand."""
+    samples = busy(60)
+    before = derive_target(samples[:60], windows=WINDOWS)
+    kept = derive_target(samples, windows=WINDOWS, previous=before)
+    capped = derive_target(samples, windows=WINDOWS, previous=before, max_model_len=512)
+    assert kept.engines[0].context is before.engines[0].context
+    assert computed_at(capped.engines[0]) == 300.0
