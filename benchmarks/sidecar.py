@@ -29,8 +29,6 @@ poll for one target, peak RSS under 80 MB for one target.
 from __future__ import annotations
 
 import argparse
-import bisect
-import itertools
 import math
 import os
 import random
@@ -46,7 +44,7 @@ import httpx
 
 from exporter.core.derive import KEEP_CONTEXT_MIN_REQUESTS
 from exporter.sim.families import build_1_2_5_buckets
-from exporter.testing.fakevllm import FakeVllm, VllmState
+from exporter.testing.fakevllm import FakeVllm, TokenTraffic, VllmState
 from exporter.testing.processes import free_port, wait_http
 
 if TYPE_CHECKING:
@@ -90,39 +88,16 @@ def busy_payload() -> Callable[[int], bytes]:
     Prompts log-normal about 500 tokens (sigma 1), outputs about 200 (sigma 0.8), in vLLM's
     1-2-5 buckets for max_model_len 8,192: the benchmark's "log-normal, wide" shape.
     """
-    text = CAPTURE.read_text()
-    histogram = re.compile(
-        r"# HELP (vllm:request_(?:prompt|generation)_tokens) .*\n# TYPE \1 histogram\n"
-        r"(?:\1_\w+\{.*\n)+"
-    )
-    base = histogram.sub("", text)
-    bounds = build_1_2_5_buckets(8192)
-    counts = {name: [0] * (len(bounds) + 1) for name in ("prompt", "generation")}
-    sums = dict.fromkeys(counts, 0)
+    capture = CAPTURE.read_text()
+    traffic = TokenTraffic(tuple(float(bound) for bound in build_1_2_5_buckets(8192)))
     rng = random.Random(20261202)  # noqa: S311 - benchmark traffic, not secrets
-
-    def render(name: str) -> str:
-        family = f"vllm:request_{name}_tokens"
-        labels = 'engine="0",model_name="tiny"'
-        cumulative = list(itertools.accumulate(counts[name]))
-        lines = [f"# TYPE {family} histogram"]
-        lines += [
-            f'{family}_bucket{{{labels},le="{float(bound)}"}} {total}'
-            for bound, total in zip(bounds, cumulative, strict=False)
-        ]
-        lines.append(f'{family}_bucket{{{labels},le="+Inf"}} {cumulative[-1]}')
-        lines.append(f"{family}_count{{{labels}}} {cumulative[-1]}")
-        lines.append(f"{family}_sum{{{labels}}} {sums[name]}")
-        return "\n".join(lines) + "\n"
 
     def payload(_scrape: int) -> bytes:
         for _ in range(BUSY_REQUESTS_PER_POLL):
             prompt = min(max(1, round(500 * math.exp(rng.gauss(0, 1.0)))), 6000)
             output = min(max(1, round(200 * math.exp(rng.gauss(0, 0.8)))), 2000)
-            for name, tokens in (("prompt", prompt), ("generation", output)):
-                counts[name][bisect.bisect_left(bounds, tokens)] += 1
-                sums[name] += tokens
-        return (base + render("prompt") + render("generation")).encode()
+            traffic.add(prompt, output)
+        return traffic.replacing(capture)
 
     return payload
 

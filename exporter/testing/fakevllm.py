@@ -7,7 +7,8 @@ real captures instead. A test can switch it to a :class:`Fault`: it is a raw soc
 ``http.server``, so it can misbehave at the byte level (stop listening, accept and never answer,
 answer one byte at a time, declare more than it sends, stream a 200 MB body generated on the fly,
 never held in memory). :meth:`FakeVllm.transport` answers the same way through
-``httpx.MockTransport``, for tests that drive a poller without sockets.
+``httpx.MockTransport``, for tests that drive a poller without sockets. :class:`TokenTraffic`
+grows a payload's per-request token histograms, for payloads under traffic of a given shape.
 
 The non-vLLM lines that open every rendered payload (``python_*``, ``process_*``) are copied
 from a real vLLM 0.32.0 capture (``tests/fixtures/vllm-metrics/vllm-0.32.0-cpu-after-load.prom``).
@@ -15,13 +16,16 @@ from a real vLLM 0.32.0 capture (``tests/fixtures/vllm-metrics/vllm-0.32.0-cpu-a
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
+import re
 import socket
 import threading
 import time
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -186,6 +190,59 @@ def render_metrics(state: VllmState) -> bytes:
     parts = [_PREAMBLE, f"process_start_time_seconds {state.start_time}\n"]
     parts.extend(_engine_lines(state, engine) for engine in range(state.engines))
     return "".join(parts).encode()
+
+
+#: A payload's two per-request token histograms (with or without their HELP line).
+_TOKEN_HISTOGRAMS = re.compile(
+    r"(?:# HELP vllm:request_(?:prompt|generation)_tokens .*\n)?"
+    r"# TYPE (vllm:request_(?:prompt|generation)_tokens) histogram\n(?:\1_\w+\{.*\n)+"
+)
+
+
+@dataclass
+class TokenTraffic:
+    """Per-request prompt and output token histograms that grow as requests finish.
+
+    For payloads under traffic (tests, benchmarks): :meth:`add` finishes a request,
+    :meth:`replacing` puts the two histograms, as they stand, into a ``/metrics`` payload.
+    """
+
+    #: Finite bucket bounds, in order (``+Inf`` is added).
+    bounds: tuple[float, ...]
+    labels: str = 'engine="0",model_name="tiny"'
+    counts: dict[str, list[int]] = field(init=False)
+    sums: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counts = {side: [0] * (len(self.bounds) + 1) for side in ("prompt", "generation")}
+        self.sums = dict.fromkeys(self.counts, 0)
+
+    def add(self, prompt: int, output: int) -> None:
+        """One more request finished, of ``prompt`` and ``output`` tokens."""
+        for side, tokens in (("prompt", prompt), ("generation", output)):
+            self.counts[side][bisect.bisect_left(self.bounds, tokens)] += 1  # "<= le"
+            self.sums[side] += tokens
+
+    def render(self) -> str:
+        """Both histograms in the text format."""
+        text = ""
+        for side, counts in self.counts.items():
+            family, labels = f"vllm:request_{side}_tokens", self.labels
+            cumulative = list(itertools.accumulate(counts))
+            lines = [f"# TYPE {family} histogram"]
+            lines += [
+                f'{family}_bucket{{{labels},le="{float(bound)}"}} {total}'
+                for bound, total in zip(self.bounds, cumulative, strict=False)
+            ]
+            lines.append(f'{family}_bucket{{{labels},le="+Inf"}} {cumulative[-1]}')
+            lines.append(f"{family}_count{{{labels}}} {cumulative[-1]}")
+            lines.append(f"{family}_sum{{{labels}}} {self.sums[side]}")
+            text += "\n".join(lines) + "\n"
+        return text
+
+    def replacing(self, payload: str) -> bytes:
+        """``payload`` with its token histograms replaced by these."""
+        return (_TOKEN_HISTOGRAMS.sub("", payload) + self.render()).encode()
 
 
 def render_models(state: VllmState) -> bytes:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from exporter.errors import ParseError
-from exporter.testing.fakevllm import TEXT, FakeVllm, Fault, VllmState
+from exporter.testing.fakevllm import TEXT, FakeVllm, Fault, TokenTraffic, VllmState, render_metrics
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
@@ -311,3 +311,21 @@ def test_the_transport_raises_what_a_client_meets_when_vllm_is_down_or_hangs(
     fake.set_fault(fault)
     with pytest.raises(error):
         through(fake, "/metrics")
+
+
+def test_token_traffic_replaces_a_payloads_token_histograms_with_its_requests() -> None:
+    """Requests added to TokenTraffic parse back as vLLM's two histograms, "<= le" buckets."""
+    traffic = TokenTraffic((10.0, 100.0, 1000.0))
+    for prompt, output in ((10, 11), (100, 5), (5000, 1000)):
+        traffic.add(prompt, output)
+    for payload in (
+        render_metrics(VllmState()).decode(),
+        (paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text(),
+    ):
+        (engine,) = parse_vllm_metrics(traffic.replacing(payload)).engines.values()
+        assert engine.prompt_tokens is not None
+        assert engine.generation_tokens is not None
+        assert engine.prompt_tokens.cumulative == (1.0, 2.0, 2.0, 3.0)
+        assert engine.prompt_tokens.sum == 5110
+        assert engine.generation_tokens.cumulative == (1.0, 2.0, 3.0, 3.0)
+        assert engine.generation_tokens.sum == 1016
