@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/vllm-headroom demo --speed 5 --duration 75 --every 5
 
-# Regenerate the generated docs (docs/metrics.md, docs/configuration.md) and the dashboards
-# (dashboards/*.json, from dashboards/ and alerts/); tests fail when stale.
+# Regenerate the generated docs (docs/metrics.md, docs/configuration.md), the dashboards
+# (dashboards/*.json, from dashboards/ and alerts/) and the chart's copies of the rules and
+# dashboards (helm/vllm-headroom/files/: no link leaves the chart); tests fail when stale.
 docs: $(STAMP)
 	$(BIN)/python -c "from exporter.service.metricdefs import render_markdown; print(render_markdown(), end='')" > docs/metrics.md
 	$(BIN)/python -c "from exporter.service.settings import render_configuration_markdown as r; print(r(), end='')" > docs/configuration.md
 	$(BIN)/python -m dashboards.generate
+	$(BIN)/python scripts/sync_chart_files.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -50,6 +50,7 @@ CHART = REPO / "helm" / "vllm-headroom"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RULES_FILE = REPO / "alerts" / "vllm-headroom.rules.yml"
 DASHBOARDS = REPO / "dashboards"
+DASHBOARDS_JSON = sorted(DASHBOARDS.glob("*.json"))
 DOCKERFILE = REPO / "Dockerfile"
 
 RELEASE = "rel"
@@ -441,14 +442,32 @@ def test_ci_values_cover_every_shape() -> None:
     assert shapes == {"vllm", "sidecar", "fleet"}
 
 
-def test_alerts_and_dashboards_are_embedded_not_copied() -> None:
-    """files/alerts and files/dashboards link to alerts/ and dashboards/: no second copy."""
-    for name, target in (("alerts", REPO / "alerts"), ("dashboards", DASHBOARDS)):
-        link = CHART / "files" / name
-        assert link.is_symlink(), link
-        assert link.resolve() == target.resolve()
-    assert RULES_FILE.is_file()
-    assert sorted(DASHBOARDS.glob("*.json"))
+def test_the_chart_holds_no_links() -> None:
+    """Nothing in helm/vllm-headroom is a symbolic link: a copy of the folder alone is the chart."""
+    found = [
+        Path(folder, name).relative_to(CHART)
+        for folder, dirs, names in os.walk(CHART)
+        for name in [*dirs, *names]
+        if Path(folder, name).is_symlink()
+    ]
+    assert found == []
+
+
+def test_the_chart_embeds_copies_identical_to_the_rules_and_dashboards() -> None:
+    """files/ holds the rule file and every dashboard byte for byte (make docs keeps them so)."""
+    copies = {RULES_FILE: CHART / "files" / "alerts" / RULES_FILE.name}
+    copies |= {path: CHART / "files" / "dashboards" / path.name for path in DASHBOARDS_JSON}
+    assert len(copies) == 3
+    for source, copy_path in copies.items():
+        assert copy_path.read_bytes() == source.read_bytes(), f"{copy_path}: run make docs"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "sync_chart_files.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 @pytest.mark.e2e
@@ -531,25 +550,52 @@ def test_vllm_variants_validate(helm: Path, sets: tuple[str, ...]) -> None:
         validate_manifest(manifest)
 
 
+@pytest.fixture(scope="module")
+def packaged_chart(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chart as ``helm package`` writes it (the archive a chart repository serves)."""
+    out = tmp_path_factory.mktemp("package")
+    done = _helm_run(helm, "package", str(CHART), "--destination", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "symbolic link" not in done.stderr
+    (archive,) = out.glob("vllm-headroom-*.tgz")
+    return archive
+
+
+@pytest.fixture(scope="module")
+def copied_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """helm/vllm-headroom copied alone, as a user would (``cp -r``, links left as links)."""
+    copy_dir = tmp_path_factory.mktemp("copy") / "vllm-headroom"
+    subprocess.run(["cp", "-r", str(CHART), str(copy_dir)], check=True, timeout=30)
+    return copy_dir
+
+
 @pytest.mark.e2e
-def test_package_follows_the_symlinks(helm: Path, tmp_path: Path) -> None:
-    """helm package stores the linked files themselves and renders like the chart directory."""
-    done = _helm_run(helm, "package", str(CHART), "--destination", str(tmp_path))
-    assert done.returncode == 0, _quiet(done.stderr)
-    (archive,) = tmp_path.glob("vllm-headroom-*.tgz")
-    with tarfile.open(archive) as tar:
+def test_package_holds_the_rules_and_dashboards_and_no_python(packaged_chart: Path) -> None:
+    """The packaged chart carries the rule file and each dashboard byte for byte, and no code."""
+    with tarfile.open(packaged_chart) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        rules = members["vllm-headroom/files/alerts/vllm-headroom.rules.yml"]
-        assert rules.isfile()
-        extracted = tar.extractfile(rules)
-        assert extracted is not None
-        assert extracted.read() == RULES_FILE.read_bytes()
-        for dashboard in DASHBOARDS.glob("*.json"):
-            member = tar.extractfile(members[f"vllm-headroom/files/dashboards/{dashboard.name}"])
-            assert member is not None
-            assert member.read() == dashboard.read_bytes()
-        assert not [name for name in members if name.endswith(".py")]
-    assert render(helm, ci("vllm"), chart=archive) == render(helm, ci("vllm"))
+        expected = {f"vllm-headroom/files/alerts/{RULES_FILE.name}": RULES_FILE}
+        expected |= {f"vllm-headroom/files/dashboards/{p.name}": p for p in DASHBOARDS_JSON}
+        for name, source in expected.items():
+            assert members[name].isfile(), name
+            extracted = tar.extractfile(members[name])
+            assert extracted is not None
+            assert extracted.read() == source.read_bytes(), name
+        assert not [m.name for m in members.values() if m.name.endswith(".py") or m.issym()]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("shape", ["vllm", "sidecar"])
+@pytest.mark.parametrize("chart", ["packaged_chart", "copied_chart"])
+def test_packaged_and_copied_charts_render_as_the_repositorys(
+    helm: Path, request: pytest.FixtureRequest, shape: str, chart: str
+) -> None:
+    """helm template of the package and of a lone copy of the folder equals the in-repo chart's.
+
+    Both shapes' ci values render the rules and the dashboards, every embedded file.
+    """
+    path: Path = request.getfixturevalue(chart)
+    assert render(helm, ci(shape), chart=path) == render(helm, ci(shape))
 
 
 # ------------------------------------------------------------------------ secure by default

@@ -1,6 +1,6 @@
 {{/*
-The rule groups of alerts/vllm-headroom.rules.yml (embedded through the files/alerts symlink,
-never copied) with prometheusRule's values applied structurally:
+The rule groups of alerts/vllm-headroom.rules.yml (files/alerts/ holds a copy that make docs keeps
+identical, scripts/sync_chart_files.py) with prometheusRule's values applied structurally:
 - an alert's {enabled: false} drops it; its for and severity replace the file's;
 - a threshold's value replaces the expr of its recording rule headroom:threshold:<name> (group
   vllm-headroom-thresholds) with vector(<value>);
@@ -94,7 +94,7 @@ consumes the character after a name, which may come before the next name.
 {{- $file := include "vllm-headroom.rules.file" . -}}
 {{- $raw := .Files.Get $file -}}
 {{- if not $raw -}}
-{{- fail (printf "%s is missing or empty: the chart embeds alerts/vllm-headroom.rules.yml through the symlink helm/vllm-headroom/files/alerts; package the chart from the repository (helm package helm/vllm-headroom)" $file) -}}
+{{- fail (printf "%s is missing or empty: the chart ships a copy of alerts/vllm-headroom.rules.yml there; restore it (make docs in the repository) or use a released chart" $file) -}}
 {{- end -}}
 {{- $doc := fromYaml $raw -}}
 {{- if hasKey $doc "Error" -}}
