@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -1427,6 +1429,41 @@ def test_every_example_is_picked_up_by_a_default_kube_prometheus_stack(
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
+def documented_installs() -> list[list[str]]:
+    """The ``helm install`` commands of docs/kubernetes.md that install the chart by --set alone."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    commands = []
+    for block in re.findall(r"```console\n(.*?)```", text, re.DOTALL):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            if not line.startswith("helm install "):
+                continue
+            argv = shlex.split(line)
+            if "helm/vllm-headroom" in argv and "-f" not in argv:
+                commands.append(argv)
+    return commands
+
+
+@pytest.mark.e2e
+def test_the_documented_installs_are_picked_up_by_a_default_kube_prometheus_stack(
+    helm: Path,
+) -> None:
+    """docs/kubernetes.md's install commands label every monitor and rule release: <its name>."""
+    commands = documented_installs()
+    assert len(commands) >= 2, commands
+    for argv in commands:
+        sets = [
+            f"{flag} {value}"
+            for flag, value in itertools.pairwise(argv)
+            if flag in {"--set", "--set-json", "--set-string"}
+        ]
+        selected = [m for m in render(helm, sets=sets) if m["kind"] in SELECTED_BY_RELEASE]
+        assert selected, argv
+        for manifest in selected:
+            labels = manifest["metadata"].get("labels", {})
+            assert labels.get("release") == KUBE_PROMETHEUS_STACK_RELEASE, (argv, manifest["kind"])
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("values", EXAMPLE_VALUES, ids=_example_id)
 def test_only_the_sidecar_reading_vllms_list_asks_for_every_gpu(helm: Path, values: Path) -> None:
@@ -1863,16 +1900,37 @@ def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("values", "says"),
     [
-        ("vllm", ["port-forward svc/rel-vllm-headroom 8742:8742", "helm test rel"]),
+        (
+            "vllm",
+            [
+                "port-forward svc/rel-vllm-headroom 8742:8742",
+                "helm test rel",
+                "PodMonitor labels: release=kube-prometheus-stack (your Prometheus must select",
+                "A default kube-prometheus-stack selects monitors and rules labelled release=",
+                "PrometheusRule labels: release=kube-prometheus-stack",
+                "NetworkPolicy: port 8742 (the exporter) from networkPolicy.metricsFrom; vLLM's "
+                "port 8000 from anyone",
+            ],
+        ),
         (
             "sidecar",
             [
                 "-o jsonpath='{.data.patch\\.yaml}'",
                 "NOT running until it is in the spec of the workload's owner",
                 "helm/examples/",
+                "vLLM's port 8000 and container-port from anyone; 1 rule(s) of "
+                "networkPolicy.extraIngress",
             ],
         ),
-        ("fleet", ["/probe reaches only 10.244.0.0/16", "ScrapeConfig/rel-vllm-headroom-probe"]),
+        (
+            "fleet",
+            [
+                "/probe reaches only 10.244.0.0/16",
+                "ScrapeConfig/rel-vllm-headroom-probe",
+                "ServiceMonitor labels: release=kube-prometheus-stack",
+                "ScrapeConfig labels: release=kube-prometheus-stack",
+            ],
+        ),
     ],
 )
 def test_notes_say_what_was_installed_and_how_to_reach_it(
