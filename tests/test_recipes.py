@@ -21,7 +21,10 @@ predictor reconciler does (runtime container merged with ``predictor.model``, th
 predictor's own containers appended) and validated too.
 
 The sidecar in each recipe must be the chart's rendering of the recipe's ``headroom-values.yaml``:
-when the chart changes, these tests name the recipe to re-render.
+when the chart changes, these tests name the recipe to re-render. With ``networkPolicy.enabled``
+the chart's NetworkPolicy is evaluated as Kubernetes does against the owner's own pod: every port
+the deployer's pod serves admits the clients each deployer documents, the exporter's only
+Prometheus.
 """
 
 from __future__ import annotations
