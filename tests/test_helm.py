@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +222,85 @@ def strategic_merge(base: Any, patch: Any) -> Any:
             by_name[item["name"]] = strategic_merge(by_name.get(item["name"], {}), item)
         return list(by_name.values())
     return patch
+
+
+# ------------------------------------------------------------------ NetworkPolicy semantics
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A pod that opens a connection: its namespace's name and its own labels."""
+
+    namespace: str
+    labels: Mapping[str, str]
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # no policy here uses matchExpressions
+    return dict(selector.get("matchLabels") or {}).items() <= dict(labels).items()
+
+
+def _peer_matches(rule_peer: Mapping[str, Any], peer: Peer, namespace: str) -> bool:
+    """A NetworkPolicyPeer: a podSelector alone means pods of the policy's own namespace."""
+    assert "ipBlock" not in rule_peer, rule_peer
+    namespaces = rule_peer.get("namespaceSelector")
+    if namespaces is None:
+        in_namespace = peer.namespace == namespace
+    else:
+        in_namespace = _selects(namespaces, {"kubernetes.io/metadata.name": peer.namespace})
+    pods = rule_peer.get("podSelector")
+    return in_namespace and (pods is None or _selects(pods, peer.labels))
+
+
+def named_ports(pod_spec: Mapping[str, Any]) -> dict[str, int]:
+    """The pod's container ports by name (a NetworkPolicy's named ports resolve against them)."""
+    containers = [*pod_spec["containers"], *pod_spec.get("initContainers", [])]
+    return {
+        p["name"]: p["containerPort"] for c in containers for p in c.get("ports", []) if "name" in p
+    }
+
+
+def served_ports(pod_spec: Mapping[str, Any]) -> set[int]:
+    """Every TCP port a container of the pod declares (restartable init containers included)."""
+    containers = [
+        *pod_spec["containers"],
+        *(c for c in pod_spec.get("initContainers", []) if c.get("restartPolicy") == "Always"),
+    ]
+    return {
+        p["containerPort"]
+        for c in containers
+        for p in c.get("ports", [])
+        if p.get("protocol", "TCP") == "TCP"
+    }
+
+
+def admits(policy: Manifest, pod_spec: Mapping[str, Any], peer: Peer, port: int) -> bool:
+    """Whether ``policy`` lets ``peer`` open a TCP connection to ``port`` of a pod it selects.
+
+    Kubernetes' semantics (networking.k8s.io/v1): a selected pod accepts a connection some
+    ingress rule allows; a rule without ports allows every port, one without from every peer.
+    """
+    named = named_ports(pod_spec)
+    namespace = policy["metadata"]["namespace"]
+    for rule in policy["spec"].get("ingress", []):
+        ports_ok = not rule.get("ports") or any(
+            entry.get("protocol", "TCP") == "TCP"
+            and (
+                "port" not in entry
+                or (
+                    named.get(entry["port"]) == port
+                    if isinstance(entry["port"], str)
+                    else entry["port"] <= port <= entry.get("endPort", entry["port"])
+                )
+            )
+            for entry in rule["ports"]
+        )
+        peers_ok = not rule.get("from") or any(
+            _peer_matches(item, peer, namespace) for item in rule["from"]
+        )
+        if ports_ok and peers_ok:
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------ validation
@@ -522,8 +604,17 @@ def test_validation_rejects_what_the_api_server_would(
     "sets",
     [
         ("--set fleet.discovery.kind=PodMonitor",),
-        ("--set fleet.discovery.kind=none", "--set vllmMetrics.enabled=false"),
-        ("--set podMonitor.enabled=true", "--set networkPolicy.metricsFrom=null"),
+        (
+            "--set fleet.discovery.kind=none",
+            "--set vllmMetrics.enabled=false",
+            "--set vllmMetrics.job=vllm",
+        ),
+        (
+            "--set podMonitor.enabled=true",
+            "--set podMonitor.labels.release=kube-prometheus-stack",
+            "--set serviceMonitor.enabled=false",
+            "--set networkPolicy.metricsFrom=null",
+        ),
     ],
     ids=["podmonitor-discovery", "no-discovery", "podmonitor-open-metrics"],
 )
@@ -1287,6 +1378,52 @@ def test_network_policy_lets_prometheus_reach_vllm_when_vllm_is_restricted(helm:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("values", ["vllm", "vllm-uuids"])
+def test_network_policy_admits_every_port_of_the_charts_own_pod(helm: Path, values: str) -> None:
+    """Shape vllm: every port the pod serves stays open, the exporter's to Prometheus alone."""
+    manifests = render(helm, ci(values), sets=("--set networkPolicy.enabled=true",))
+    policy = only(manifests, "NetworkPolicy")
+    pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    prometheus = Peer("monitoring", {"app.kubernetes.io/name": "prometheus"})
+    stranger = Peer(NAMESPACE, {"app": "stranger"})
+    assert served_ports(pod) == {8000, DEFAULT_PORT}
+    assert admits(policy, pod, stranger, 8000)
+    assert admits(policy, pod, prometheus, 8000)
+    assert admits(policy, pod, prometheus, DEFAULT_PORT)
+    assert not admits(policy, pod, stranger, DEFAULT_PORT)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("target", "port"),
+    [
+        ("http://127.0.0.1:8080", 8080),
+        ("http://localhost:8200/", 8200),
+        ("http://[::1]:9000", 9000),
+        ("http://localhost", 80),
+        ("https://localhost", 443),
+    ],
+)
+def test_network_policy_admits_vllm_on_the_port_the_sidecar_polls(
+    helm: Path, target: str, port: int
+) -> None:
+    """Shape sidecar: vLLM's port is sidecar.target's, so no second setting can disagree with it."""
+    sets = (
+        "--set shape=sidecar",
+        "--set sidecar.podSelector.app=vllm",
+        f"--set sidecar.target={target}",
+        "--set networkPolicy.enabled=true",
+        "--set-json networkPolicy.extraIngress=[]",
+    )
+    policy = only(render(helm, sets=sets), "NetworkPolicy")
+    validate_manifest(policy)
+    pod = {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": port}]}]}
+    anyone = Peer("elsewhere", {"app": "client"})
+    assert admits(policy, pod, anyone, port)
+    assert not admits(policy, pod, anyone, DEFAULT_PORT)
+
+
+@pytest.mark.e2e
 def test_helm_test_pod_checks_the_exporter_through_its_service(helm: Path) -> None:
     """The helm test pod runs the exporter's image against the Service's exporter port."""
     manifests = render(helm, ci("vllm"))
@@ -1336,6 +1473,41 @@ def test_every_example_is_picked_up_by_a_default_kube_prometheus_stack(
         if configmap["metadata"]["name"].endswith("-sidecar-patch"):
             continue
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def documented_installs() -> list[list[str]]:
+    """The ``helm install`` commands of docs/kubernetes.md that install the chart by --set alone."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    commands = []
+    for block in re.findall(r"```console\n(.*?)```", text, re.DOTALL):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            if not line.startswith("helm install "):
+                continue
+            argv = shlex.split(line)
+            if "helm/vllm-headroom" in argv and "-f" not in argv:
+                commands.append(argv)
+    return commands
+
+
+@pytest.mark.e2e
+def test_the_documented_installs_are_picked_up_by_a_default_kube_prometheus_stack(
+    helm: Path,
+) -> None:
+    """docs/kubernetes.md's install commands label every monitor and rule release: <its name>."""
+    commands = documented_installs()
+    assert len(commands) >= 2, commands
+    for argv in commands:
+        sets = [
+            f"{flag} {value}"
+            for flag, value in itertools.pairwise(argv)
+            if flag in {"--set", "--set-json", "--set-string"}
+        ]
+        selected = [m for m in render(helm, sets=sets) if m["kind"] in SELECTED_BY_RELEASE]
+        assert selected, argv
+        for manifest in selected:
+            labels = manifest["metadata"].get("labels", {})
+            assert labels.get("release") == KUBE_PROMETHEUS_STACK_RELEASE, (argv, manifest["kind"])
 
 
 @pytest.mark.e2e
@@ -1518,6 +1690,7 @@ BAD_VALUES = [
         (
             "--set vllm.model=m",
             "--set prometheusRule.enabled=true",
+            "--set prometheusRule.labels.release=kps",
             "--set prometheusRule.alerts.VllmNoSuchAlert.enabled=false",
         ),
         "prometheusRule.alerts.VllmNoSuchAlert: no alert of that name",
@@ -1527,6 +1700,7 @@ BAD_VALUES = [
         (
             "--set vllm.model=m",
             "--set prometheusRule.enabled=true",
+            "--set prometheusRule.labels.release=kps",
             "--set prometheusRule.thresholds.no_such=1",
         ),
         "prometheusRule.thresholds.no_such: no threshold of that name",
@@ -1580,6 +1754,87 @@ BAD_VALUES = [
         ("--set vllm.model=m", "--set vllm.strategy.rollingUpdate.maxUnavailable=0"),
         "maxSurge and maxUnavailable are both 0, so a rollout could never replace a pod",
         id="rollout-that-cannot-move",
+    ),
+    pytest.param(
+        (
+            "--set shape=sidecar",
+            "--set sidecar.podSelector.app=vllm",
+            "--set networkPolicy.enabled=true",
+        ),
+        "networkPolicy.enabled=true with shape=sidecar needs networkPolicy.extraIngress",
+        id="policy-on-foreign-pods-without-their-ports",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set networkPolicy.enabled=true",
+            '--set-json networkPolicy.extraIngress=[{"ports":[{"port":9000},{"port":"headroom"}]}]',
+        ),
+        "networkPolicy.extraIngress[0] admits everyone to every port or to the exporter's (8742)",
+        id="extra-rule-opening-the-exporter",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set networkPolicy.enabled=true",
+            '--set-json networkPolicy.extraIngress=[{"ports":[{"port":8000,"endPort":9000}]}]',
+        ),
+        "networkPolicy.extraIngress[0] admits everyone",
+        id="extra-range-over-the-exporter",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set podMonitor.enabled=true"),
+        "podMonitor.labels is empty, so a Prometheus that selects by label never loads the "
+        "PodMonitor: set podMonitor.labels.release=",
+        id="pod-monitor-without-labels",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set serviceMonitor.enabled=true"),
+        "serviceMonitor.labels is empty",
+        id="service-monitor-without-labels",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set prometheusRule.enabled=true"),
+        "prometheusRule.labels is empty, so a Prometheus that selects by label never loads the "
+        "PrometheusRule",
+        id="rule-without-labels",
+    ),
+    pytest.param(
+        (
+            "--set shape=fleet",
+            "--set fleet.allowlist={10.0.0.0/8}",
+            "--set fleet.discovery.podSelector.app=vllm",
+        ),
+        "fleet.discovery.labels is empty, so a Prometheus that selects by label never loads the "
+        "ScrapeConfig",
+        id="scrape-config-without-labels",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set podMonitor.enabled=true",
+            "--set podMonitor.labels.release=kps",
+            "--set serviceMonitor.enabled=true",
+            "--set serviceMonitor.labels.release=kps",
+        ),
+        "podMonitor.enabled and serviceMonitor.enabled are both true",
+        id="two-monitors",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllmMetrics.job=vllm"),
+        "vllmMetrics.job=vllm names another scrape of vLLM's /metrics, but "
+        "vllmMetrics.enabled=true",
+        id="vllm-scraped-twice",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set prometheusRule.enabled=true",
+            "--set prometheusRule.labels.release=kps",
+            "--set vllmMetrics.enabled=false",
+        ),
+        "vllmMetrics.enabled=false needs vllmMetrics.job",
+        id="vllm-series-from-nowhere",
     ),
     pytest.param(
         ("--set vllm.model=m", "--set vllm.strategy.type=BlueGreen"),
@@ -1691,16 +1946,37 @@ def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("values", "says"),
     [
-        ("vllm", ["port-forward svc/rel-vllm-headroom 8742:8742", "helm test rel"]),
+        (
+            "vllm",
+            [
+                "port-forward svc/rel-vllm-headroom 8742:8742",
+                "helm test rel",
+                "PodMonitor labels: release=kube-prometheus-stack (your Prometheus must select",
+                "A default kube-prometheus-stack selects monitors and rules labelled release=",
+                "PrometheusRule labels: release=kube-prometheus-stack",
+                "NetworkPolicy: port 8742 (the exporter) from networkPolicy.metricsFrom; vLLM's "
+                "port 8000 from anyone",
+            ],
+        ),
         (
             "sidecar",
             [
                 "-o jsonpath='{.data.patch\\.yaml}'",
                 "NOT running until it is in the spec of the workload's owner",
                 "helm/examples/",
+                "vLLM's port 8000 and container-port from anyone; 1 rule(s) of "
+                "networkPolicy.extraIngress",
             ],
         ),
-        ("fleet", ["/probe reaches only 10.244.0.0/16", "ScrapeConfig/rel-vllm-headroom-probe"]),
+        (
+            "fleet",
+            [
+                "/probe reaches only 10.244.0.0/16",
+                "ScrapeConfig/rel-vllm-headroom-probe",
+                "ServiceMonitor labels: release=kube-prometheus-stack",
+                "ScrapeConfig labels: release=kube-prometheus-stack",
+            ],
+        ),
     ],
 )
 def test_notes_say_what_was_installed_and_how_to_reach_it(

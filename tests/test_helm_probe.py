@@ -395,7 +395,12 @@ def test_the_jobs_name_follows_what_it_runs(helm: Path) -> None:
     first = name()
     assert first.startswith(f"{RELEASE}-vllm-headroom-probe-")
     assert len(first) <= 63
-    assert name("--set podMonitor.enabled=true", "--set vllm.replicas=1") == first
+    assert (
+        name(
+            "--set podMonitor.enabled=true", "--set podMonitor.labels.a=b", "--set vllm.replicas=1"
+        )
+        == first
+    )
     assert name("--set probe.stepSeconds=10") != first
     assert name("--set probe.run=2") != first
 

@@ -89,9 +89,23 @@ def jobs(release: str, namespace: str, values: Mapping[str, Any]) -> dict[str, s
     return {"vllm": f"{base}-vllm", "exporter": f"{base}-exporter"}
 
 
+def go_quote_meta(text: str) -> str:
+    """Go's regexp.QuoteMeta (Helm's regexQuoteMeta): a backslash before each regex operator."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text)
+
+
 def default_selector(release: str, namespace: str, values: Mapping[str, Any]) -> str:
-    """The matchers the chart scopes raw series with when prometheusRule.selector is empty."""
-    pattern = f"{namespace}/{fullname(release, values)}-(vllm|exporter)".replace(".", "\\\\.")
+    """The matchers the chart scopes raw series with when prometheusRule.selector is empty.
+
+    This release's jobs: the exporter's, and vLLM's (the chart's monitors', or with
+    vllmMetrics.enabled false the existing scrape vllmMetrics.job names).
+    """
+    if values["vllmMetrics"]["enabled"]:
+        pattern = f"{namespace}/{fullname(release, values)}-(vllm|exporter)".replace(".", "\\\\.")
+    else:
+        exporter = jobs(release, namespace, values)["exporter"]
+        foreign = values["vllmMetrics"]["job"]
+        pattern = f"{go_quote_meta(exporter)}|{go_quote_meta(foreign)}".replace("\\", "\\\\")
     if values["shape"] == "fleet":
         return f'job=~"{pattern}"'
     return f'namespace="{namespace}",job=~"{pattern}"'
@@ -326,6 +340,34 @@ def test_a_selector_value_replaces_the_release_jobs(helm: Path) -> None:
     exprs = " ".join(r["expr"] for g in groups for r in g["rules"])
     assert 'vllm:num_preemptions_total{job=~"vllm|headroom",namespace="llm"}' in exprs
     assert "-exporter)" not in exprs
+
+
+#: An existing scrape of vLLM's /metrics (production-stack's ServiceMonitor names its job after
+#: the engine Service), with a character a regular expression would read as an operator.
+FOREIGN_JOB = "vllm-llama3-engine-service.v1"
+FOREIGN = {"vllmMetrics": {"enabled": False, "job": FOREIGN_JOB}}
+
+
+def test_a_foreign_vllm_job_replaces_the_charts_own(helm: Path) -> None:
+    """vllmMetrics.enabled=false with vllmMetrics.job: the rules read vLLM's series from that job.
+
+    The monitors stop scraping vLLM; every raw selector reads the exporter's job or the foreign
+    one (quoted, so that its dot is a dot), as in Python.
+    """
+    sets = ("--set vllmMetrics.enabled=false", f"--set vllmMetrics.job={FOREIGN_JOB}")
+    manifests = render(helm, ci("vllm"), sets=sets)
+    groups = only(manifests, "PrometheusRule")["spec"]["groups"]
+    values = chart_values(ci("vllm"), extra=FOREIGN)
+    assert comparable(groups) == comparable(
+        expected_groups(load_yaml(RULES_FILE), values, RELEASE, NAMESPACE)
+    )
+    exprs = " ".join(r["expr"] for g in groups for r in g["rules"])
+    exporter = f"{NAMESPACE}/{RELEASE}-vllm-headroom-exporter"
+    jobs_matcher = f'job=~"{exporter}|vllm-llama3-engine-service\\\\.v1"'
+    assert f'vllm:num_preemptions_total{{namespace="{NAMESPACE}",{jobs_matcher}}}' in exprs
+    assert "-vllm)" not in exprs
+    endpoints = only(manifests, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["headroom"]
 
 
 def test_the_startup_budget_follows_the_startup_probe(helm: Path) -> None:
@@ -594,6 +636,99 @@ def test_two_releases_side_by_side_each_pod_gets_its_own_alerts_once(
     ]
     done = _two_releases(helm, promtool, tmp_path, scope="release", checks=checks)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _one_release(
+    helm: Path,
+    promtool: Path,
+    tmp_path: Path,
+    *,
+    values: Mapping[str, Any],
+    vllm_job: str,
+    checks: list[dict[str, Any]],
+) -> subprocess.CompletedProcess[str]:
+    """Release a's rules (``values`` over ci/vllm-values) and one preempting pod, in promtool.
+
+    The pod's vLLM series carry ``vllm_job``, its exporter's the chart's job.
+    """
+    rule = only(render_release(helm, "a", "team-a", values, tmp_path), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    for group in groups:
+        for item in group["rules"]:
+            item.pop("annotations", None)  # these tests are about which series the rules read
+    (tmp_path / "a.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    pod = _pod("a", "team-a", "a-0", "10.0.0.1", "llama-3.1-8b")
+    pod["vllm"]["job"] = vllm_job
+    suite = {
+        "rule_files": ["a.rules.yml"],
+        "evaluation_interval": "30s",
+        "tests": [
+            {
+                "interval": "30s",
+                "input_series": _traffic(pod, vllm_answers=True),
+                "alert_rule_test": checks,
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return subprocess.run(
+        [str(promtool), "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_vllm_scraped_by_a_foreign_job_still_pages_its_preemptions(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """vllmMetrics.enabled=false plus vllmMetrics.job: the preemption page fires from that job.
+
+    vLLM's series come from the existing scrape (job vllm-llama3-engine-service.v1), the
+    exporter's from the chart's monitor: the sustained 1/s preemptions page within 2 minutes,
+    labelled with the foreign job, and VllmHeadroomVllmNotScraped stays quiet.
+    """
+    spike = {
+        **_labels("a", "team-a", "a-0", model_name="llama-3.1-8b"),
+        "severity": "critical",
+        "job": FOREIGN_JOB,
+        "instance": "10.0.0.1:8000",
+    }
+    checks: list[dict[str, Any]] = [
+        {"eval_time": "10m30s", "alertname": "VllmHeadroomPreemptionSpike", "exp_alerts": []},
+        {
+            "eval_time": "12m",
+            "alertname": "VllmHeadroomPreemptionSpike",
+            "exp_alerts": [{"exp_labels": spike}],
+        },
+        {"eval_time": "40m", "alertname": "VllmHeadroomVllmNotScraped", "exp_alerts": []},
+        {"eval_time": "40m", "alertname": "VllmHeadroomExporterAbsent", "exp_alerts": []},
+    ]
+    done = _one_release(
+        helm, promtool, tmp_path, values=FOREIGN, vllm_job=FOREIGN_JOB, checks=checks
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_foreign_vllm_job_the_rules_do_not_read_pages_nothing(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """The counter-case: the same traffic under the chart's own jobs only (the issue's silence).
+
+    The rules read vLLM from <namespace>/<fullname>-vllm, which nothing scrapes: no preemption
+    page, only VllmHeadroomVllmNotScraped, 30 minutes later.
+    """
+    checks: list[dict[str, Any]] = [
+        {"eval_time": "12m", "alertname": "VllmHeadroomPreemptionSpike", "exp_alerts": []},
+        {"eval_time": "40m", "alertname": "VllmHeadroomVllmNotScraped", "exp_alerts": []},
+    ]
+    done = _one_release(helm, promtool, tmp_path, values={}, vllm_job=FOREIGN_JOB, checks=checks)
+    assert done.returncode != 0
+    report = done.stdout + done.stderr
+    assert "VllmHeadroomVllmNotScraped" in report
+    assert "VllmHeadroomPreemptionSpike" not in report, report
 
 
 def test_two_unscoped_releases_collide_on_thresholds(

@@ -21,7 +21,10 @@ predictor reconciler does (runtime container merged with ``predictor.model``, th
 predictor's own containers appended) and validated too.
 
 The sidecar in each recipe must be the chart's rendering of the recipe's ``headroom-values.yaml``:
-when the chart changes, these tests name the recipe to re-render.
+when the chart changes, these tests name the recipe to re-render. With ``networkPolicy.enabled``
+the chart's NetworkPolicy is evaluated as Kubernetes does against the owner's own pod: every port
+the deployer's pod serves admits the clients each deployer documents, the exporter's only
+Prometheus.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import copy
 import functools
 import gzip
+import json
 import os
 import re
 import subprocess
@@ -38,15 +42,19 @@ import jsonschema
 import pytest
 import yaml
 
+from exporter.service.settings import DEFAULT_PORT
 from tests.test_helm import (
     CHART,
     REPO,
     Manifest,
+    Peer,
+    admits,
     container,
     env_of,
     load_yaml,
     of_kind,
     only,
+    served_ports,
     strategic_merge,
     validate_manifest,
 )
@@ -92,11 +100,11 @@ def _documents(text: str) -> list[Manifest]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def headroom(helm: Path, recipe: str) -> list[Manifest]:
-    """The chart rendered with the recipe's headroom-values.yaml (shape sidecar)."""
+def headroom(helm: Path, recipe: str, *flags: str) -> list[Manifest]:
+    """The chart rendered with the recipe's headroom-values.yaml (shape sidecar), and ``flags``."""
     values = EXAMPLES / recipe / "headroom-values.yaml"
     return _documents(
-        _run(helm, "template", f"{recipe}-headroom", CHART, "-n", NAMESPACE, "-f", values)
+        _run(helm, "template", f"{recipe}-headroom", CHART, "-n", NAMESPACE, "-f", values, *flags)
     )
 
 
@@ -341,6 +349,129 @@ def test_the_pod_monitor_scrapes_the_owners_pods(helm: Path, kubectl: Path, reci
         p for p in vllm_container(template["spec"])["ports"] if p.get("name") == endpoints[1]
     )
     assert vllm_port["containerPort"] == listening_port(vllm_container(template["spec"]))
+
+
+# ------------------------------------------------------------------ the NetworkPolicy
+
+#: kube-prometheus-stack's Prometheus, in namespace monitoring (which the chart's default
+#: networkPolicy.metricsFrom admits to the exporter's port).
+PROMETHEUS = Peer("monitoring", {"app.kubernetes.io/name": "prometheus"})
+#: A pod of vLLM's namespace that is no client of anything in the pod.
+STRANGER = Peer(NAMESPACE, {"app": "stranger"})
+
+
+def clients(helm: Path, kubectl: Path, recipe: str) -> dict[int, list[Peer]]:
+    """Each port of vLLM's pod, other than the exporter's, and who connects to it.
+
+    As each deployer documents them; a port the deployer's pod declares must be here (the test
+    fails on a new one), and some are used without being declared (P/D transfer).
+    """
+    objects, workload = owner(helm, kubectl, recipe)
+    if recipe == "plain-deployment":
+        # deployment.yaml: its Service's port 8000 -> targetPort http, vLLM's --port 8000.
+        return {8000: [Peer(NAMESPACE, {"app": "chat-frontend"}), PROMETHEUS]}
+    if recipe == "production-stack":
+        # vllm-stack 0.1.12 (tests/fixtures/deployers/): the router sends every request to the
+        # engine Service's port 8000 (container-port, vLLM's --port); the engine pod also
+        # declares zmq-port 55555 and ucx-port 9999 (deployment-vllm-multi.yaml) for LMCache's
+        # KV transfer between the stack's engines.
+        router = only(objects, "Deployment", "vllm-deployment-router")
+        router_pod = Peer(NAMESPACE, router["spec"]["template"]["metadata"]["labels"])
+        engine = Peer(NAMESPACE, workload["spec"]["template"]["metadata"]["labels"])
+        return {8000: [router_pod, PROMETHEUS], 55555: [engine], 9999: [engine]}
+    if recipe == "kserve":
+        # kserve-vllmserver (config/runtimes/kserve-vllmserver.yaml): vLLM's OpenAI server with
+        # --port=8080, requests and /metrics both; in Standard mode the predictor Service sends
+        # the ingress gateway's traffic there.
+        return {8080: [Peer("istio-system", {"app": "istio-ingressgateway"}), PROMETHEUS]}
+    if recipe == "llm-d":
+        # llm-d-modelservice v0.4.12 (_helpers.tpl, routingProxy and vllmPort): the routing
+        # proxy listens on routing.servicePort 8000, where the gateway sends what the endpoint
+        # picker chose, and forwards to vLLM on routing.proxy.targetPort 8200, whose /metrics
+        # the endpoint picker and the PodMonitor read. Prefill and decode pods (the model's
+        # labels, llm-d.ai/role prefill or decode) transfer KV with vLLM's NixlConnector: its
+        # side channel VLLM_NIXL_SIDE_CHANNEL_PORT (vLLM's envs.py: 5600 by default) and UCX,
+        # whose TCP transport picks its ports at run time (40000 stands for one).
+        gateway = Peer(NAMESPACE, {"gateway.networking.k8s.io/gateway-name": "llm-d-gateway"})
+        picker = Peer(NAMESPACE, {"inferencepool": "llama3-epp"})
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        prefill = Peer(NAMESPACE, {**labels, "llm-d.ai/role": "prefill"})
+        return {
+            8000: [gateway, picker],
+            8200: [picker, PROMETHEUS],
+            5600: [prefill],
+            40000: [prefill],
+        }
+    raise AssertionError(recipe)
+
+
+#: The peers a site would put in networkPolicy.vllmFrom to restrict vLLM to its clients.
+def _front_door(recipe: str, ports: Mapping[int, list[Peer]]) -> list[Peer]:
+    serving = {"plain-deployment": 8000, "production-stack": 8000, "kserve": 8080, "llm-d": 8000}
+    return [peer for peer in ports[serving[recipe]] if peer != PROMETHEUS]
+
+
+def _peer_rule(peer: Peer) -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": peer.namespace}},
+        "podSelector": {"matchLabels": dict(peer.labels)},
+    }
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_network_policy_never_cuts_vllm_off(helm: Path, kubectl: Path, recipe: str) -> None:
+    """With the policy on, every port of vLLM's pod admits its clients, the exporter's Prometheus.
+
+    The policy selects the owner's pods (the deployer's own rendering), whose named ports it
+    resolves; every port the pod declares has its clients admitted, vLLM's from anyone (vllmFrom
+    is empty by default), and the exporter's port admits Prometheus and no stranger.
+    """
+    _, workload = owner(helm, kubectl, recipe)
+    template = workload["spec"]["template"]
+    policy = only(headroom(helm, recipe, "--set", "networkPolicy.enabled=true"), "NetworkPolicy")
+    validate_manifest(policy)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    ports = clients(helm, kubectl, recipe)
+    assert served_ports(pod) - {DEFAULT_PORT} <= set(ports), (served_ports(pod), set(ports))
+    for port, peers in ports.items():
+        for peer in peers:
+            assert admits(policy, pod, peer, port), (port, peer)
+    assert admits(policy, pod, STRANGER, listening_port(vllm_container(pod)))
+    assert admits(policy, pod, PROMETHEUS, DEFAULT_PORT)
+    assert not admits(policy, pod, STRANGER, DEFAULT_PORT)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_vllm_restricted_to_its_clients_keeps_them_and_prometheus(
+    helm: Path, kubectl: Path, recipe: str
+) -> None:
+    """networkPolicy.vllmFrom set to the deployer's front door: its clients still pass, no stranger.
+
+    Prometheus keeps vLLM's /metrics, the P/D and LMCache peers their transfer ports, and a
+    stranger reaches no port of the pod.
+    """
+    _, workload = owner(helm, kubectl, recipe)
+    pod = workload["spec"]["template"]["spec"]
+    ports = clients(helm, kubectl, recipe)
+    front = json.dumps([_peer_rule(peer) for peer in _front_door(recipe, ports)])
+    manifests = headroom(
+        helm,
+        recipe,
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        f"networkPolicy.vllmFrom={front}",
+    )
+    policy = only(manifests, "NetworkPolicy")
+    for port, peers in ports.items():
+        for peer in peers:
+            assert admits(policy, pod, peer, port), (port, peer)
+    for port in {*served_ports(pod), *ports}:
+        assert not admits(policy, pod, STRANGER, port), port
 
 
 # ------------------------------------------------------------------------- per deployer

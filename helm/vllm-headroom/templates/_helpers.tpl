@@ -67,6 +67,26 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/*
+The port vLLM listens on in its pod: vllm.port (shape vllm), else the port of sidecar.target,
+the URL the sidecar polls vLLM at from inside the pod (its scheme's default when it names none).
+*/}}
+{{- define "vllm-headroom.vllmPort" -}}
+{{- if eq .Values.shape "vllm" -}}
+{{- .Values.vllm.port | int -}}
+{{- else -}}
+{{- $url := urlParse (toString .Values.sidecar.target) -}}
+{{- $port := regexFind ":[0-9]+$" $url.host | trimPrefix ":" -}}
+{{- if not (and (has $url.scheme (list "http" "https")) $url.hostname) -}}
+{{- fail (printf "sidecar.target %q is not an http(s) URL: give vLLM's URL from inside the pod, e.g. http://127.0.0.1:8000" (toString .Values.sidecar.target)) -}}
+{{- else if not $port -}}
+{{- ternary 443 80 (eq $url.scheme "https") -}}
+{{- else -}}
+{{- $port | int -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* repository:tag or repository@digest of an image block. */}}
 {{- define "vllm-headroom.imageRef" -}}
 {{- $image := index . 0 -}}
@@ -224,6 +244,7 @@ line naming the value and the fix.
 {{- if not $v.sidecar.podSelector -}}
 {{- fail "sidecar.podSelector is required with shape=sidecar: the labels of the vLLM pods you add the sidecar to (the PodMonitor and NetworkPolicy select them)" -}}
 {{- end -}}
+{{- $_ := include "vllm-headroom.vllmPort" $ -}}
 {{- if $v.serviceMonitor.enabled -}}
 {{- fail "serviceMonitor.enabled=true does not fit shape=sidecar: another chart's Service has no port for the sidecar; use podMonitor.enabled=true" -}}
 {{- end -}}
@@ -254,6 +275,43 @@ line naming the value and the fix.
 {{- if and (ne $v.fleet.discovery.kind "none") (not $v.fleet.discovery.podSelector) -}}
 {{- fail (printf "fleet.discovery.podSelector is required with fleet.discovery.kind=%s: the labels of the vLLM pods to probe" $v.fleet.discovery.kind) -}}
 {{- end -}}
+{{- end -}}
+{{- $np := $v.networkPolicy -}}
+{{- if $np.enabled -}}
+{{- if and (eq $v.shape "sidecar") (not (kindIs "slice" $np.extraIngress)) -}}
+{{- fail "networkPolicy.enabled=true with shape=sidecar needs networkPolicy.extraIngress: the chart admits vLLM's port (sidecar.target's) and cannot know what else the owner's pods serve (a proxy, KV transfer peers; helm/examples/ has each deployer's); set it to their ingress rules, or [] when vLLM's port is all" -}}
+{{- end -}}
+{{- range $i, $rule := $np.extraIngress -}}
+{{- $opensExporter := not $rule.ports -}}
+{{- range $rule.ports -}}
+{{- if or (not .port) (eq (toString .port) (toString $v.exporter.port)) (eq (toString .port) "headroom") (and .endPort (le (int .port) (int $v.exporter.port)) (ge (int .endPort) (int $v.exporter.port))) -}}
+{{- $opensExporter = true -}}
+{{- end -}}
+{{- end -}}
+{{- if and $opensExporter (not $rule.from) (not $np.vllmFrom) -}}
+{{- fail (printf "networkPolicy.extraIngress[%d] admits everyone to every port or to the exporter's (%v), which the policy exists to restrict: give it ports without %v, or from (the peers that use it)" $i $v.exporter.port $v.exporter.port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $monitored := list -}}
+{{- if $v.podMonitor.enabled -}}{{- $monitored = append $monitored (list "podMonitor" "PodMonitor" $v.podMonitor.labels) -}}{{- end -}}
+{{- if $v.serviceMonitor.enabled -}}{{- $monitored = append $monitored (list "serviceMonitor" "ServiceMonitor" $v.serviceMonitor.labels) -}}{{- end -}}
+{{- if $v.prometheusRule.enabled -}}{{- $monitored = append $monitored (list "prometheusRule" "PrometheusRule" $v.prometheusRule.labels) -}}{{- end -}}
+{{- if and (eq $v.shape "fleet") (ne $v.fleet.discovery.kind "none") -}}{{- $monitored = append $monitored (list "fleet.discovery" $v.fleet.discovery.kind $v.fleet.discovery.labels) -}}{{- end -}}
+{{- range $monitored -}}
+{{- if not (index . 2) -}}
+{{- fail (printf "%s.labels is empty, so a Prometheus that selects by label never loads the %s: set %s.labels.release=<your kube-prometheus-stack's Helm release name> (what a default kube-prometheus-stack selects), or the labels your Prometheus selects" (index . 0) (index . 1) (index . 0)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.podMonitor.enabled $v.serviceMonitor.enabled -}}
+{{- fail "podMonitor.enabled and serviceMonitor.enabled are both true: Prometheus would scrape every target twice and the alerts would see every series twice; keep one" -}}
+{{- end -}}
+{{- if and $v.vllmMetrics.enabled $v.vllmMetrics.job -}}
+{{- fail (printf "vllmMetrics.job=%s names another scrape of vLLM's /metrics, but vllmMetrics.enabled=true scrapes it as well (every series twice): set vllmMetrics.enabled=false" $v.vllmMetrics.job) -}}
+{{- end -}}
+{{- $scoped := and $v.prometheusRule.enabled (eq ($v.prometheusRule.scope | default "release") "release") (not $v.prometheusRule.selector) -}}
+{{- if and $scoped (not $v.vllmMetrics.enabled) (not $v.vllmMetrics.job) -}}
+{{- fail "vllmMetrics.enabled=false needs vllmMetrics.job: the preemption, KV and SLO alerts read vLLM's /metrics, and this release's rules read only its own jobs; name the job label of the scrape that reads vLLM (or set prometheusRule.selector)" -}}
 {{- end -}}
 {{- end -}}
 

@@ -31,12 +31,19 @@ the scope) and compares, and runs two releases side by side under promtool.
 {{- printf "%s/%s" .Release.Namespace (include "vllm-headroom.fullname" .) -}}
 {{- end -}}
 
-{{/* The matchers of the series this release's rules read. */}}
+{{/*
+The matchers of the series this release's rules read: prometheusRule.selector, else this
+release's jobs, the exporter's and vLLM's. vLLM's is the chart's own monitors' job, or, with
+vllmMetrics.enabled=false, vllmMetrics.job: the existing scrape of vLLM's /metrics.
+*/}}
 {{- define "vllm-headroom.rules.selector" -}}
 {{- if .Values.prometheusRule.selector -}}
 {{- .Values.prometheusRule.selector -}}
 {{- else -}}
 {{- $jobs := printf "%s/%s-(vllm|exporter)" .Release.Namespace (include "vllm-headroom.fullname" .) | replace "." "\\." -}}
+{{- if not .Values.vllmMetrics.enabled -}}
+{{- $jobs = printf "%s|%s" (include "vllm-headroom.job.exporter" . | regexQuoteMeta) (regexQuoteMeta .Values.vllmMetrics.job) -}}
+{{- end -}}
 {{- if eq .Values.shape "fleet" -}}
 {{- printf "job=~%q" $jobs -}}
 {{- else -}}
