@@ -481,9 +481,15 @@ def test_autoscaling_scales_what_the_deployer_scales(
     if kind == "keda":
         query = scaler["spec"]["triggers"][0]["metadata"]["query"]
     else:
-        query = only(rendered, "PrometheusRule", f"{install.release}-vllm-headroom-autoscaling")[
+        validate_manifest(scaler)
+        rule = only(rendered, "PrometheusRule", f"{install.release}-vllm-headroom-autoscaling")[
             "spec"
-        ]["groups"][0]["rules"][0]["expr"]
+        ]["groups"][0]["rules"][0]
+        query = rule["expr"]
+        # The HPA reads the series recorded for this workload, by its name.
+        selector = scaler["spec"]["metrics"][0]["external"]["metric"]["selector"]
+        assert selector["matchLabels"] == {"headroom_deployment": workload["metadata"]["name"]}
+        assert rule["labels"] == selector["matchLabels"]
     (pods,) = set(re.findall(r'pod=~"([^"]+)"', query))
     name = workload["metadata"]["name"]
     # A Deployment's pods: <name>-<pod-template-hash>-<5 characters>.
