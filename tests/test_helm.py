@@ -1038,23 +1038,20 @@ def test_rollout_strategy_is_configurable(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("values", "sets", "discovery"),
-    [
-        (("vllm",), (), "auto"),
-        (("sidecar",), (), "none"),
-        (("sidecar",), ("--set gpu.discovery=process",), "auto"),
-        ((), ("--set vllm.model=m",), "auto"),
-    ],
-    ids=["vllm-explicit", "sidecar-default", "sidecar-process", "vllm-default"],
+    ("values", "sets"),
+    [(("vllm",), ()), (("sidecar",), ()), ((), ("--set vllm.model=m",))],
+    ids=["vllm-ci", "sidecar-default", "vllm-default"],
 )
-def test_gpu_discovery_defaults_to_what_works_with_the_shape(
-    helm: Path, values: tuple[str, ...], sets: tuple[str, ...], discovery: str
+def test_gpu_discovery_defaults_to_no_gpu_in_every_shape(
+    helm: Path, values: tuple[str, ...], sets: tuple[str, ...]
 ) -> None:
-    """process where the chart runs vLLM under the sidecar's UID, none beside another chart's."""
+    """No GPU reaches the sidecar unless listed (runbook GpuForeignMemory); it shares processes."""
     spec = sidecar_pod(render(helm, *(ci(v) for v in values), sets=sets))
     env = env_of(container(spec, "vllm-headroom"))
-    assert env["HEADROOM_GPU_DISCOVERY"] == discovery
-    assert spec.get("shareProcessNamespace", False) is (discovery == "auto")
+    assert env["HEADROOM_GPU_DISCOVERY"] == "none"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # For vLLM's command line (max_num_seqs); its UID keeps vLLM's environment out of reach.
+    assert spec["shareProcessNamespace"] is True
 
 
 # ------------------------------------------------------------------------------- wiring
@@ -1107,23 +1104,39 @@ def test_api_key_reaches_the_sidecar_as_a_secret_file(helm: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_gpu_discovery_process_shares_the_process_namespace(helm: Path) -> None:
-    """gpu.discovery=process: shared process namespace, one UID, NVML only, vLLM's list."""
+def test_the_sidecar_cannot_read_vllms_environment(helm: Path) -> None:
+    """Shared processes, but the sidecar's own non-root UID: vLLM's environ stays closed."""
     deployment = only(render(helm, ci("vllm")), "Deployment")
     spec = deployment["spec"]["template"]["spec"]
     assert spec["shareProcessNamespace"] is True
     sidecar = container(spec, "vllm-headroom")
-    env = env_of(sidecar)
-    assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
-    assert env["HEADROOM_PROC_ROOT"] == "/proc"
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
-    assert "HEADROOM_GPUS" not in env
-    pod_uid = spec["securityContext"]["runAsUser"]
     vllm = container(spec, "vllm")
-    assert (
-        vllm["securityContext"].get("runAsUser", pod_uid) == sidecar["securityContext"]["runAsUser"]
-    )
+    pod_uid = spec["securityContext"]["runAsUser"]
+    sidecar_uid = sidecar["securityContext"]["runAsUser"]
+    assert sidecar_uid not in {0, vllm["securityContext"].get("runAsUser", pod_uid)}
+    # CAP_SYS_PTRACE would reopen it: nothing is added.
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # vLLM's secrets are in vLLM's environment only; the sidecar has its token as a file.
+    assert {"HF_TOKEN", "VLLM_API_KEY"} <= {e["name"] for e in vllm["env"]}
+    assert not [e for e in sidecar["env"] if "valueFrom" in e]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("--set exporter.securityContext.runAsUser=65532",),
+        ("--set vllm.securityContext.runAsUser=65533",),
+        ("--set exporter.securityContext.runAsUser=0",),
+    ],
+    ids=["sidecar-as-vllm", "vllm-as-sidecar", "sidecar-as-root"],
+)
+def test_one_uid_for_vllm_and_the_sidecar_is_refused(helm: Path, sets: tuple[str, ...]) -> None:
+    """One UID (or root) would let the sidecar read vLLM's environment: the chart refuses it."""
+    values = [arg for one in sets for arg in one.split(" ", 1)]
+    done = _helm_run(helm, "template", "t", str(CHART), "--set", "vllm.model=m", *values)
+    assert done.returncode != 0
+    assert "would let the sidecar read vLLM's environment (HF_TOKEN, VLLM_API_KEY)" in done.stderr
 
 
 @pytest.mark.e2e
@@ -1143,13 +1156,12 @@ def test_gpu_discovery_none_injects_nothing(helm: Path) -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert env["HEADROOM_GPU_DISCOVERY"] == "none"
     assert "NVIDIA_DRIVER_CAPABILITIES" not in env
-    assert "shareProcessNamespace" not in spec
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_never_every_gpu_by_accident(helm: Path, values: Path) -> None:
-    """No exporter reads every GPU it sees: node-wide NVML comes only with vLLM's own list."""
+    """No exporter reads every GPU it sees, nor is given every GPU of the node."""
     manifests = render(helm, values)
     specs = [spec for _, spec in pod_specs(manifests)]
     if load_yaml(values)["shape"] == "sidecar":
@@ -1159,11 +1171,8 @@ def test_never_every_gpu_by_accident(helm: Path, values: Path) -> None:
             if item["name"] != "vllm-headroom":
                 continue
             env = env_of(item)
-            assert env["HEADROOM_GPU_DISCOVERY"] in {"auto", "settings", "none"}
-            if env.get("NVIDIA_VISIBLE_DEVICES") == "all":
-                assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
-                assert "HEADROOM_GPUS" not in env
-                assert spec["shareProcessNamespace"] is True
+            assert env["HEADROOM_GPU_DISCOVERY"] in {"settings", "none"}
+            assert env.get("NVIDIA_VISIBLE_DEVICES") != "all"
 
 
 @pytest.mark.e2e
@@ -1278,8 +1287,9 @@ def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path
     validate_manifest(patched)
     spec = patched["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["vllm", "vllm-headroom"]
-    # production-stack's vLLM runs as root: the sidecar shape's default reads no GPU.
-    assert "shareProcessNamespace" not in spec
+    # production-stack's vLLM runs as root: the sidecar (65533) sees its command line, not its
+    # environment, and no GPU.
+    assert spec["shareProcessNamespace"] is True
     assert env_of(container(spec, "vllm-headroom"))["HEADROOM_GPU_DISCOVERY"] == "none"
     assert {v["name"] for v in spec["volumes"]} == {
         "vllm-storage",
@@ -1442,7 +1452,7 @@ def test_helm_test_pod_checks_the_exporter_through_its_service(helm: Path) -> No
 # --------------------------------------------------------------------------------- conventions
 
 #: Every example value set under helm/: the chart's ci values and each recipe's headroom values.
-EXAMPLE_VALUES = [*CI_VALUES, *sorted((REPO / "helm" / "examples").glob("*/headroom-values.yaml"))]
+EXAMPLE_VALUES = [*CI_VALUES, *sorted((REPO / "helm" / "examples").glob("*/*headroom-values.yaml"))]
 
 #: What a default kube-prometheus-stack (chart 88.5.3, values.yaml) selects: every
 #: PodMonitor, ServiceMonitor, PrometheusRule and ScrapeConfig labelled release=<its release>
@@ -1512,8 +1522,8 @@ def test_the_documented_installs_are_picked_up_by_a_default_kube_prometheus_stac
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("values", EXAMPLE_VALUES, ids=_example_id)
-def test_only_the_sidecar_reading_vllms_list_asks_for_every_gpu(helm: Path, values: Path) -> None:
-    """NVIDIA_VISIBLE_DEVICES=all only on a sidecar that reads vLLM's own list; void when no GPU."""
+def test_no_container_asks_for_every_gpu(helm: Path, values: Path) -> None:
+    """Never NVIDIA_VISIBLE_DEVICES=all (runbook GpuForeignMemory); void on a sidecar, no GPU."""
     manifests = render(helm, values)
     specs = [spec for _, spec in pod_specs(manifests)]
     if load_yaml(values)["shape"] == "sidecar":
@@ -1522,10 +1532,7 @@ def test_only_the_sidecar_reading_vllms_list_asks_for_every_gpu(helm: Path, valu
     for spec in specs:
         for item in [*spec["containers"], *spec.get("initContainers", [])]:
             env = env_of(item)
-            if env.get("NVIDIA_VISIBLE_DEVICES") == "all":
-                assert item["name"] == "vllm-headroom"
-                assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
-                assert spec["shareProcessNamespace"] is True
+            assert env.get("NVIDIA_VISIBLE_DEVICES") != "all", item["name"]
             if item["name"] == "vllm-headroom" and env["HEADROOM_GPU_DISCOVERY"] == "none":
                 assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
             if item["name"] != "vllm-headroom":
@@ -1672,9 +1679,9 @@ BAD_VALUES = [
         id="uuids-malformed",
     ),
     pytest.param(
-        ("--set vllm.model=m", "--set vllm.securityContext.runAsUser=1000"),
-        "gpu.discovery=process needs vLLM and the sidecar under one UID",
-        id="uid-mismatch",
+        ("--set vllm.model=m", "--set gpu.discovery=process"),
+        "gpu.discovery=process is no longer offered",
+        id="process-discovery",
     ),
     pytest.param(
         ("--set vllm.model=m", "--set exporter.settings.mode=fleet"),
@@ -2037,7 +2044,7 @@ def test_dockerfile_builds_a_wheel_and_installs_only_it() -> None:
 
 
 def test_dockerfile_pins_its_base_and_runs_as_the_charts_non_root_user() -> None:
-    """The base is pinned and the image runs as the chart's UID on the exporter's port."""
+    """The base is pinned and the image runs as the chart's pod UID on the exporter's port."""
     stages = dockerfile_stages()
     for stage in stages:
         image = stage[0][1].split()[0]
@@ -2049,12 +2056,11 @@ def test_dockerfile_pins_its_base_and_runs_as_the_charts_non_root_user() -> None
     (user,) = [rest for instruction, rest in final if instruction == "USER"]
     uid, _, gid = user.partition(":")
     values = load_yaml(CHART / "values.yaml")
-    assert (
-        int(uid)
-        == values["podSecurityContext"]["runAsUser"]
-        == values["exporter"]["securityContext"]["runAsUser"]
-    )
+    assert int(uid) == values["podSecurityContext"]["runAsUser"]
     assert int(gid) == values["podSecurityContext"]["runAsGroup"]
+    # Beside vLLM (the pod's UID) the chart runs the exporter under a UID of its own.
+    assert values["exporter"]["securityContext"]["runAsUser"] not in {0, int(uid)}
+    assert values["exporter"]["securityContext"]["runAsGroup"] == int(gid)
     assert ("EXPOSE", str(DEFAULT_PORT)) in final
     assert values["exporter"]["port"] == DEFAULT_PORT
     (healthcheck,) = [rest for instruction, rest in final if instruction == "HEALTHCHECK"]

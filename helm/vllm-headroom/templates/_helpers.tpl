@@ -215,18 +215,22 @@ line naming the value and the fix.
 {{- fail (printf "vllm.podDisruptionBudget would allow no eviction at all with %d replica(s), and every node drain would hang: use maxUnavailable: 1 (or a minAvailable below %s)" (int $fewest) $fewestFrom) -}}
 {{- end -}}
 {{- end -}}
-{{- if eq (include "vllm-headroom.gpuDiscovery" $) "process" -}}
 {{- $vllmUid := include "vllm-headroom.effectiveUid" (list $v.vllm.securityContext $v.podSecurityContext) -}}
 {{- $sidecarUid := include "vllm-headroom.effectiveUid" (list $v.exporter.securityContext $v.podSecurityContext) -}}
-{{- if ne $vllmUid $sidecarUid -}}
-{{- fail (printf "gpu.discovery=process needs vLLM and the sidecar under one UID (the sidecar reads vLLM's environment), but vLLM runs as %s and the sidecar as %s: align vllm.securityContext/exporter.securityContext runAsUser, or use gpu.discovery=uuids" $vllmUid $sidecarUid) -}}
-{{- end -}}
+{{- if or (eq $vllmUid $sidecarUid) (eq $sidecarUid "0") -}}
+{{- fail (printf "exporter.securityContext.runAsUser (%s) must be a non-root UID other than vLLM's (%s): in the shared process namespace one UID would let the sidecar read vLLM's environment (HF_TOKEN, VLLM_API_KEY) in /proc/<pid>/environ; keep the default 65533" $sidecarUid $vllmUid) -}}
 {{- end -}}
 {{- end -}}
 {{- $a := $v.autoscaling -}}
 {{- if ne $a.kind "none" -}}
-{{- if ne $v.shape "vllm" -}}
-{{- fail (printf "autoscaling.kind=%s needs shape=vllm: the chart scales only the vLLM Deployment it creates (another owner's replicas are that owner's to scale; docs/kubernetes.md, \"Autoscaling on headroom\")" $a.kind) -}}
+{{- if eq $v.shape "fleet" -}}
+{{- fail (printf "autoscaling.kind=%s does not fit shape=fleet: it scales the vLLM workload whose pods carry the sidecar (shape vllm, or shape sidecar with sidecar.workload)" $a.kind) -}}
+{{- end -}}
+{{- if and (eq $v.shape "sidecar") (not $v.sidecar.workload.name) -}}
+{{- fail (printf "autoscaling.kind=%s with shape=sidecar needs sidecar.workload.name: the Deployment (or LeaderWorkerSet) the deployer scales, e.g. llama3-predictor for KServe's InferenceService llama3 (docs/kubernetes.md, \"Recipes\")" $a.kind) -}}
+{{- end -}}
+{{- if and (eq $v.shape "sidecar") (ne (include "vllm-headroom.workloadApiVersion" $v.sidecar.workload.kind) $v.sidecar.workload.apiVersion) -}}
+{{- fail (printf "sidecar.workload: kind %s has apiVersion %s, not %s" $v.sidecar.workload.kind (include "vllm-headroom.workloadApiVersion" $v.sidecar.workload.kind) $v.sidecar.workload.apiVersion) -}}
 {{- end -}}
 {{- if lt (int $a.maxReplicas) (max 1 (int $a.minReplicas)) -}}
 {{- fail (printf "autoscaling.maxReplicas (%d) is below autoscaling.minReplicas (%d): raise maxReplicas" (int $a.maxReplicas) (int $a.minReplicas)) -}}
@@ -241,6 +245,14 @@ line naming the value and the fix.
 {{- end -}}
 {{- end -}}
 {{- if eq $v.shape "sidecar" -}}
+{{- $pdb := $v.sidecar.podDisruptionBudget -}}
+{{- if $pdb.enabled -}}
+{{- $fewest := ternary (max 1 (int $v.autoscaling.minReplicas)) 1 (ne $v.autoscaling.kind "none") -}}
+{{- $problem := include "vllm-headroom.pdbProblem" (list $pdb $fewest) -}}
+{{- if $problem -}}
+{{- fail (printf "sidecar.podDisruptionBudget: %s" $problem) -}}
+{{- end -}}
+{{- end -}}
 {{- if not $v.sidecar.podSelector -}}
 {{- fail "sidecar.podSelector is required with shape=sidecar: the labels of the vLLM pods you add the sidecar to (the PodMonitor and NetworkPolicy select them)" -}}
 {{- end -}}
@@ -248,6 +260,9 @@ line naming the value and the fix.
 {{- if $v.serviceMonitor.enabled -}}
 {{- fail "serviceMonitor.enabled=true does not fit shape=sidecar: another chart's Service has no port for the sidecar; use podMonitor.enabled=true" -}}
 {{- end -}}
+{{- end -}}
+{{- if eq $v.gpu.discovery "process" -}}
+{{- fail "gpu.discovery=process is no longer offered: it gave the sidecar NVML on every GPU of the node (NVIDIA_VISIBLE_DEVICES=all, which runbook VllmHeadroomGpuForeignMemory forbids on vLLM nodes) and vLLM's environment; use gpu.discovery=none (the default; GPU memory from dcgm-exporter, exporter.settings.gpu_memory_bytes for sizing) or gpu.discovery=uuids with vLLM's GPU UUIDs (docs/kubernetes.md, \"Which GPUs the sidecar watches\")" -}}
 {{- end -}}
 {{- if and (ne $v.shape "fleet") (eq (include "vllm-headroom.gpuDiscovery" $) "uuids") (not $v.gpu.uuids) -}}
 {{- fail "gpu.discovery=uuids needs gpu.uuids: the GPU UUIDs (GPU-... or MIG-...) vLLM uses, as nvidia-smi -L lists them" -}}
@@ -362,6 +377,55 @@ checkov.io/skip{{ add1 $i }}: {{ $skip | quote }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+Why a PodDisruptionBudget (list $pdb $fewestReplicas) is refused, or "" when it is fine: shape
+sidecar's check (the chart does not know the deployer's replicas: 1 unless autoscaled).
+*/}}
+{{- define "vllm-headroom.pdbProblem" -}}
+{{- $pdb := index . 0 -}}
+{{- $fewest := index . 1 -}}
+{{- $min := include "vllm-headroom.isSet" $pdb.minAvailable -}}
+{{- $max := include "vllm-headroom.isSet" $pdb.maxUnavailable -}}
+{{- if and $min $max -}}
+set either minAvailable or maxUnavailable, not both (set the other to null)
+{{- else if not (or $min $max) -}}
+enabled=true needs maxUnavailable (e.g. 1) or minAvailable
+{{- else if $max -}}
+{{- if has (toString $pdb.maxUnavailable) (list "0" "0%") -}}
+maxUnavailable 0 would allow no eviction at all, and every node drain would hang: use maxUnavailable: 1
+{{- end -}}
+{{- else if hasSuffix "%" (toString $pdb.minAvailable) -}}
+{{- if eq (toString $pdb.minAvailable) "100%" -}}
+minAvailable 100% would allow no eviction at all, and every node drain would hang: use maxUnavailable: 1
+{{- end -}}
+{{- else if ge (int $pdb.minAvailable) (int $fewest) -}}
+minAvailable {{ $pdb.minAvailable }} would allow no eviction with {{ $fewest }} replica(s), and every node drain would hang: use maxUnavailable: 1
+{{- end -}}
+{{- end -}}
+
+{{/* The apiVersion of a workload kind autoscaling may target. */}}
+{{- define "vllm-headroom.workloadApiVersion" -}}
+{{- ternary "leaderworkerset.x-k8s.io/v1" "apps/v1" (eq . "LeaderWorkerSet") -}}
+{{- end -}}
+
+{{/*
+The workload autoscaling scales, as JSON: apiVersion, kind, name, and pods (a PromQL regex of its
+pods' names). Shape vllm: the chart's Deployment; shape sidecar: sidecar.workload.
+*/}}
+{{- define "vllm-headroom.autoscaling.workload" -}}
+{{- $w := dict "apiVersion" "apps/v1" "kind" "Deployment" "name" (include "vllm-headroom.fullname" .) -}}
+{{- if eq .Values.shape "sidecar" -}}
+{{- $w = pick .Values.sidecar.workload "apiVersion" "kind" "name" -}}
+{{- end -}}
+{{- $pods := printf "%s-[a-z0-9]+-[a-z0-9]+" $w.name -}}
+{{- if eq $w.kind "StatefulSet" -}}
+{{- $pods = printf "%s-[0-9]+" $w.name -}}
+{{- else if eq $w.kind "LeaderWorkerSet" -}}
+{{- $pods = printf "%s-[0-9]+(-[0-9]+)?" $w.name -}}
+{{- end -}}
+{{- toJson (merge (dict "pods" $pods) $w) -}}
+{{- end -}}
+
 {{/* "true" when a value is given: not null and not the empty string. */}}
 {{- define "vllm-headroom.isSet" -}}
 {{- if and (not (kindIs "invalid" .)) (ne (toString .) "") -}}true{{- end -}}
@@ -403,7 +467,7 @@ headroom"; tests/test_autoscaling.py evaluates it with promtool.
 {{- $root := index . 0 -}}
 {{- $gated := index . 1 -}}
 {{- $a := $root.Values.autoscaling -}}
-{{- $pods := printf "%s-[a-z0-9]+-[a-z0-9]+" (include "vllm-headroom.fullname" $root) -}}
+{{- $pods := (include "vllm-headroom.autoscaling.workload" $root | fromJson).pods -}}
 {{- $sel := printf "{namespace=%q,pod=~%q}" $root.Release.Namespace $pods -}}
 {{- $sum := "sum by (namespace, model_name)" -}}
 {{- $ceiling := printf "%s (headroom_p95_ceiling_sequences%s)" $sum $sel -}}
