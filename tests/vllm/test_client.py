@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import ipaddress
 import json
 import socket
 import time
@@ -16,7 +17,7 @@ from pydantic import SecretStr
 from exporter.core.reasons import HttpReason
 from exporter.errors import SourceError
 from exporter.testing.fakevllm import CHUNK_BYTES, FakeVllm, Fault, VllmState, render_models
-from exporter.vllm.client import ModelsInfo, VllmClient, parse_models
+from exporter.vllm.client import ModelsInfo, Route, VllmClient, parse_models, routed
 from tests import paths
 
 if TYPE_CHECKING:
@@ -463,3 +464,124 @@ def test_a_version_answer_without_a_version_string_is_an_invalid_response(
     """No "version", an empty one, a number, or no object at all: invalid_response."""
     body = json.dumps(document).encode()
     assert failure(answering(200, body), "fetch_version") == "invalid_response"
+
+
+# --- pinned clients (fleet mode) -------------------------------------------------------------
+
+
+def pinned_fetch(
+    source: httpx.AsyncBaseTransport | None,
+    route: Route | None,
+    *,
+    base_url: str = "http://vllm.svc:8000",
+    token: str | None = "tok",  # noqa: S107 - a test token
+) -> Any:
+    """``fetch_metrics`` through a pinned client within ``route`` (none: outside any route)."""
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=source) as http:
+            client = VllmClient(
+                base_url,
+                client=http,
+                timeout_seconds=2,
+                max_bytes=1 << 20,
+                bearer_token=SecretStr(token) if token is not None else None,
+                pinned=True,
+            )
+            if route is None:
+                return await client.fetch_metrics()
+            with routed(route):
+                return await client.fetch_metrics()
+
+    return asyncio.run(go())
+
+
+def recording(seen: list[httpx.Request]) -> httpx.MockTransport:
+    """A server that records every request and answers vLLM's metrics."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+
+    return transport(handle)
+
+
+def address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address from its text."""
+    return ipaddress.ip_address(text)
+
+
+def test_a_pinned_client_connects_to_the_routes_address_and_keeps_the_name_as_host() -> None:
+    """The request goes to 10.0.0.5, its Host header still says vllm.svc:8000."""
+    seen: list[httpx.Request] = []
+    pinned_fetch(recording(seen), Route((address("10.0.0.5"),), send_token=False))
+    (request,) = seen
+    assert str(request.url) == "http://10.0.0.5:8000/metrics"
+    assert request.headers["host"] == "vllm.svc:8000"
+
+
+def test_a_pinned_client_outside_any_route_sends_nothing() -> None:
+    """Without a checked address there is nowhere it may connect: connection_error, no request."""
+    seen: list[httpx.Request] = []
+    with pytest.raises(SourceError, match="no checked address") as caught:
+        pinned_fetch(recording(seen), None)
+    assert caught.value.reason == HttpReason.CONNECTION_ERROR
+    assert seen == []
+
+
+@pytest.mark.parametrize("send_token", [True, False])
+def test_a_pinned_client_sends_the_token_only_where_the_route_allows(send_token: bool) -> None:
+    """The token configured goes with the request only when the route says the address may."""
+    seen: list[httpx.Request] = []
+    pinned_fetch(recording(seen), Route((address("10.0.0.5"),), send_token=send_token))
+    sent = seen[0].headers.get("authorization")
+    assert sent == ("Bearer tok" if send_token else None)
+
+
+def test_https_keeps_the_name_for_tls_and_never_reuses_a_connection_across_names() -> None:
+    """SNI and the certificate check use the name; the connection closes after the answer."""
+    seen: list[httpx.Request] = []
+    route = Route((address("fd00::5"),), send_token=True)
+    pinned_fetch(recording(seen), route, base_url="https://vllm.svc:8443")
+    (request,) = seen
+    assert str(request.url) == "https://[fd00::5]:8443/metrics"
+    assert request.extensions["sni_hostname"] == "vllm.svc"
+    assert request.headers["host"] == "vllm.svc:8443"
+    assert request.headers["connection"] == "close"
+
+
+def test_when_connecting_to_one_checked_address_fails_the_next_one_is_tried() -> None:
+    """A refused first address (nothing sent) falls back to the second; never to another."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.host == "10.0.0.1":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+
+    route = Route((address("10.0.0.1"), address("10.0.0.2")), send_token=False)
+    assert pinned_fetch(transport(handle), route) == AFTER_LOAD
+    assert [r.url.host for r in seen] == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_a_pinned_client_reaches_a_real_server_by_an_unresolvable_name() -> None:
+    """Over a socket: ``rebind.invalid`` is never resolved; the route's 127.0.0.1 answers."""
+    with FakeVllm() as vllm:
+        route = Route((address("127.0.0.1"),), send_token=False)
+        body = pinned_fetch(None, route, base_url=f"http://rebind.invalid:{vllm.port}")
+    assert b"vllm:" in body
+
+
+def test_a_redirect_is_never_followed_even_when_pinned() -> None:
+    """A 302 to the metadata address is http_3xx: no second request is made."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(302, headers={"location": "http://169.254.169.254/metrics"})
+
+    with pytest.raises(SourceError) as caught:
+        pinned_fetch(transport(handle), Route((address("10.0.0.5"),), send_token=True))
+    assert caught.value.reason == HttpReason.HTTP_3XX
+    assert len(seen) == 1
