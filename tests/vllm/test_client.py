@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.server
 import ipaddress
 import json
 import socket
+import ssl
+import subprocess
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +25,7 @@ from exporter.vllm.client import ModelsInfo, Route, VllmClient, parse_models, ro
 from tests import paths
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
 AFTER_LOAD = (paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
 HTTP_REASONS = {reason.value for reason in HttpReason}
@@ -585,3 +589,76 @@ def test_a_redirect_is_never_followed_even_when_pinned() -> None:
         pinned_fetch(transport(handle), Route((address("10.0.0.5"),), send_token=True))
     assert caught.value.reason == HttpReason.HTTP_3XX
     assert len(seen) == 1
+
+
+@pytest.fixture(scope="module")
+def tls_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, ssl.SSLContext]]:
+    """A TLS server on 127.0.0.1 certified for vllm.test only: (port, a context trusting it)."""
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=vllm.test",
+            "-addext", "subjectAltName=DNS:vllm.test", "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", TEXT["content-type"])
+            self.send_header("Content-Length", str(len(AFTER_LOAD)))
+            self.end_headers()
+            self.wfile.write(AFTER_LOAD)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    serving.load_cert_chain(cert, key)
+    server.socket = serving.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    trusting = ssl.create_default_context(cafile=str(cert))
+    try:
+        yield int(server.server_address[1]), trusting
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def tls_fetch(port: int, context: ssl.SSLContext, name: str) -> bytes:
+    """``fetch_metrics`` of ``https://<name>:<port>`` pinned to 127.0.0.1, trusting ``context``."""
+
+    async def go() -> bytes:
+        async with httpx.AsyncClient(verify=context) as http:
+            client = VllmClient(
+                f"https://{name}:{port}",
+                client=http,
+                timeout_seconds=5,
+                max_bytes=1 << 20,
+                pinned=True,
+            )
+            with routed(Route((address("127.0.0.1"),), send_token=False)):
+                return await client.fetch_metrics()
+
+    return asyncio.run(go())
+
+
+def test_a_pinned_https_client_verifies_the_certificate_against_the_name(
+    tls_vllm: tuple[int, ssl.SSLContext],
+) -> None:
+    """Pinned to 127.0.0.1, the certificate is checked against the name, not the address.
+
+    It passes for vllm.test, and fails for another name pinned to the same address.
+    """
+    port, context = tls_vllm
+    assert tls_fetch(port, context, "vllm.test") == AFTER_LOAD
+    with pytest.raises(SourceError) as caught:
+        tls_fetch(port, context, "other.test")
+    assert caught.value.reason == HttpReason.CONNECTION_ERROR
