@@ -210,7 +210,8 @@ class VllmClient:
         url = httpx.URL(self.base_url)
         headers = dict(self._headers)
         # The name the target was given by: what vLLM (or a proxy) and its certificate expect.
-        headers["Host"] = url.netloc.decode("ascii")
+        shown = f"[{url.host}]" if ":" in url.host else url.host
+        headers["Host"] = f"{shown}:{url.port}" if url.port is not None else shown
         if route.send_token and self._authorization is not None:
             headers["Authorization"] = self._authorization
         extensions: dict[str, Any] = {}
