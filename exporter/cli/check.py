@@ -184,17 +184,25 @@ def _gib(value: float | None) -> str:
     return _fmt((value or 0) / GIB, "GiB", digits=2)
 
 
+def shown(text: str) -> str:
+    """Text a target sent, safe on a terminal: what would not print (escapes, NUL) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def render(report: CheckReport) -> str:
     """The human report, one block per engine, then the prediction: the ``--json`` figures."""
     data = to_json(report)
+    model, version = data["model"], data["vllm_version"]
     lines = [
         f"{report.source}",
-        f"  model {data['model'] or 'unknown'}, vLLM {data['vllm_version'] or 'unknown'} "
+        f"  model {shown(model) if model else 'unknown'}, "
+        f"vLLM {shown(version) if version else 'unknown'} "
         f"(metrics look like {data['vllm_version_guess']})",
         "",
     ]
     for e in data["engines"]:
-        lines.append(f"engine {e['engine']} ({e['model_name'] or 'unnamed'})")
+        named = shown(e["model_name"]) if e["model_name"] else "unnamed"
+        lines.append(f"engine {shown(e['engine'])} ({named})")
         ratio = e["kv_usage_ratio"]
         usage = f"{ratio:.1%}" if ratio is not None else "n/a"
         lines += [

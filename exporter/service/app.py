@@ -26,7 +26,7 @@ from exporter.core.reasons import ProbeOutcome
 from exporter.errors import UsageError
 from exporter.gpu.nvml import NvmlGpuReader
 from exporter.gpu.source import NvmlGpuSource
-from exporter.service.allowlist import is_allowed, parse_allowlist, redact_url
+from exporter.service.allowlist import parse_allowlist, redact_url
 from exporter.service.collector import (
     ExporterView,
     GuardedCollector,
@@ -51,12 +51,12 @@ from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from prometheus_client.core import Metric
     from pydantic import SecretStr
 
-    from exporter.service.allowlist import IPAddress, ProbeTarget
+    from exporter.service.allowlist import IPAddress
     from exporter.service.poller import GpuSource, LaunchSource, Predictor
 
 log = structlog.get_logger(__name__)
@@ -318,6 +318,7 @@ def _poller_factory(
             max_bytes=settings.max_response_bytes,
             bearer_token=token,
             budget=budget,
+            pinned=settings.mode is Mode.FLEET,
         )
         return TargetPoller(
             redact_url(url),  # what logs and the landing page show
@@ -339,20 +340,14 @@ def _fleet(
     resolver: BoundedResolver,
 ) -> Fleet:
     """Fleet mode's targets, with the bearer token only for the targets bound to it."""
-    token_targets = parse_allowlist(settings.bearer_token_targets)
-
-    def make_probed(target: ProbeTarget, addresses: Sequence[IPAddress]) -> TargetPoller:
-        # A probe target is chosen by whoever can reach /probe: it must not harvest vLLM's
-        # API key unless a setting binds the token to it.
-        bound = is_allowed(target, token_targets, addresses)[0]
-        return make_poller(target.url, settings.bearer_token if bound else None)
-
     return Fleet(
         allowlist=parse_allowlist(settings.probe_allowlist),
-        make_poller=make_probed,
+        # The token goes with a probe's requests only where its route allows (see Fleet).
+        make_poller=lambda target: make_poller(target.url, settings.bearer_token),
         max_targets=settings.probe_max_targets,
         ttl_seconds=settings.probe_target_ttl_seconds,
         resolver=resolver,
+        token_targets=parse_allowlist(settings.bearer_token_targets),
         max_in_flight=PROBE_SLOTS,
     )
 

@@ -706,7 +706,8 @@ def _error(sample: TextSample, problem: str) -> ParseError:
 
 def _engine_order(engine: str) -> tuple[int, int, str]:
     # Data-parallel ranks are numbers: "10" after "9".
-    return (0, int(engine), "") if engine.isdigit() else (1, 0, engine)
+    # isdigit() alone admits "²" and "٣", which int() refuses or reads as another rank.
+    return (0, int(engine), "") if engine.isascii() and engine.isdigit() else (1, 0, engine)
 
 
 def _vllm_families(declared: frozenset[str], seen: set[str]) -> frozenset[str]:
