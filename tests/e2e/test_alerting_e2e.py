@@ -16,13 +16,14 @@ Three changes to the rules, each one a Helm value makes:
   before the page does; the ticket route's ``group_wait`` of 5 minutes holds it until the page
   mutes it, and it resolves with the burst (no request running), before that wait ends.
 - The page's ``keep_firing_for`` is 30s instead of 5m, and the TTFT SLO page is disabled. The 5
-  minutes exist for that SLO page alone: they keep the preemption page active, so that its
-  inhibition mutes the SLO page while the SLO's 5-minute window still holds the burst's slow
-  first tokens. Here they only delayed the resolved notification by 5 minutes of CI time (the SLO
-  page was not raised on the development machine; on a slower one it could be, and would then
-  page a second time once a 30 s ``keep_firing_for`` ended). That muting is proven with the
-  shipped durations by promtool (``tests/test_alerts.py``, ``test_the_capacity_page_outlasts_``
-  ``the_slow_first_tokens_it_caused``) and the inhibit rule by amtool.
+  minutes exist for that SLO page alone: they keep the preemption page active, so that the SLO
+  page joins the model's open page group while the SLO's 5-minute window still holds the
+  burst's slow first tokens. Here they only delayed the resolved notification by 5 minutes of
+  CI time (the SLO page was not raised on the development machine; on a slower one it could be,
+  and would then page a second time once a 30 s ``keep_firing_for`` ended). That overlap is
+  proven with the shipped durations by promtool (``tests/test_alerts.py``,
+  ``test_the_capacity_page_outlasts_the_slow_first_tokens_it_caused``) and the grouping in a
+  real Alertmanager by ``tests/test_alertmanager.py``.
 
 The scenario, once for the module: idle, with three requests that never preempt (448 + 32 tokens) so
 that the sidecar knows a p95 context before the burst; a burst of 8 concurrent 128 + 352-token
@@ -38,10 +39,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -49,16 +48,14 @@ import pytest
 import yaml
 
 from tests import paths
+from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
 from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
     BackgroundBurst,
-    ProcessGroup,
     PrometheusServer,
     ScrapeJob,
     VllmServer,
-    alertmanager_binary,
     burst,
-    free_port,
     loopback_client,
     sample_value,
     start_sidecar,
@@ -73,8 +70,6 @@ T = TypeVar("T")
 
 ROOT = paths.REPO
 CHART = ROOT / "helm" / "vllm-headroom"
-EXAMPLE = ROOT / "alerts" / "alertmanager" / "vllm-headroom.yml"
-RUNBOOKS = ROOT / "docs" / "runbooks"
 DASHBOARDS = ROOT / "dashboards"
 
 RELEASE, NAMESPACE, POD = "e2e", "llm", "llm-0"
@@ -95,72 +90,6 @@ KEEP_FIRING_S = 30.0
 RESOLVE_TIMEOUT_S = 420.0
 
 
-# ------------------------------------------------------------------- the webhook receiver
-
-
-@dataclass(frozen=True, slots=True)
-class Notification:
-    """One POST from Alertmanager: where, when (monotonic) and its JSON body."""
-
-    path: str
-    t: float
-    body: dict[str, Any]
-
-    def alerts(self, status: str) -> list[dict[str, Any]]:
-        """The alerts of the notification with this status (firing or resolved)."""
-        return [a for a in self.body["alerts"] if a["status"] == status]
-
-
-class Receiver:
-    """Webhook receiver (``POST /page``, ``POST /ticket``) and the runbooks (``GET /runbooks``)."""
-
-    def __init__(self) -> None:
-        self.notifications: list[Notification] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length))
-                with receiver.lock:
-                    receiver.notifications.append(Notification(self.path, time.monotonic(), body))
-                self.send_response(200)
-                self.end_headers()
-
-            def do_GET(self) -> None:
-                name = self.path.removeprefix("/runbooks/")
-                page = RUNBOOKS / name
-                if self.path.startswith("/runbooks/") and "/" not in name and page.is_file():
-                    data = page.read_bytes()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/markdown")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def received(self, path: str) -> list[Notification]:
-        """The notifications POSTed to ``path`` so far."""
-        with self.lock:
-            return [n for n in self.notifications if n.path == path]
-
-    def stop(self) -> None:
-        """Stop serving."""
-        self.server.shutdown()
-        self.server.server_close()
-
-
 # ------------------------------------------------------------------------- the servers
 
 
@@ -175,50 +104,6 @@ class LabelledJob(ScrapeJob):
         config = ScrapeJob.to_config(self)
         config["static_configs"][0]["labels"] = dict(self.labels)
         return config
-
-
-class AlertmanagerServer:
-    """Debian's Alertmanager on loopback, no gossip port, with the given configuration."""
-
-    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.config_path = workdir / "alertmanager.yml"
-        self.config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
-        self.group = ProcessGroup(
-            [
-                str(alertmanager_binary()),
-                f"--config.file={self.config_path}",
-                f"--storage.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--cluster.listen-address=",
-            ],
-            log_path=workdir / "alertmanager.log",
-        )
-        self.client = loopback_client(f"http://127.0.0.1:{self.port}")
-
-    def start(self) -> None:
-        """Start it and wait until it is ready."""
-        self.group.start()
-        wait_until(self._ready, timeout_s=30.0, what=f"Alertmanager on port {self.port}")
-
-    def _ready(self) -> bool:
-        try:
-            return self.client.get("/-/ready", timeout=2.0).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Every alert it holds, silenced and inhibited ones included (``/api/v2/alerts``)."""
-        response = self.client.get("/api/v2/alerts", timeout=10.0)
-        response.raise_for_status()
-        alerts: list[dict[str, Any]] = response.json()
-        return alerts
-
-    def stop(self) -> None:
-        """Stop it."""
-        self.client.close()
-        self.group.stop()
 
 
 def render_rules(helm: Path, receiver_url: str, workdir: Path) -> Path:
@@ -265,16 +150,6 @@ def _run(argv: list[str]) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def example_config(receiver_url: str) -> dict[str, Any]:
-    """The shipped example with its receivers pointed at this test's webhook receiver."""
-    config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    paths_by_receiver = {"vllm-headroom-page": "/page", "vllm-headroom-ticket": "/ticket"}
-    for receiver in config["receivers"]:
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = receiver_url + paths_by_receiver[receiver["name"]]
-    return config
 
 
 # ------------------------------------------------------------------------- the scenario
