@@ -106,6 +106,8 @@ def example_config(receiver_url: str, *, group_wait: str | None = None) -> dict[
     route, grouping and inhibition stays the shipped one.
     """
     config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    # Relative to the example, not to the copy a test writes elsewhere.
+    config["templates"] = [str(EXAMPLE.parent / t) for t in config.get("templates", [])]
     for receiver in config["receivers"]:
         for webhook in receiver.get("webhook_configs", []):
             webhook["url"] = receiver_url + PATH_BY_RECEIVER[receiver["name"]]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-PAGE, TICKET = "/page", "/ticket"
+PAGE, TICKET, SLACK = "/page", "/ticket", "/slack"
 SPIKE = "VllmHeadroomPreemptionSpike"
 SATURATED = "VllmHeadroomKvCacheSaturated"
 FOREIGN_GPU = "VllmHeadroomGpuForeignMemory"
@@ -151,6 +151,16 @@ class Delivered:
             if n.path == path and n.body["commonLabels"].get("namespace") == namespace
         ]
 
+    def rendered(self, namespace: str) -> list[dict[str, Any]]:
+        """The page templates as rendered for ``namespace``'s pages (Slack attachments)."""
+        return [
+            attachment
+            for n in self.notifications
+            if n.path == SLACK
+            for attachment in n.body["attachments"]
+            if f"({namespace}/" in attachment["title"]
+        ]
+
     def state(self, namespace: str, name: str, pod: str = "") -> str:
         """Alertmanager's state of one alert: active or suppressed."""
         return self.states[(namespace, name, pod)]
@@ -170,13 +180,28 @@ def delivered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Delivered]:
     require(alertmanager_binary)
     receiver = Receiver()
     workdir: Path = tmp_path_factory.mktemp("alertmanager")
-    server = AlertmanagerServer(example_config(receiver.url, group_wait="1s"), workdir)
+    config = example_config(receiver.url, group_wait="1s")
+    # The shipped templates, as a pager would use them: Slack's payload carries them rendered.
+    [page] = [r for r in config["receivers"] if r["name"] == "vllm-headroom-page"]
+    page["slack_configs"] = [
+        {
+            "api_url": f"{receiver.url}{SLACK}",
+            "channel": "#pages",
+            "title": '{{ template "vllm-headroom.page.title" . }}',
+            "text": '{{ template "vllm-headroom.page.text" . }}',
+            "fields": [{"title": "pods", "value": '{{ template "vllm-headroom.page.pods" . }}'}],
+        }
+    ]
+    server = AlertmanagerServer(config, workdir)
     try:
         server.start()
         server.post([a for incident in INCIDENTS.values() for a in incident])
         expected = sum(PAGES.values())
         wait_until(
-            lambda: len(receiver.received(PAGE)) >= expected,
+            lambda: (
+                len(receiver.received(PAGE)) >= expected
+                and len(receiver.received(SLACK)) >= expected
+            ),
             timeout_s=30.0,
             what=f"{expected} page notifications",
         )
@@ -208,6 +233,22 @@ def test_one_models_incident_is_one_page_listing_its_pods(
         "model_name": "llama",
         "headroom_release": f"{namespace}/r-vllm-headroom",
     }
+
+
+def test_the_page_templates_name_the_model_once_and_list_every_pod(delivered: Delivered) -> None:
+    """The shipped templates: title with the model and release, every pod, one line per alert."""
+    [fleet] = delivered.rendered("fleet")
+    assert fleet["title"] == (
+        f"[FIRING:{FLEET_PODS}] llama (fleet/r-vllm-headroom): VllmHeadroomPreemptionSpike"
+    )
+    [pods] = [f["value"] for f in fleet["fields"] if f["title"] == "pods"]
+    assert set(pods.split(", ")) == {f"llama-{i}" for i in range(FLEET_PODS)}
+    lines = fleet["text"].splitlines()
+    assert len(lines) == FLEET_PODS
+    assert all(line.startswith(f"- {SPIKE} on llama-") for line in lines)
+    [mixed] = delivered.rendered("inhibition")
+    assert mixed["title"] == "[FIRING:3] llama (inhibition/r-vllm-headroom): several alerts"
+    assert f"- {TTFT_SLO}: {TTFT_SLO}" in mixed["text"].splitlines()
 
 
 def test_the_saturation_page_of_a_preempting_pod_is_muted(delivered: Delivered) -> None:
