@@ -796,7 +796,10 @@ def _traffic(facts: RuleFacts) -> Row:
             Cell(
                 timeseries_panel(
                     "Finished requests",
-                    description="Requests vLLM finished per second, whatever the finish reason.",
+                    description=(
+                        "Requests vLLM finished per second, whatever the finish reason (flat at 0 "
+                        "while requests run or wait: the engine may be stalled)."
+                    ),
                     unit="reqps",
                     queries=[
                         Query(
@@ -805,6 +808,7 @@ def _traffic(facts: RuleFacts) -> Row:
                         )
                     ],
                     facts=facts,
+                    alerts=[limits.ENGINE_STALLED],
                     minimum=0,
                 ),
                 6,
