@@ -35,7 +35,7 @@ from exporter.core.reasons import MaxNumSeqsSource
 from exporter.errors import ParseError, SourceError, UsageError
 from exporter.sizing.limits import LimitInputs, resolve_running_limit
 from exporter.sweep.drivers import MAX_IN_FLIGHT, HttpxDriver, VllmBenchDriver, require_tokenizer
-from exporter.sweep.evaluate import Limits, traffic_seen
+from exporter.sweep.evaluate import Limits, busy_unknown, traffic_seen
 from exporter.sweep.figure import check_report_path, write_report
 from exporter.sweep.knee import shape_ceiling
 from exporter.sweep.plan import Mode, SweepPlan, parse_levels
@@ -499,6 +499,12 @@ async def _probe(args: argparse.Namespace, plan: SweepPlan, interrupt: asyncio.E
         if not args.confirmed:
             await _pause(args.quiet_seconds, interrupt)
             later = await _read_metrics(client, target.url)
+            unknown = busy_unknown(target.snapshot) or busy_unknown(later)
+            if unknown:
+                raise UsageError(
+                    f"cannot tell whether {target.url} is serving traffic ({unknown}); probe a "
+                    f"staging instance, or pass {CONFIRM_FLAG}"
+                )
             busy = traffic_seen(target.snapshot, later, seconds=args.quiet_seconds)
             if busy:
                 raise UsageError(
