@@ -104,6 +104,7 @@ def default_predictor(settings: Settings) -> Predictor:
     return ModelPredictor(
         model=settings.model,
         hf_home=settings.hf_home,
+        model_roots=settings.model_roots,
         overrides=settings.model_overrides,
         tensor_parallel=settings.tensor_parallel_size,
         pipeline_parallel=settings.pipeline_parallel_size,

@@ -159,6 +159,16 @@ class Settings(BaseSettings):
         default=None,
         description="Hugging Face cache root (default: $HF_HOME or ~/.cache/huggingface).",
     )
+    model_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Directories in which the model 'root' that vLLM's /v1/models reports may be read "
+            "(its config.json and safetensors index, bounded): absolute paths, comma-separated "
+            "in HEADROOM_MODEL_ROOTS. Empty: a root that is a path is never opened, and the "
+            "model is found by the model setting, the HF cache or the catalogue. The chart sets "
+            "the sidecar's model volume."
+        ),
+    )
     model_overrides: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -288,7 +298,9 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return value
 
-    @field_validator("gpus", "probe_allowlist", "bearer_token_targets", mode="before")
+    @field_validator(
+        "gpus", "probe_allowlist", "bearer_token_targets", "model_roots", mode="before"
+    )
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
@@ -299,6 +311,15 @@ class Settings(BaseSettings):
                     msg = "is not a JSON list of strings; or give the items separated by commas"
                     raise ValueError(msg) from None
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("model_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[Path]) -> list[Path]:
+        for root in value:
+            if not root.is_absolute():
+                msg = f"{str(root)!r} is not an absolute path; give directories like /models"
+                raise ValueError(msg)
         return value
 
     @field_validator("gpus")
