@@ -10,7 +10,9 @@ stderr and exit code 2. Command modules never import it back.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from exporter import __version__
@@ -78,8 +80,28 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def _hold_signals_while_serving_starts(argv: Sequence[str]) -> None:
+    """Handle ``serve``'s signals from its first instant as it does once running.
+
+    SIGHUP is ignored (nothing to reload), SIGTERM is a clean exit 0. Importing and checking
+    the settings take a second, and a SIGHUP then (a terminal closing, a supervisor's reload)
+    killed it; the event loop installs the running handlers later.
+    """
+    if not argv or argv[0] != "serve":
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # tests run main() in threads; signals belong to the main thread
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
+    _hold_signals_while_serving_starts(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     run = getattr(args, "run", None)
