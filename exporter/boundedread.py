@@ -33,6 +33,11 @@ CHUNK_BYTES = 64 * 1024
 class FileReadError(UsageError):
     """A local file could not be read within its bounds (one line: the path and why)."""
 
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        #: The file held more than the cap (as opposed to: missing, unreadable, slow, a FIFO).
+        self.too_large = too_large
+
 
 def _kind(mode: int) -> str:
     """What a file is, in the words a message uses."""
@@ -107,7 +112,7 @@ def read_bounded(
         if regular_only and not stat.S_ISREG(mode):
             raise FileReadError(f"cannot read {path}: it is {kind}; give a regular file")
         if stat.S_ISREG(mode) and os.fstat(fd).st_size > max_bytes:
-            raise FileReadError(f"{path} is larger than {_size_text(max_bytes)}")
+            raise FileReadError(f"{path} is larger than {_size_text(max_bytes)}", too_large=True)
         return _read_all(fd, path, kind=kind, max_bytes=max_bytes, timeout_s=timeout_s, clock=clock)
     finally:
         os.close(fd)
@@ -141,7 +146,8 @@ def _read_all(
         if chunk:
             data += chunk
             if len(data) > max_bytes:
-                raise FileReadError(f"{path} ({kind}) is larger than {_size_text(max_bytes)}")
+                msg = f"{path} ({kind}) is larger than {_size_text(max_bytes)}"
+                raise FileReadError(msg, too_large=True)
             continue
         if kind == "a FIFO" and not data and not waited_for_writer:
             # No writer yet: a FIFO's first reader sees an end at once. Wait for one.

@@ -71,6 +71,7 @@ CHART_OWNED_SETTINGS = frozenset(
         "bearer_token",
         "model",
         "hf_home",
+        "model_roots",
         "gpu_discovery",
         "gpus",
         "proc_root",
