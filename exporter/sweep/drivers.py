@@ -541,8 +541,16 @@ class VllmBenchDriver:
         stdout = self._proc.stdout if self._proc is not None else None
         if stdout is None:
             return
-        async for raw in stdout:
-            line = raw.decode(errors="replace").rstrip()
+        while True:
+            try:
+                raw = await stdout.readline()
+            except ValueError:
+                # A line past the stream's 64 KiB limit (a progress bar without newlines, a
+                # server's huge error echoed): its bytes are dropped, the reading goes on.
+                raw = b"[a line over 64 KiB, dropped]"
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip()[:MAX_LINE_BYTES]
             if self._t0 is None and BENCH_START_MARKER in line:
                 self._t0 = self._clock()
                 self._sending.set()

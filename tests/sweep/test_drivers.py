@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,9 +17,11 @@ import pytest
 from exporter.sim import Scenario, SimEngineConfig
 from exporter.sweep.drivers import (
     BENCH_SNIPPET,
+    BENCH_START_MARKER,
     TRACE_CHUNK,
     HttpxDriver,
     ResponseBound,
+    VllmBenchDriver,
     bench_arguments,
     bounded_lines,
     completion_body,
@@ -319,3 +322,30 @@ def test_bounded_lines_splits_a_stream_into_lines_across_chunks() -> None:
         return [line async for line in bounded_lines(chunks(), max_bytes=1024)]
 
     assert asyncio.run(lines()) == ["a", "bc", "d"]
+
+
+def test_vllm_clients_output_line_past_the_stream_limit_is_dropped_not_fatal(
+    tmp_path: Path,
+) -> None:
+    """A 200 kB line from vLLM's client (past asyncio's 64 KiB): dropped, later lines still read."""
+    script = f"import sys; sys.stdout.write('x' * 200_000 + '\\n{BENCH_START_MARKER}\\n')"
+
+    async def go() -> VllmBenchDriver:
+        driver = VllmBenchDriver(
+            python=sys.executable,
+            base_url="http://127.0.0.1:9",
+            model=MODEL,
+            tokenizer="t",
+            workdir=tmp_path,
+            clock=time.monotonic,
+        )
+        driver._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+        )
+        await driver._read_output()
+        await driver._proc.wait()
+        return driver
+
+    driver = asyncio.run(go())
+    assert driver.tail[-1] == BENCH_START_MARKER
+    assert set(driver.tail[:-1]) == {"[a line over 64 KiB, dropped]"}
