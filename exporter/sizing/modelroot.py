@@ -58,6 +58,8 @@ def classify_root(root: str, allowed: Sequence[Path]) -> RootKind:
     """How a target's ``root`` may be used, given the ``model_roots`` setting."""
     if is_hub_id(root):
         return RootKind.HUB_ID
-    if os.path.isabs(root) and within(root, allowed) is not None:
+    # ``..`` is refused before any link is resolved: through a link it would lead elsewhere
+    # than it reads, and whether it lands inside would tell what the link is.
+    if os.path.isabs(root) and ".." not in Path(root).parts and within(root, allowed) is not None:
         return RootKind.ALLOWED_PATH
     return RootKind.NAME_ONLY

@@ -42,11 +42,12 @@ def test_a_path_is_allowed_only_inside_model_roots(tmp_path: Path) -> None:
 
 
 def test_dot_dot_and_symbolic_links_are_resolved_before_the_check(tmp_path: Path) -> None:
-    """``allowed/../x`` and a link from inside to outside are outside."""
+    """Any ``..`` (even one that stays inside) and a link from inside to outside are outside."""
     allowed = tmp_path / "models"
     allowed.mkdir()
     (allowed / "escape").symlink_to("/etc")
     assert classify_root(f"{allowed}/../secret", [allowed]) is RootKind.NAME_ONLY
+    assert classify_root(f"{allowed}/llama/../llama", [allowed]) is RootKind.NAME_ONLY
     assert classify_root(str(allowed / "escape"), [allowed]) is RootKind.NAME_ONLY
     assert within(allowed / "escape" / "passwd", [allowed]) is None
 
