@@ -619,7 +619,12 @@ def render_configuration_markdown() -> str:
         "file per setting, named like its variable, e.g. `HEADROOM_BEARER_TOKEN`), then defaults.",
         "Lists are comma-separated in variables; `HEADROOM_MODEL_OVERRIDES` is JSON. A bad value",
         "stops the exporter with one line naming the setting, its variable and the problem, and",
-        "exit code 2. Generated from `exporter/service/settings.py` by `make docs`.",
+        "exit code 2. Whatever the setting, a value may hold at most"
+        f" {MAX_VALUE_CHARS // 1024} KiB ({MAX_PATH_CHARS:,} characters for a path,"
+        f" {MAX_LIST_CHARS // 1024} KiB for a list or JSON) nested at most {MAX_VALUE_DEPTH}",
+        "brackets deep; `.env` and secret files must be regular UTF-8 files of at most"
+        f" {MAX_FILE_BYTES // 2**20} MiB.",
+        "Generated from `exporter/service/settings.py` by `make docs`.",
         "",
         "| setting | variable | flag | default | meaning |",
         "| --- | --- | --- | --- | --- |",
