@@ -75,6 +75,7 @@ CHART_OWNED_SETTINGS = frozenset(
         "bearer_token",
         "model",
         "hf_home",
+        "model_roots",
         "gpu_discovery",
         "gpus",
         "proc_root",
@@ -1080,6 +1081,7 @@ def test_sidecar_reads_the_model_volume_read_only(helm: Path) -> None:
     env = env_of(sidecar)
     assert env["HEADROOM_HF_HOME"] == vllm_env["HF_HOME"] == "/models/huggingface"
     assert env["HEADROOM_MODEL"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert env["HEADROOM_MODEL_ROOTS"] == "/models"
 
 
 @pytest.mark.e2e
@@ -1301,6 +1303,8 @@ def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path
         "volumeMounts"
     ]
     assert env_of(sidecar)["HEADROOM_HF_HOME"] == "/data"
+    # vLLM's root is read only inside the volume the sidecar mounts.
+    assert env_of(sidecar)["HEADROOM_MODEL_ROOTS"] == "/data"
     reference = container(sidecar_pod(render(helm, ci("vllm"))), "vllm-headroom")
     for key in ("image", "securityContext", "livenessProbe", "resources", "ports", "args"):
         assert sidecar[key] == reference[key], key

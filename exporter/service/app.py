@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
 
     from prometheus_client.core import Metric
     from pydantic import SecretStr
@@ -104,6 +106,7 @@ def default_predictor(settings: Settings) -> Predictor:
     return ModelPredictor(
         model=settings.model,
         hf_home=settings.hf_home,
+        model_roots=settings.model_roots,
         overrides=settings.model_overrides,
         tensor_parallel=settings.tensor_parallel_size,
         pipeline_parallel=settings.pipeline_parallel_size,
@@ -154,6 +157,8 @@ def _poll_settings(settings: Settings) -> PollSettings:
 def _start_server(settings: Settings, app: HeadroomApp) -> ExporterServer:
     tls = None
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        for path in (settings.tls_cert_file, settings.tls_key_file):
+            _check_pem_file(path)
         try:
             tls = tls_context(settings.tls_cert_file, settings.tls_key_file)
         except (OSError, ValueError) as exc:
@@ -175,6 +180,28 @@ def _start_server(settings: Settings, app: HeadroomApp) -> ExporterServer:
                 f"check listen_address ({env_name('listen_address')})"
             )
         raise UsageError(msg) from None
+
+
+#: Largest certificate or key file loaded (a chain of a few certificates is some kilobytes).
+MAX_PEM_BYTES = 1024 * 1024
+
+
+def _check_pem_file(path: Path) -> None:
+    """A TLS file must be a regular file of sane size: OpenSSL would wait on a FIFO for ever."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        msg = (
+            f"cannot load the TLS certificate or key ({path}: {exc.strerror}); "
+            "check tls_cert_file/tls_key_file"
+        )
+        raise UsageError(msg) from None
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_PEM_BYTES:
+        msg = (
+            f"cannot load the TLS certificate or key ({path} is not a regular file of at most "
+            f"{MAX_PEM_BYTES // 1024} KiB); check tls_cert_file/tls_key_file"
+        )
+        raise UsageError(msg)
 
 
 async def serve(

@@ -245,6 +245,20 @@ class _QuietHandler(WSGIRequestHandler):
         super().setup()
         self.rfile = _HeadLimit(self.rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
 
+    def handle(self) -> None:
+        """One request; a request line past the head's bound is answered 431, as headers are.
+
+        ``parse_request`` answers headers that are too long itself; the request line is read
+        before it, and its ``LineTooLong`` used to end in a bare close.
+        """
+        try:
+            super().handle()
+        except http.client.LineTooLong:
+            self.requestline = self.request_version = self.command = ""
+            self.close_connection = True
+            self.send_error(431, "Request Header Fields Too Large")
+            _drain(self.connection)
+
     def parse_request(self) -> bool:
         """Parse the head; once it is complete, the connection can no longer be evicted.
 
@@ -456,16 +470,46 @@ def whole_head_waiting(connection: socket.socket) -> bool:
     return b"\r\n\r\n" in waiting or b"\n\n" in waiting
 
 
+#: What is read of a refused request's rest, and for how long, so that closing sends no reset
+#: (a client reads the answer only if the connection is not reset under it).
+DRAIN_BYTES = 1024 * 1024
+DRAIN_SECONDS = 1.0
+
+
+def _drain(connection: socket.socket) -> None:
+    """Send what was written, then read and drop a bounded rest of the request."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_WR)
+        left = DRAIN_BYTES
+        while left > 0 and (wait := deadline - time.monotonic()) > 0:
+            connection.settimeout(wait)
+            chunk = connection.recv(min(65536, left))
+            if not chunk:
+                return
+            left -= len(chunk)
+
+
 def _close(connection: socket.socket) -> None:
     with contextlib.suppress(OSError):
         connection.close()
+
+
+class EncryptedKeyError(ValueError):
+    """The TLS key is encrypted: the exporter never asks for a passphrase."""
+
+
+def _no_passphrase() -> bytes:
+    # Called by OpenSSL only for an encrypted key; without a callback it prompts on the terminal.
+    msg = "the key is encrypted; give an unencrypted key (the exporter never asks for a passphrase)"
+    raise EncryptedKeyError(msg)
 
 
 def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
     """A server TLS context (TLS 1.2+) from PEM files, with the standard library's defaults."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
+    context.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file), password=_no_passphrase)
     return context
 
 

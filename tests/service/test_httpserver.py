@@ -340,3 +340,21 @@ def test_a_request_head_waiting_in_a_socket_is_seen_without_reading_or_waiting(
         assert time.monotonic() - started < 5.0, "waited for data instead of peeking"
         if sent:
             assert server_side.recv(65536) == sent
+
+
+@pytest.mark.parametrize("line_bytes", [70_000, 1_000_000])
+def test_a_request_line_past_the_head_bound_is_answered_431(
+    serve: Callable[..., httpx.Client], line_bytes: int
+) -> None:
+    """A 70 kB (or 1 MB) request line: 431 as documented, not a bare close or a reset."""
+    client = serve(make_app())
+    host, port = client.base_url.host, client.base_url.port
+    assert port is not None
+    with socket.create_connection((host, port), timeout=5) as conn:
+        path = "/" + "a" * line_bytes
+        with contextlib.suppress(OSError):  # the server stops reading after its bound
+            conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 431") or answer.startswith(b"HTTP/1.1 431"), answer[:80]

@@ -71,7 +71,14 @@ VllmHeadroomGpuForeignMemory: never NVIDIA_VISIBLE_DEVICES=all on vLLM nodes):
   value: {{ .Values.vllm.model | quote }}
 - name: HEADROOM_HF_HOME
   value: {{ printf "%s/huggingface" (trimSuffix "/" .Values.vllm.modelVolume.mountPath) | quote }}
+- name: HEADROOM_MODEL_ROOTS
+  value: {{ .Values.vllm.modelVolume.mountPath | quote }}
 {{- else }}
+{{- if .Values.sidecar.modelVolume.name }}
+{{- /* vLLM's /v1/models root is read only inside the mounted model volume. */}}
+- name: HEADROOM_MODEL_ROOTS
+  value: {{ .Values.sidecar.modelVolume.mountPath | quote }}
+{{- end }}
 {{- with .Values.sidecar.model }}
 - name: HEADROOM_MODEL
   value: {{ . | quote }}
