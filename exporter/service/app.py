@@ -52,7 +52,7 @@ from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from pathlib import Path
 
     from prometheus_client.core import Metric
