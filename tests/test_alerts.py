@@ -49,6 +49,10 @@ CAPTURES = sorted(paths.CAPTURES.glob("*.prom"))
 
 THRESHOLD_GROUP = "vllm-headroom-thresholds"
 THRESHOLD_PREFIX = "headroom:threshold:"
+#: Thresholds that are off until the user states them: the SLO objectives. Their rule records
+#: nothing (``UNSET``), so the SLO alerts and budgets do not exist until an objective is set.
+OPTIONAL_THRESHOLDS = {"slo_ttft_objective", "slo_error_objective"}
+UNSET = "absent(vector(0))"
 META_ALERT = "VllmHeadroomThresholdMissing"
 RUNBOOK_URL = "https://github.com/vllm-headroom/vllm-headroom/blob/main/docs/runbooks/{}.md"
 DASHBOARD_UIDS = ("vllm-headroom-instance", "vllm-headroom-fleet")
@@ -181,6 +185,14 @@ def _expr_names(rule: dict[str, Any]) -> set[str]:
     return seen
 
 
+def _threshold_defaults() -> dict[str, str]:
+    """Threshold name -> its default as the docs write it: the number, or ``unset``."""
+    return {
+        name: "unset" if expr.strip() == UNSET else re.sub(r"^vector\((.*)\)$", r"\1", expr.strip())
+        for name, expr in _thresholds(DOCUMENT).items()
+    }
+
+
 def _runbook(alert: str) -> str:
     return (RUNBOOKS / f"{alert}.md").read_text(encoding="utf-8")
 
@@ -279,6 +291,8 @@ def test_every_metric_name_the_rules_read_exists_in_real_exposition() -> None:
                     or name in PROMETHEUS_SYNTHETIC
                     or (not name.startswith("vllm:") and name in ours)
                     or (name.startswith("vllm:") and name in vllms)
+                    # vLLM's API server's own HTTP metrics (prometheus-fastapi-instrumentator)
+                    or (name.startswith("http_") and name in vllms)
                 )
                 if not known:
                     unknown.setdefault(where, set()).add(name)
@@ -371,6 +385,9 @@ def test_every_threshold_is_one_labelless_vector_with_a_number() -> None:
     assert thresholds
     for name, expr in thresholds.items():
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name)
+        if name in OPTIONAL_THRESHOLDS:
+            assert expr.strip() == UNSET, f"{name}: unset by default, got {expr!r}"
+            continue
         value = re.fullmatch(r"vector\(([-+]?[0-9.]+(?:e[-+]?\d+)?)\)", expr.strip())
         assert value, f"{name}: {expr!r}"
         float(value.group(1))
@@ -467,7 +484,7 @@ def _without_annotations(document: dict[str, Any]) -> dict[str, Any]:
 def test_a_missing_threshold_fires_the_meta_alert_naming_it(promtool: Path, tmp_path: Path) -> None:
     """Without its thresholds the meta-alert fires per threshold while the spike goes unseen."""
     rules = _without_annotations(_override(DOCUMENT, drop_thresholds=True))
-    missing = sorted(_thresholds(DOCUMENT))
+    missing = sorted(set(_thresholds(DOCUMENT)) - OPTIONAL_THRESHOLDS)  # unset is their default
     expected = [{"exp_labels": {"severity": "warning", "threshold": name}} for name in missing]
     tests = [
         {
@@ -496,6 +513,25 @@ def test_a_threshold_recorded_twice_fires_the_meta_alert(promtool: Path, tmp_pat
         }
     )
     expected = [{"exp_labels": {"severity": "warning", "threshold": "stale_seconds"}}]
+    tests = [
+        {
+            "interval": "30s",
+            "input_series": SPIKE_SERIES,
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": META_ALERT, "exp_alerts": expected}
+            ],
+        }
+    ]
+    done = _promtool_test(promtool, tmp_path, rules, tests)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_objective_given_as_a_percentage_fires_the_meta_alert(
+    promtool: Path, tmp_path: Path
+) -> None:
+    """99.9 for 99.9% (a negative budget that no burn rate can exceed) fires the meta-alert."""
+    rules = _without_annotations(_override(DOCUMENT, thresholds={"slo_error_objective": 99.9}))
+    expected = [{"exp_labels": {"severity": "warning", "threshold": "slo_error_objective"}}]
     tests = [
         {
             "interval": "30s",
@@ -560,6 +596,15 @@ def test_every_alert_has_a_runbook_page_that_links_back(name: str) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "name", sorted(n for n, rule in ALERTS.items() if rule["labels"]["severity"] == "critical")
+)
+def test_every_page_names_the_harm_it_predicts_and_why_it_cannot_wait(name: str) -> None:
+    """A critical alert wakes someone: its runbook says, before anything else, why it must."""
+    header = _runbook(name).split("\n## ", 1)[0]
+    assert "**Harm, and why now:**" in header
+
+
 @pytest.mark.parametrize("name", sorted(ALERTS))
 def test_runbooks_state_the_real_default_of_each_threshold_their_alert_reads(name: str) -> None:
     """Each threshold an alert reads appears in its runbook as `name` = `default` from the file.
@@ -567,10 +612,7 @@ def test_runbooks_state_the_real_default_of_each_threshold_their_alert_reads(nam
     So does its keep_firing_for, where it has one (the runbook says why it resolves late).
     """
     section = _section(_runbook(name), "Threshold")
-    defaults = {
-        n: re.sub(r"^vector\((.*)\)$", r"\1", expr.strip())
-        for n, expr in _thresholds(DOCUMENT).items()
-    }
+    defaults = _threshold_defaults()
     read = {
         n.removeprefix(THRESHOLD_PREFIX)
         for n in _expr_names(ALERTS[name])
@@ -673,11 +715,7 @@ def test_the_index_links_every_page_and_documents_every_threshold_default() -> N
     for name in ALERTS:
         assert f"]({name}.md)" in index, name
     rows = dict(re.findall(r"^\| `headroom:threshold:([a-z0-9_]+)` \| `([^`]+)` \|", index, re.M))
-    defaults = {
-        name: re.sub(r"^vector\((.*)\)$", r"\1", expr.strip())
-        for name, expr in _thresholds(DOCUMENT).items()
-    }
-    assert rows == defaults
+    assert rows == _threshold_defaults()
 
 
 # ----------------------------------------------------------------------------- the lexer
@@ -860,7 +898,7 @@ def test_the_capacity_page_outlasts_the_slow_first_tokens_it_caused(
     done = _promtool_test(
         promtool,
         tmp_path,
-        _without_annotations(DOCUMENT),
+        _without_annotations(_override(DOCUMENT, thresholds={"slo_ttft_objective": 0.99})),
         [{"interval": f"{_STEP}s", "input_series": series, "alert_rule_test": cases}],
     )
     fired = _fired(done.stdout + done.stderr)

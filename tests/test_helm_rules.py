@@ -271,6 +271,9 @@ def test_every_alert_and_threshold_knob_is_applied(
         name: 1000.0 * (index + 1) + 0.25 for index, name in enumerate(thresholds_names)
     }
     thresholds[thresholds_names[0]] = 3_000_000_000  # bytes-sized numbers keep every digit
+    # The SLO objectives are ratios in (0, 1) (the schema refuses anything else).
+    thresholds["slo_ttft_objective"] = 0.975
+    thresholds["slo_error_objective"] = 0.9975
     sets = (
         "--set prometheusRule.enabled=true",
         f"--set-json prometheusRule.alerts={json.dumps(alerts)}",
@@ -870,3 +873,70 @@ def test_alertmanager_config_routes_and_inhibits_as_the_example(helm: Path) -> N
         for r in example["inhibit_rules"]
     ]
     assert inhibit == expected
+
+
+# ------------------------------------------------------------------------ SLO objectives
+
+
+def _slo_run(helm: Path, promtool: Path, tmp_path: Path, objective: float | None) -> str:
+    """promtool over the release's rules: 2% of its pod's requests answered 5xx for 20 minutes.
+
+    Returns promtool's output for a check that expects no error-budget page at 20m.
+    """
+    values: dict[str, Any] = {"vllm": {"servedModelName": "llama"}}
+    if objective is not None:
+        values["prometheusRule"] = {"thresholds": {"slo_error_objective": objective}}
+    rule = only(render_release(helm, "a", "team-a", values, tmp_path), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    for group in groups:
+        for item in group["rules"]:
+            item.pop("annotations", None)
+    (tmp_path / "a.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    pod = _pod("a", "team-a", "a-0", "10.0.0.1", "llama")
+    handler = {**pod["vllm"], "handler": "/v1/completions", "method": "POST"}
+    series = [
+        _series("http_requests_total", {**handler, "status": "2xx"}, "0+98x40"),
+        _series("http_requests_total", {**handler, "status": "5xx"}, "0+2x40"),
+        _series("vllm:num_requests_running", {**pod["vllm"], "model_name": "llama"}, "3x40"),
+    ]
+    check = {"eval_time": "20m", "alertname": "VllmHeadroomErrorBudgetBurn", "exp_alerts": []}
+    suite = {
+        "rule_files": ["a.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [check]}],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    done = subprocess.run(
+        [str(promtool), "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    return done.stdout + done.stderr
+
+
+def test_slo_alerts_are_off_until_the_values_state_an_objective(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """Unset, the objective records nothing and 2% errors page nobody; 0.999 pages the release."""
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    off = _slo_run(helm, promtool, tmp_path / "off", None)
+    assert "SUCCESS" in off, off
+    on = _slo_run(helm, promtool, tmp_path / "on", 0.999)
+    assert "FAILED" in on, on
+    assert 'alertname="VllmHeadroomErrorBudgetBurn"' in on
+    assert 'headroom_release="team-a/a-vllm-headroom"' in on
+    assert 'model_name="llama"' in on
+
+
+def test_an_objective_outside_zero_and_one_is_refused_by_the_schema(helm: Path) -> None:
+    """99.9 for 99.9% would be a negative budget: the chart refuses it at render time."""
+    sets = (
+        "--set prometheusRule.enabled=true",
+        "--set prometheusRule.thresholds.slo_error_objective=99.9",
+    )
+    message = render_error(helm, ci("vllm"), sets=sets)
+    assert "slo_error_objective" in message
