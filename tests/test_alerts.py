@@ -108,8 +108,9 @@ RUNBOOK_SECTIONS = ("Meaning", "Confirm", "Fix", "Escalation", "When to ignore",
 
 
 def _run(argv: list[str | Path], *, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    # promtool's unit tests over every rule file take about 100 s of CPU: 900 s only guards a hang.
     return subprocess.run(
-        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, check=False, timeout=300
+        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, check=False, timeout=900
     )
 
 
