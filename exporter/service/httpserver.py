@@ -32,6 +32,7 @@ import http.client
 import io
 import os
 import queue
+import select
 import socket
 import ssl
 import sys
@@ -417,11 +418,18 @@ class ExporterServer(ThreadingWSGIServer):
         """
         stalled_before = time.monotonic() - STALLED_WRITE_SECONDS
         with self._waiting_lock:
-            if not self._writing:
+            # Writable: the client reads, or the write is done and its thread only waits for
+            # the CPU to say so; either way not the client's stall.
+            stalled = [
+                (ident, victim)
+                for ident, (since, victim) in sorted(
+                    self._writing.items(), key=lambda item: item[1][0]
+                )
+                if since <= stalled_before and not _writable(victim)
+            ]
+            if not stalled:
                 return False
-            ident, (since, victim) = min(self._writing.items(), key=lambda item: item[1][0])
-            if since > stalled_before:
-                return False
+            ident, victim = stalled[0]
             del self._writing[ident]
             self._evicted.add(ident)
             self.evictions += 1
@@ -552,6 +560,16 @@ def whole_head_waiting(connection: socket.socket) -> bool:
     except OSError:  # nothing waiting (EAGAIN), or the connection is gone
         return False
     return b"\r\n\r\n" in waiting or b"\n\n" in waiting
+
+
+def _writable(connection: socket.socket) -> bool:
+    """Whether ``connection`` has room to send (poll, not select: any descriptor number)."""
+    poller = select.poll()
+    try:
+        poller.register(connection, select.POLLOUT)
+    except (OSError, ValueError):  # closed meanwhile
+        return False
+    return bool(poller.poll(0))
 
 
 def _close(connection: socket.socket) -> None:
