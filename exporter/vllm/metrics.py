@@ -688,8 +688,9 @@ def _bool_label(sample: TextSample, name: str) -> bool | None:
 
 
 def _parse_float(text: str) -> float | None:
-    # Same rule as the text format's values: no "1_000", no non-ASCII digits.
-    if "_" in text or not text.isascii():
+    # Same rule as the text format's values: no "1_000", no non-ASCII digits, no control
+    # characters around the number ("1\x0c", which float() would read as 1).
+    if "_" in text or not text.isascii() or not text.isprintable():
         return None
     try:
         return float(text)
