@@ -89,7 +89,7 @@ WAKE = (
 BASE = (f"--set vllm.model={MODEL}",)
 KEDA = (*BASE, "--set autoscaling.kind=keda")
 KEDA_TO_ZERO = (*KEDA, "--set autoscaling.minReplicas=0", WAKE)
-HPA = (*BASE, "--set autoscaling.kind=hpa")
+HPA = (*BASE, "--set autoscaling.kind=hpa", "--set prometheusRule.labels.release=kps")
 #: Every shape of the autoscaling objects: (case, --set flags).
 KINDS = [("keda", KEDA), ("keda-to-zero", KEDA_TO_ZERO), ("hpa", HPA)]
 
@@ -1068,6 +1068,11 @@ def test_shape_sidecar_scales_the_workload_it_names(
             ),
             "a minAvailable below autoscaling.minReplicas",
         ),
+        (
+            (*BASE, "--set autoscaling.kind=hpa"),
+            "prometheusRule.labels is empty, so a Prometheus that selects by label never loads "
+            "the PrometheusRule of autoscaling.kind=hpa",
+        ),
     ],
     ids=[
         "zero-without-wake",
@@ -1080,6 +1085,7 @@ def test_shape_sidecar_scales_the_workload_it_names(
         "workload-api-version",
         "sidecar-pdb-blocks",
         "pdb-blocks-at-min",
+        "hpa-rule-unlabelled",
     ],
 )
 def test_autoscaling_values_that_cannot_work_are_refused(
@@ -1100,9 +1106,7 @@ def test_the_autoscaling_rule_passes_promtool(helm: Path, promtool: Path, tmp_pa
         [str(promtool), "check", "rules", str(rules)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    labels = only(
-        rendered(helm, (*HPA, "--set prometheusRule.labels.release=kps")), "PrometheusRule"
-    )["metadata"]["labels"]
+    labels = only(rendered(helm, HPA), "PrometheusRule")["metadata"]["labels"]
     assert labels["release"] == "kps"  # picked up where the alerting rules are
 
 

@@ -312,6 +312,7 @@ line naming the value and the fix.
 {{- if $v.podMonitor.enabled -}}{{- $monitored = append $monitored (list "podMonitor" "PodMonitor" $v.podMonitor.labels) -}}{{- end -}}
 {{- if $v.serviceMonitor.enabled -}}{{- $monitored = append $monitored (list "serviceMonitor" "ServiceMonitor" $v.serviceMonitor.labels) -}}{{- end -}}
 {{- if $v.prometheusRule.enabled -}}{{- $monitored = append $monitored (list "prometheusRule" "PrometheusRule" $v.prometheusRule.labels) -}}{{- end -}}
+{{- if and (ne $v.shape "fleet") (eq $v.autoscaling.kind "hpa") -}}{{- $monitored = append $monitored (list "prometheusRule" "PrometheusRule of autoscaling.kind=hpa (the replicas the HPA reads)" $v.prometheusRule.labels) -}}{{- end -}}
 {{- if and (eq $v.shape "fleet") (ne $v.fleet.discovery.kind "none") -}}{{- $monitored = append $monitored (list "fleet.discovery" $v.fleet.discovery.kind $v.fleet.discovery.labels) -}}{{- end -}}
 {{- range $monitored -}}
 {{- if not (index . 2) -}}
