@@ -168,6 +168,7 @@ def _boards() -> dict[str, dict[str, Any]]:
 def _values(uid: str, sidecar: str, host: str) -> dict[str, str | list[str]]:
     """What Grafana would put in each variable, for the fleet (All) or one instance."""
     values: dict[str, str | list[str]] = {
+        "cluster": ".*",
         "job": ".*",
         "namespace": ".*",
         "model": ".*",
@@ -244,11 +245,16 @@ def test_variables_list_the_pods_and_host_finds_their_vllm(
     server, sidecars, _ = prometheus
     board = _boards()["vllm-headroom-instance"]
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    for name in ("job", "model", "instance", "host", "engine"):
+    for name in ("job", "model", "instance", "host", "engine"):  # cluster: absent here
         query = re.fullmatch(r"label_values\((.*), (\w+)\)", variables[name]["query"])
         assert query, name
         selector, label = query.groups()
-        values: dict[str, str | list[str]] = {"job": ".*", "namespace": ".*", "model": ".*"}
+        values: dict[str, str | list[str]] = {
+            "cluster": ".*",
+            "job": ".*",
+            "namespace": ".*",
+            "model": ".*",
+        }
         values["instance"] = sidecars[V0_HOST] if name == "host" else ".*"
         found = {s["metric"].get(label) for s in server.query(expand(selector, values))} - {None}
         assert found, name
