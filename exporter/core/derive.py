@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
@@ -321,18 +322,36 @@ def next_sample(
 def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> VllmSnapshot:
     """``snapshot`` without what no derivation reads, sharing unchanged parts with ``previous``.
 
-    The latency histograms are left out (no derivation reads them); the ``cache_config_info``
-    facts, the family names and the histograms' bucket bounds are the previous sample's
-    objects when equal, so that a window of samples holds one copy of them.
+    The latency histograms, the family names (any ``# HELP`` line adds one), the counts of
+    dropped samples and the ``cache_config_info`` labels verbatim are left out: no derivation
+    reads them, and a target that changes them every poll would grow every sample. The
+    ``cache_config_info`` facts, model names, split-label keys and the histograms' bucket
+    bounds are the previous sample's objects when equal, so that a window holds one copy of
+    them (:mod:`exporter.core.footprint` counts on it).
     """
     engines: dict[str, EngineMetrics] = {}
     for name, engine in snapshot.engines.items():
         old = previous.engines.get(name) if previous is not None else None
         config = engine.cache_config
+        if config is not None and config.labels:
+            config = replace(config, labels=_NO_LABELS)
         if old is not None and config is not None and config == old.cache_config:
             config = old.cache_config
+        model_name = engine.model_name
+        if old is not None and model_name == old.model_name:
+            model_name = old.model_name
         engines[name] = replace(
             engine,
+            engine=old.engine if old is not None else name,
+            model_name=model_name,
+            requests_waiting_by_reason=_shared_keys(
+                engine.requests_waiting_by_reason, old.requests_waiting_by_reason if old else None
+            ),
+            sleep_state=_shared_keys(engine.sleep_state, old.sleep_state if old else None),
+            prompt_tokens_cached_by_source=_shared_keys(
+                engine.prompt_tokens_cached_by_source,
+                old.prompt_tokens_cached_by_source if old else None,
+            ),
             prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
             generation_tokens=_shared_bounds(
                 engine.generation_tokens, old.generation_tokens if old else None
@@ -346,10 +365,25 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             request_queue_time=None,
             cache_config=config,
         )
-    families = snapshot.families
-    if previous is not None and families == previous.families:
-        families = previous.families
-    return replace(snapshot, engines=engines, families=families)
+    return replace(snapshot, engines=engines, families=frozenset(), dropped=_NO_LABELS)
+
+
+#: The one empty mapping lean samples share (never written: snapshots are read-only).
+_NO_LABELS: Mapping[str, Any] = MappingProxyType({})
+
+
+def _shared_keys(
+    values: Mapping[str, float], old: Mapping[str, float] | None
+) -> Mapping[str, float]:
+    """``values``, or ``old`` when equal; keys equal to ``old``'s are its str objects."""
+    if not values:
+        return _NO_LABELS
+    if old is None:
+        return values
+    if values == old:
+        return old
+    keys = {key: key for key in old}
+    return {keys.get(key, key): value for key, value in values.items()}
 
 
 def _shared_bounds(histogram: Histogram | None, old: Histogram | None) -> Histogram | None:
