@@ -78,6 +78,7 @@ CHART_OWNED_SETTINGS = frozenset(
         "probe_allowlist",
         "log_level",
         "log_format",
+        "memory_limit_bytes",  # the container's memory limit, through the downward API
     }
 )
 
@@ -1867,3 +1868,18 @@ def test_wheel_installed_alone_runs(wheel: Path, tmp_path: Path) -> None:
     first, _, rest = run.stdout.partition("\n")
     assert Path(first).is_relative_to(target)
     assert json.loads(rest)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("values", "sets"), EVERY_SHAPE)
+def test_the_memory_limit_setting_is_the_container_s_own_limit(
+    helm: Path, values: tuple[Path, ...], sets: tuple[str, ...]
+) -> None:
+    """Every shape passes the exporter container's memory limit as memory_limit_bytes."""
+    shape, manifests = rendered_shape(helm, values, sets)
+    exporter = container(exporter_pod(shape, manifests), "vllm-headroom")
+    env = {entry["name"]: entry for entry in exporter["env"]}
+    assert env["HEADROOM_MEMORY_LIMIT_BYTES"]["valueFrom"]["resourceFieldRef"] == {
+        "containerName": "vllm-headroom",
+        "resource": "limits.memory",
+    }

@@ -56,6 +56,12 @@ process in shape vllm (the chart runs vLLM under the sidecar's UID), none in sha
   value: {{ .Values.exporter.logLevel | quote }}
 - name: HEADROOM_LOG_FORMAT
   value: json
+# The windows' memory budget follows the container's limit (a quarter of it).
+- name: HEADROOM_MEMORY_LIMIT_BYTES
+  valueFrom:
+    resourceFieldRef:
+      containerName: vllm-headroom
+      resource: limits.memory
 {{- $discovery := include "vllm-headroom.gpuDiscovery" . }}
 {{- if eq $discovery "process" }}
 - name: HEADROOM_GPU_DISCOVERY
