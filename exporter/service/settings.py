@@ -118,7 +118,7 @@ class Settings(BaseSettings):
     )
     memory_limit_bytes: int = Field(
         default=256 * 1024 * 1024,
-        ge=64 * 1024 * 1024,
+        ge=32 * 1024 * 1024,
         le=1024**4,
         description=(
             "The exporter's memory limit (the chart passes its container's limit): a quarter "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
+import pytest
+
 from exporter.core.derive import Sample, next_sample, window_snapshot
 from exporter.core.footprint import sample_bytes
 from exporter.core.reasons import EvictionReason
@@ -45,14 +47,14 @@ def test_a_lean_sample_keeps_no_help_names_nor_cache_config_labels() -> None:
     assert all(e.cache_config and e.cache_config.num_gpu_blocks for e in lean.engines.values())
 
 
-def _held_by_window(case: heavy.Heavy, polls: int) -> int:
+def _held_by_window(case: heavy.Heavy, polls: int, max_bytes: int = 2**30) -> int:
     """Bytes a window of ``polls`` samples of ``case`` holds, as tracemalloc traces them."""
     payloads = [case.payload(scrape) for scrape in range(polls)]
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        window = Window(max_bytes=2**30)
+        window = Window(max_bytes=max_bytes)
         for scrape, payload in enumerate(payloads):
             window.add(
                 next_sample(window.latest, float(scrape), parse_vllm_metrics(payload)),
@@ -69,6 +71,21 @@ def _held_by_window(case: heavy.Heavy, polls: int) -> int:
 def test_changing_help_names_do_not_grow_a_window() -> None:
     """2,000 new HELP names a poll: the window holds what a healthy target's does."""
     assert _held_by_window(heavy.help_names(2_000), 20) < 1.3 * _held_by_window(_healthy(), 20)
+
+
+def test_changing_cache_config_labels_do_not_grow_a_window() -> None:
+    """110 labels of every engine's cache_config_info, new every poll, are not kept."""
+    labels = heavy.cache_config_labels(engines=4, chars=200)
+    healthy = heavy.Heavy(
+        "healthy_4", lambda n: render_metrics(VllmState(engines=4, finished=12 + 2 * n))
+    )
+    assert _held_by_window(labels, 12) < 1.3 * _held_by_window(healthy, 12)
+
+
+@pytest.mark.parametrize("case", heavy.cases(scale=0.05), ids=lambda case: case.name)
+def test_what_a_window_really_holds_stays_near_its_bytes(case: heavy.Heavy) -> None:
+    """Every heavy case, 12 polls into a window of 1 MiB: tracemalloc sees at most 1.3 x."""
+    assert _held_by_window(case, 12, max_bytes=1024 * KIB) < 1.3 * 1024 * KIB
 
 
 def test_a_window_of_heavy_samples_stays_within_its_bytes() -> None:
