@@ -121,8 +121,8 @@ MODEL_RETRY_POLLS = 6
 #: Window samples (per engine) a sidecar keeps at most: 64 engines of 256 samples.
 SIDECAR_ENGINE_SAMPLES = 64 * 256
 #: Window samples (per engine) fleet mode keeps for all its targets together, shared out
-#: evenly over probe_max_targets (at least 16 each): about 2 KB each, so the windows of the
-#: worst case hold some 100 MB (docs/reliability.md).
+#: evenly over probe_max_targets (at least 16 each); whatever each weighs, all the windows
+#: together hold at most window_memory_bytes (docs/derivations.md, "What the window holds").
 FLEET_ENGINE_SAMPLES = 48 * 1024
 #: Share of ``memory_limit_bytes`` all the windows' samples may hold together: the rest is
 #: the interpreter and its libraries (about 50 MiB), the /metrics answers being read and the
