@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.reasons import Limit
+from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 from exporter.core.windows import (
     BucketCounts,
     histogram_increase,
@@ -50,7 +51,6 @@ from exporter.core.windows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 
 #: The quantiles of context length we derive.
 CONTEXT_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
@@ -296,6 +296,33 @@ def restart_evidence(previous: VllmSnapshot, current: VllmSnapshot) -> RestartEv
             if a is not None and b is not None and b < a:
                 return RestartEvidence.IMPOSSIBLE if known else RestartEvidence.COUNTERS
     return None
+
+
+def restart_baseline(snapshot: VllmSnapshot) -> VllmSnapshot:
+    """Only what :func:`restart_evidence` reads: the start time and each engine's counters.
+
+    Kept between polls for every target, so it must not hold what a target chose to send
+    (label values, buckets): a histogram keeps only its count.
+    """
+    engines = {
+        name: EngineMetrics(
+            engine=name,
+            preemptions_total=engine.preemptions_total,
+            requests_finished_total=engine.requests_finished_total,
+            prompt_tokens_total=engine.prompt_tokens_total,
+            generation_tokens_total=engine.generation_tokens_total,
+            prompt_tokens=_count_only(engine.prompt_tokens),
+            generation_tokens=_count_only(engine.generation_tokens),
+        )
+        for name, engine in snapshot.engines.items()
+    }
+    return VllmSnapshot(
+        engines=engines, process_start_time_seconds=snapshot.process_start_time_seconds
+    )
+
+
+def _count_only(histogram: Histogram | None) -> Histogram | None:
+    return Histogram((), (), histogram.count, 0.0) if histogram is not None else None
 
 
 def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:

@@ -6,8 +6,10 @@ mode multiplied that by every target. Here each :class:`Window` knows what its s
 (:func:`~exporter.core.footprint.sample_bytes`) and one :class:`MemoryBudget` holds all the
 windows of the process to a total derived from the memory limit (``memory_limit_bytes``).
 When the total is over, the biggest window gives up its oldest sample first, down to two
-samples (a rate needs two): a small healthy target loses nothing while a bigger one is over,
-and every sample given up is counted by reason (``headroom_window_evictions_total``).
+samples (a rate needs two); when every window is down to two, the biggest other window than the
+one just added to gives up its last ones (its target starts again at its next poll, like a new
+one). A small healthy target loses nothing while a bigger one is over, and every sample given
+up is counted by reason (``headroom_window_evictions_total``).
 """
 
 from __future__ import annotations
@@ -47,12 +49,18 @@ class MemoryBudget:
         """What all the windows hold now, as estimated."""
         return sum(window.bytes for window in self._windows)
 
-    def reclaim(self) -> None:
-        """Evict oldest samples, biggest window first, until the total fits (or none can give)."""
+    def reclaim(self, requester: Window) -> None:
+        """Evict oldest samples, biggest window first, until the total fits.
+
+        Windows give up samples down to two first; then whole windows, the biggest first,
+        except ``requester`` (its latest sample is being derived from).
+        """
         windows = list(self._windows)
         excess = sum(window.bytes for window in windows) - self.limit_bytes
         while excess > 0:
             donors = [window for window in windows if len(window) > MIN_SAMPLES]
+            if not donors:
+                donors = [window for window in windows if window and window is not requester]
             if not donors:
                 return
             biggest = max(donors, key=lambda window: window.bytes)
@@ -119,7 +127,7 @@ class Window:
         while len(samples) > MIN_SAMPLES and self.bytes > self.max_bytes:
             self.evict_oldest(EvictionReason.TARGET_BUDGET)
         if self._budget is not None:
-            self._budget.reclaim()
+            self._budget.reclaim(self)
 
     def evict_oldest(self, reason: EvictionReason) -> int:
         """Give up the oldest sample for memory, counted under ``reason``; the bytes freed."""

@@ -27,8 +27,8 @@ from exporter.core.derive import (
     WindowSettings,
     derive_target,
     next_sample,
+    restart_baseline,
     restart_evidence,
-    window_snapshot,
 )
 from exporter.core.reasons import HttpReason, Source
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
@@ -373,8 +373,8 @@ class TargetPoller:
         time is exposed.
         """
         previous = self._last_snapshot
-        # Lean, like the window's: a whole snapshot may hold every name its payload declared.
-        self._last_snapshot = window_snapshot(snapshot, previous)
+        # Its counters only: a whole snapshot may hold every name its payload declared.
+        self._last_snapshot = restart_baseline(snapshot)
         evidence = restart_evidence(previous, snapshot) if previous is not None else None
         span = self._settings.counter_reset_seconds
         if evidence is RestartEvidence.COUNTERS:

@@ -143,3 +143,21 @@ def test_a_sample_replaced_for_spacing_is_not_counted_twice() -> None:
     assert len(window) == MIN_SAMPLES
     snapshots = [s.snapshot for s in window.samples]
     assert window.bytes == sample_bytes(snapshots[0]) + sample_bytes(snapshots[1], snapshots[0])
+
+
+def test_many_heavy_windows_of_two_samples_give_up_whole_windows_not_the_healthy_one() -> None:
+    """Six heavy targets polled twice each over a small budget: whole heavy windows go."""
+    budget = MemoryBudget(limit_bytes=512 * KIB)
+    healthy = Window(max_bytes=2**30, budget=budget)
+    hostile = [Window(max_bytes=2**30, budget=budget) for _ in range(6)]
+    case = heavy.long_split_labels(engines=2, values=32)
+    for scrape in range(2):
+        _fill(healthy, _healthy(), 1, start=scrape)
+        for window in hostile:
+            _fill(window, case, 1, start=scrape)
+    assert budget.used_bytes <= 512 * KIB
+    assert len(healthy) == MIN_SAMPLES
+    assert healthy.evictions.total() == 0
+    assert len(hostile[-1]) >= 1  # the one just added to keeps its latest sample
+    assert sum(w.evictions[EvictionReason.PROCESS_BUDGET] for w in hostile) > 0
+    assert any(not window for window in hostile)
