@@ -38,12 +38,12 @@ POLLS = 24
 #: half a megabyte, and the allocator's slack.
 GROWTH_LIMIT = 24 * MIB
 
-#: Whether 24 polls of each case overflow the windows' 8 MiB: new HELP names are not kept at
-#: all; long label values make samples of some 400 KB (the other two cases are
-#: tests/service/test_memory.py's, in-process).
+#: Whether 24 polls of each case overflow the windows' 8 MiB: of 500-character split values
+#: an engine keeps 1,024 characters; 8 engines x 3 histograms x 256 moving buckets make
+#: samples of some 400 KB (the other cases are tests/service/test_memory.py's, in-process).
 CASES = [
-    (heavy.help_names(5_000), False),
-    (heavy.long_split_labels(engines=8), True),
+    (heavy.long_split_labels(engines=8), False),
+    (heavy.moving_buckets(engines=8), True),
 ]
 
 
@@ -97,7 +97,7 @@ def test_a_sidecar_fed_heavy_payloads_stays_within_its_budget(
 
 def test_heavy_fleet_targets_never_evict_a_healthy_one(figures: Figures) -> None:
     """Three heavy targets and a healthy one probed in turn: only the heavy ones give up samples."""
-    hostile = heavy.long_split_labels(engines=6)
+    hostile = heavy.moving_buckets(engines=16)
     with (
         FakeVllm(payload=hostile.payload) as first,
         FakeVllm(payload=hostile.payload) as second,
