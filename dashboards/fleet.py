@@ -17,6 +17,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from dashboards import limits
 from dashboards.queries import (
+    CLUSTER,
     ENGINE_KEY,
     FLEET_ENGINE,
     JOB,
@@ -61,8 +62,10 @@ TITLE = "vLLM headroom / Fleet"
 MODEL_KEY = "namespace, model_name"
 MODEL_LEGEND = "{{model_name}} {{namespace}}"
 ALERT_KEY = "alertname, severity, namespace, instance, model_name, engine, gpu, source"
-ALERTS = selector('alertname=~"VllmHeadroom.*"', NAMESPACE)
-FIRING = selector('alertname=~"VllmHeadroom.*"', NAMESPACE, 'alertstate="firing"')
+ALERTS = selector('alertname=~"VllmHeadroom.*"', CLUSTER, NAMESPACE)
+#: Per-model series the rules record (no job or instance: summed over the model's instances).
+MODELS = selector(CLUSTER, NAMESPACE, 'model_name=~"$model"')
+FIRING = selector('alertname=~"VllmHeadroom.*"', CLUSTER, NAMESPACE, 'alertstate="firing"')
 
 #: Link from a table row or bar to the instance dashboard of that instance and model.
 _DRILL_DOWN = (
@@ -87,7 +90,10 @@ def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
         label_variable(
             "model",
             label="Model",
-            query=f"label_values(headroom_kv_capacity_tokens{{{JOB}, {NAMESPACE}}}, model_name)",
+            query=(
+                f"label_values(headroom_kv_capacity_tokens{{{CLUSTER}, {JOB}, {NAMESPACE}}}, "
+                "model_name)"
+            ),
             description="Served model name(s), as vLLM reports them in model_name.",
         ),
         label_variable(
@@ -95,7 +101,7 @@ def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
             label="Instance",
             query=(
                 "label_values(headroom_kv_capacity_tokens"
-                f'{{{JOB}, {NAMESPACE}, model_name=~"$model"}}, instance)'
+                f'{{{CLUSTER}, {JOB}, {NAMESPACE}, model_name=~"$model"}}, instance)'
             ),
             description="Sidecar (or probed vLLM) instance(s) serving the selected models.",
         ),
@@ -488,7 +494,9 @@ def _burn(ratio: str, window: str, objective: str) -> str:
     The objective is read from its threshold series, per release where the chart labels them
     (headroom_release, absent for the plain rule file: both sides then match on nothing).
     """
-    bad = metric(f"{ratio}:ratio_rate{window}", selector(NAMESPACE, 'model_name=~"$model"'))
+    bad = metric(
+        f"{ratio}:ratio_rate{window}", selector(CLUSTER, NAMESPACE, 'model_name=~"$model"')
+    )
     budget = f"(1 - headroom:threshold:{objective})"
     return f"{bad} / on (headroom_release) group_left () {budget}"
 
@@ -521,6 +529,33 @@ def _burn_cell(facts: RuleFacts, title: str, budget: str, ratio: str, objective:
     )
 
 
+def _budget_cell(facts: RuleFacts) -> Cell:
+    """Each SLO's error budget left over 30 days, per model (nothing until an objective is set)."""
+    budgets = (
+        ("TTFT", "headroom:model_ttft_budget_remaining:ratio_30d"),
+        ("errors", "headroom:model_requests_failed_budget_remaining:ratio_30d"),
+    )
+    return Cell(
+        timeseries_panel(
+            "Error budget left (30 days)",
+            description=(
+                "The share of each SLO's 30-day error budget still unspent per model (1: "
+                "untouched, below 0: overspent); empty until the SLO's objective is set."
+            ),
+            unit="percentunit",
+            queries=[
+                Query(metric(name, MODELS), legend=f"{slo} {MODEL_LEGEND}") for slo, name in budgets
+            ],
+            facts=facts,
+            limits=[limits.BUDGET_SPENT],
+            alerts=[limits.TTFT_BUDGET_TICKET, limits.ERROR_BUDGET_TICKET],
+            maximum=1,
+        ),
+        12,
+        8,
+    )
+
+
 def _trends(facts: RuleFacts) -> Row:
     def total(name: str) -> str:
         return f"sum by ({MODEL_KEY}) ({metric(name, FLEET_ENGINE)})"
@@ -528,7 +563,8 @@ def _trends(facts: RuleFacts) -> Row:
     # The context-growth alert's own expression: the per-model p95 (engines with enough
     # requests in their window) averaged over an hour, against the same hour a day earlier.
     p95 = metric(
-        "headroom:model_context_length_p95_tokens:max", selector(NAMESPACE, 'model_name=~"$model"')
+        "headroom:model_context_length_p95_tokens:max",
+        selector(CLUSTER, NAMESPACE, 'model_name=~"$model"'),
     )
     growth = f"avg_over_time({p95}[1h]) / avg_over_time({p95}[1h] offset 1d)"
     return Row(
@@ -611,10 +647,11 @@ def _trends(facts: RuleFacts) -> Row:
             _burn_cell(
                 facts,
                 "Error budget burn",
-                "error budget (requests vLLM finished with an error)",
+                "error budget (requests that failed: HTTP 5xx or an engine error)",
                 "headroom:model_requests_failed",
                 "slo_error_objective",
             ),
+            _budget_cell(facts),
             Cell(
                 timeseries_panel(
                     "Fleet ceiling: every limit vs shared prefixes",

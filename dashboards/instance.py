@@ -18,6 +18,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards import limits
 from dashboards.queries import (
+    CLUSTER,
     ENGINE_SERIES,
     JOB,
     NAMESPACE,
@@ -95,13 +96,16 @@ _ASLEEP_MAPPING = dm.ValueMap(
 
 
 def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
-    engines_of = selector(JOB, NAMESPACE, 'instance=~"$instance"', 'model_name=~"$model"')
+    engines_of = selector(CLUSTER, JOB, NAMESPACE, 'instance=~"$instance"', 'model_name=~"$model"')
     return [
         *scope_variables(),
         label_variable(
             "model",
             label="Model",
-            query=f"label_values(headroom_kv_capacity_tokens{{{JOB}, {NAMESPACE}}}, model_name)",
+            query=(
+                f"label_values(headroom_kv_capacity_tokens{{{CLUSTER}, {JOB}, {NAMESPACE}}}, "
+                "model_name)"
+            ),
             description="Served model name, as vLLM reports it in model_name.",
         ),
         label_variable(
@@ -109,12 +113,12 @@ def _variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
             label="Instance",
             query=(
                 "label_values(headroom_kv_capacity_tokens"
-                f'{{{JOB}, {NAMESPACE}, model_name=~"$model"}}, instance)'
+                f'{{{CLUSTER}, {JOB}, {NAMESPACE}, model_name=~"$model"}}, instance)'
             ),
             description="The sidecar (or probed vLLM) instance to drill into.",
             multi=False,
         ),
-        host_variable(f'{JOB}, {NAMESPACE}, instance=~"$instance"'),
+        host_variable(f'{CLUSTER}, {JOB}, {NAMESPACE}, instance=~"$instance"'),
         label_variable(
             "engine",
             label="Engine",
@@ -796,7 +800,10 @@ def _traffic(facts: RuleFacts) -> Row:
             Cell(
                 timeseries_panel(
                     "Finished requests",
-                    description="Requests vLLM finished per second, whatever the finish reason.",
+                    description=(
+                        "Requests vLLM finished per second, whatever the finish reason (flat at 0 "
+                        "while requests run or wait: the engine may be stalled)."
+                    ),
                     unit="reqps",
                     queries=[
                         Query(
@@ -805,6 +812,7 @@ def _traffic(facts: RuleFacts) -> Row:
                         )
                     ],
                     facts=facts,
+                    alerts=[limits.ENGINE_STALLED],
                     minimum=0,
                 ),
                 6,
@@ -938,7 +946,7 @@ def _health(facts: RuleFacts) -> Row:
     errors = f"sum by (source, reason) ({rate('headroom_source_errors_total', TARGET)})"
     last_poll = metric(
         "headroom_source_last_success_timestamp_seconds",
-        selector(JOB, NAMESPACE, 'instance=~"$instance"', 'source="vllm_metrics"'),
+        selector(CLUSTER, JOB, NAMESPACE, 'instance=~"$instance"', 'source="vllm_metrics"'),
     )
     return Row(
         "Exporter health",
@@ -1048,7 +1056,7 @@ def _health(facts: RuleFacts) -> Row:
 
 
 def _alerts(facts: RuleFacts) -> Row:
-    matchers = ('alertname=~"VllmHeadroom.*"', NAMESPACE, VLLM_INSTANCE)
+    matchers = ('alertname=~"VllmHeadroom.*"', CLUSTER, NAMESPACE, VLLM_INSTANCE)
     return Row(
         "Alerts on this instance",
         [

@@ -44,6 +44,8 @@ KV_EXHAUSTION_HORIZON = "kv_exhaustion_horizon_seconds"
 
 #: An ``up``-style gauge: anything below 1 is down.
 DOWN = Static(1, Bad.BELOW)
+#: An SLO's error budget left: below 0 it is overspent.
+BUDGET_SPENT = Static(0, Bad.BELOW)
 #: A count of things that should be zero (targets down, restarts): any is worth a look.
 NONZERO = Static(1, Bad.ABOVE, colour="orange")
 
@@ -61,3 +63,6 @@ CONTEXT_GROWTH_ALERT = "VllmHeadroomContextGrowth"
 MAX_NUM_SEQS_BINDING = "VllmHeadroomMaxNumSeqsBinding"
 ADMISSION_REJECTIONS = "VllmHeadroomAdmissionRejections"
 HEADROOM_LOW = "VllmHeadroomLow"
+ENGINE_STALLED = "VllmHeadroomEngineStalled"
+TTFT_BUDGET_TICKET = "VllmHeadroomTtftBudgetBurnSlow"
+ERROR_BUDGET_TICKET = "VllmHeadroomErrorBudgetBurnSlow"

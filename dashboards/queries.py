@@ -26,6 +26,8 @@ def selector(*matchers: str) -> str:
     return "{" + ", ".join(matchers) + "}"
 
 
+#: The cluster of multi-cluster Prometheus, Thanos or Mimir (absent elsewhere: All is .*).
+CLUSTER = 'cluster=~"$cluster"'
 JOB = 'job=~"$job"'
 NAMESPACE = 'namespace=~"$namespace"'
 INSTANCE = 'instance=~"$instance"'
@@ -33,13 +35,13 @@ MODEL = 'model_name=~"$model"'
 ENGINE = 'engine=~"$engine"'
 
 #: Per-target series of the selected sidecars (no model or engine labels).
-TARGET = selector(JOB, NAMESPACE, INSTANCE)
+TARGET = selector(CLUSTER, JOB, NAMESPACE, INSTANCE)
 #: Per-engine series of the selected sidecars and models (fleet: every engine).
-FLEET_ENGINE = selector(JOB, NAMESPACE, INSTANCE, MODEL)
+FLEET_ENGINE = selector(CLUSTER, JOB, NAMESPACE, INSTANCE, MODEL)
 #: Per-engine series of the selected instance's selected engines.
-ENGINE_SERIES = selector(JOB, NAMESPACE, INSTANCE, MODEL, ENGINE)
+ENGINE_SERIES = selector(CLUSTER, JOB, NAMESPACE, INSTANCE, MODEL, ENGINE)
 #: vLLM's own series of the selected instance (matched by host), model and engines.
-VLLM = selector(NAMESPACE, VLLM_INSTANCE, MODEL, ENGINE)
+VLLM = selector(CLUSTER, NAMESPACE, VLLM_INSTANCE, MODEL, ENGINE)
 
 
 def metric(name: str, sel: str) -> str:
@@ -111,7 +113,7 @@ def per_engine(instance_level: str, engines: str) -> str:
 
 
 def scope_variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
-    """The variables both dashboards start with: data source, job and namespace.
+    """The variables both dashboards start with: data source, cluster, job and namespace.
 
     Their queries are the label values of our own series, so the pickers list only what the
     vllm-headroom exporters report.
@@ -119,15 +121,24 @@ def scope_variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
     return [
         datasource_variable(),
         label_variable(
+            "cluster",
+            label="Cluster",
+            query="label_values(headroom_target_up, cluster)",
+            description=(
+                "Cluster label of a multi-cluster Prometheus, Thanos or Mimir (absent on a "
+                "single Prometheus: keep All, which matches series without it too)."
+            ),
+        ),
+        label_variable(
             "job",
             label="Job",
-            query="label_values(headroom_target_up, job)",
+            query=f"label_values(headroom_target_up{{{CLUSTER}}}, job)",
             description="Prometheus job(s) scraping the vllm-headroom sidecars or probes.",
         ),
         label_variable(
             "namespace",
             label="Namespace",
-            query=f"label_values(headroom_target_up{{{JOB}}}, namespace)",
+            query=f"label_values(headroom_target_up{{{CLUSTER}, {JOB}}}, namespace)",
             description="Kubernetes namespace (empty outside Kubernetes: keep All).",
         ),
     ]

@@ -31,6 +31,9 @@ THRESHOLD_PREFIX = "headroom:threshold:"
 #: Every alert we ship shares this prefix.
 ALERT_PREFIX = "VllmHeadroom"
 
+#: The expression of a threshold that is off until the user sets it (the SLO objectives): it
+#: records nothing, so the rules and panels that read it show nothing.
+UNSET = "absent(vector(0))"
 _VECTOR_DEFAULT = re.compile(r"^\s*vector\(\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\)\s*$")
 _THRESHOLD_REF = re.compile(re.escape(THRESHOLD_PREFIX) + r"([A-Za-z0-9_]+)")
 
@@ -130,7 +133,7 @@ def parse_rules(document: object, *, where: str = "rule file") -> RuleFacts:
             if "record" in rule:
                 record = str(rule["record"])
                 recorded.add(record)
-                if group_name == THRESHOLD_GROUP:
+                if group_name == THRESHOLD_GROUP and str(rule.get("expr", "")).strip() != UNSET:
                     name, value = _threshold(rule, record, where)
                     thresholds[name] = value
             elif "alert" in rule:

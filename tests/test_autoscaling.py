@@ -89,7 +89,7 @@ WAKE = (
 BASE = (f"--set vllm.model={MODEL}",)
 KEDA = (*BASE, "--set autoscaling.kind=keda")
 KEDA_TO_ZERO = (*KEDA, "--set autoscaling.minReplicas=0", WAKE)
-HPA = (*BASE, "--set autoscaling.kind=hpa")
+HPA = (*BASE, "--set autoscaling.kind=hpa", "--set prometheusRule.labels.release=kps")
 #: Every shape of the autoscaling objects: (case, --set flags).
 KINDS = [("keda", KEDA), ("keda-to-zero", KEDA_TO_ZERO), ("hpa", HPA)]
 
@@ -964,6 +964,51 @@ def test_keda_scales_to_zero_only_with_a_wake_trigger_and_holds_on_no_data(helm:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
+    ("kind", "api_version", "pods", "not_pods"),
+    [
+        (
+            "Deployment",
+            "apps/v1",
+            ["vllm-5d8f9c7b6d-x7k2p"],
+            ["vllm-0", "vllm-prefill-5d8f9-x7k2p"],
+        ),
+        ("StatefulSet", "apps/v1", ["vllm-0", "vllm-12"], ["vllm-5d8f9c7b6d-x7k2p", "vllm-0-1"]),
+        (
+            "LeaderWorkerSet",
+            "leaderworkerset.x-k8s.io/v1",
+            ["vllm-0", "vllm-0-1", "vllm-3-12"],
+            ["vllm-5d8f9c7b6d-x7k2p", "vllm-prefill-0"],
+        ),
+    ],
+)
+def test_shape_sidecar_scales_the_workload_it_names(
+    helm: Path, kind: str, api_version: str, pods: list[str], not_pods: list[str]
+) -> None:
+    """In shape sidecar the scaler targets sidecar.workload and counts the pods it names so."""
+    manifests = rendered(
+        helm,
+        (
+            "--set shape=sidecar",
+            "--set sidecar.podSelector.app=vllm",
+            "--set sidecar.workload.name=vllm",
+            f"--set sidecar.workload.kind={kind}",
+            f"--set sidecar.workload.apiVersion={api_version}",
+            "--set autoscaling.kind=keda",
+        ),
+    )
+    scaled = only(manifests, "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"] == {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": "vllm",
+    }
+    (regex,) = set(re.findall(r'pod=~"([^"]+)"', keda_query(manifests)))
+    assert all(re.fullmatch(regex, pod) for pod in pods), regex
+    assert not any(re.fullmatch(regex, pod) for pod in not_pods), regex
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
     ("sets", "message"),
     [
         ((*KEDA, "--set autoscaling.minReplicas=0"), "needs autoscaling.keda.wakeTriggers"),
@@ -983,7 +1028,35 @@ def test_keda_scales_to_zero_only_with_a_wake_trigger_and_holds_on_no_data(helm:
                 "--set sidecar.podSelector.app=vllm",
                 "--set autoscaling.kind=keda",
             ),
-            "autoscaling.kind=keda needs shape=vllm",
+            "autoscaling.kind=keda with shape=sidecar needs sidecar.workload.name",
+        ),
+        (
+            (
+                "--set shape=fleet",
+                "--set fleet.allowlist={10.0.0.0/8}",
+                "--set fleet.discovery.podSelector.app=vllm",
+                "--set autoscaling.kind=hpa",
+            ),
+            "autoscaling.kind=hpa does not fit shape=fleet",
+        ),
+        (
+            (
+                "--set shape=sidecar",
+                "--set sidecar.podSelector.app=vllm",
+                "--set sidecar.workload.name=vllm",
+                "--set sidecar.workload.kind=LeaderWorkerSet",
+                "--set autoscaling.kind=keda",
+            ),
+            "kind LeaderWorkerSet has apiVersion leaderworkerset.x-k8s.io/v1, not apps/v1",
+        ),
+        (
+            (
+                "--set shape=sidecar",
+                "--set sidecar.podSelector.app=vllm",
+                "--set sidecar.podDisruptionBudget.enabled=true",
+                "--set sidecar.podDisruptionBudget.maxUnavailable=0",
+            ),
+            "sidecar.podDisruptionBudget: maxUnavailable 0 would allow no eviction at all",
         ),
         (
             (
@@ -995,6 +1068,11 @@ def test_keda_scales_to_zero_only_with_a_wake_trigger_and_holds_on_no_data(helm:
             ),
             "a minAvailable below autoscaling.minReplicas",
         ),
+        (
+            (*BASE, "--set autoscaling.kind=hpa"),
+            "prometheusRule.labels is empty, so a Prometheus that selects by label never loads "
+            "the PrometheusRule of autoscaling.kind=hpa",
+        ),
     ],
     ids=[
         "zero-without-wake",
@@ -1002,8 +1080,12 @@ def test_keda_scales_to_zero_only_with_a_wake_trigger_and_holds_on_no_data(helm:
         "max-below-min",
         "ratio-one",
         "unknown-kind",
-        "not-vllm-shape",
+        "sidecar-without-workload",
+        "fleet-shape",
+        "workload-api-version",
+        "sidecar-pdb-blocks",
         "pdb-blocks-at-min",
+        "hpa-rule-unlabelled",
     ],
 )
 def test_autoscaling_values_that_cannot_work_are_refused(
@@ -1024,9 +1106,7 @@ def test_the_autoscaling_rule_passes_promtool(helm: Path, promtool: Path, tmp_pa
         [str(promtool), "check", "rules", str(rules)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    labels = only(
-        rendered(helm, (*HPA, "--set prometheusRule.labels.release=kps")), "PrometheusRule"
-    )["metadata"]["labels"]
+    labels = only(rendered(helm, HPA), "PrometheusRule")["metadata"]["labels"]
     assert labels["release"] == "kps"  # picked up where the alerting rules are
 
 

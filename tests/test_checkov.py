@@ -56,7 +56,10 @@ CASES: list[tuple[str, tuple[Path, ...], tuple[str, ...]]] = [
     (
         "vllm-autoscaling",
         (),
-        ("--set", "vllm.model=Qwen/Qwen3-0.6B", "--set", "autoscaling.kind=hpa"),
+        (
+            *("--set", "vllm.model=Qwen/Qwen3-0.6B", "--set", "autoscaling.kind=hpa"),
+            *("--set", "prometheusRule.labels.release=kube-prometheus-stack"),
+        ),
     ),
     (
         "vllm-probe",

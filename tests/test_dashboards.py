@@ -152,6 +152,8 @@ def _rule_defaults() -> dict[str, float]:
     [group] = [g for g in document["groups"] if g["name"] == "vllm-headroom-thresholds"]
     out = {}
     for rule in group["rules"]:
+        if rule["expr"].strip() == "absent(vector(0))":
+            continue  # unset by default (the SLO objectives): no panel draws it
         value = re.fullmatch(r"vector\((.+)\)", rule["expr"].strip())
         assert value, rule
         out[rule["record"].removeprefix("headroom:threshold:")] = float(value[1])
@@ -275,11 +277,19 @@ def test_dashboards_have_stable_uids_titles_and_grafana_10_4_schema(
 
 
 def test_variables_are_the_agreed_ones(boards: dict[str, dict[str, Any]]) -> None:
-    """datasource, job, namespace, model and instance on both; engine and host on the drill-down."""
+    """datasource, cluster, job, namespace, model, instance on both; engine, host on the drill."""
     names = {uid: [v["name"] for v in b["templating"]["list"]] for uid, b in boards.items()}
-    assert names["vllm-headroom-fleet"] == ["datasource", "job", "namespace", "model", "instance"]
+    assert names["vllm-headroom-fleet"] == [
+        "datasource",
+        "cluster",
+        "job",
+        "namespace",
+        "model",
+        "instance",
+    ]
     assert names["vllm-headroom-instance"] == [
         "datasource",
+        "cluster",
         "job",
         "namespace",
         "model",
@@ -287,6 +297,13 @@ def test_variables_are_the_agreed_ones(boards: dict[str, dict[str, Any]]) -> Non
         "host",
         "engine",
     ]
+    for board in boards.values():
+        [cluster] = [v for v in board["templating"]["list"] if v["name"] == "cluster"]
+        # Single-cluster Prometheus has no cluster label: All must be .* (which matches the
+        # empty value of a missing label), never the expansion of an empty list of values.
+        assert cluster["includeAll"] is True
+        assert cluster["allValue"] == ".*"
+        assert cluster["current"]["value"] == "$__all"
     drill = {v["name"]: v for v in boards["vllm-headroom-instance"]["templating"]["list"]}
     assert drill["instance"]["multi"] is False, "the drill-down shows one instance"
     assert drill["host"]["hide"] == 2, "host is derived, not chosen"

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +75,7 @@ CHART_OWNED_SETTINGS = frozenset(
         "bearer_token",
         "model",
         "hf_home",
+        "model_roots",
         "gpu_discovery",
         "gpus",
         "proc_root",
@@ -220,6 +224,85 @@ def strategic_merge(base: Any, patch: Any) -> Any:
             by_name[item["name"]] = strategic_merge(by_name.get(item["name"], {}), item)
         return list(by_name.values())
     return patch
+
+
+# ------------------------------------------------------------------ NetworkPolicy semantics
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A pod that opens a connection: its namespace's name and its own labels."""
+
+    namespace: str
+    labels: Mapping[str, str]
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # no policy here uses matchExpressions
+    return dict(selector.get("matchLabels") or {}).items() <= dict(labels).items()
+
+
+def _peer_matches(rule_peer: Mapping[str, Any], peer: Peer, namespace: str) -> bool:
+    """A NetworkPolicyPeer: a podSelector alone means pods of the policy's own namespace."""
+    assert "ipBlock" not in rule_peer, rule_peer
+    namespaces = rule_peer.get("namespaceSelector")
+    if namespaces is None:
+        in_namespace = peer.namespace == namespace
+    else:
+        in_namespace = _selects(namespaces, {"kubernetes.io/metadata.name": peer.namespace})
+    pods = rule_peer.get("podSelector")
+    return in_namespace and (pods is None or _selects(pods, peer.labels))
+
+
+def named_ports(pod_spec: Mapping[str, Any]) -> dict[str, int]:
+    """The pod's container ports by name (a NetworkPolicy's named ports resolve against them)."""
+    containers = [*pod_spec["containers"], *pod_spec.get("initContainers", [])]
+    return {
+        p["name"]: p["containerPort"] for c in containers for p in c.get("ports", []) if "name" in p
+    }
+
+
+def served_ports(pod_spec: Mapping[str, Any]) -> set[int]:
+    """Every TCP port a container of the pod declares (restartable init containers included)."""
+    containers = [
+        *pod_spec["containers"],
+        *(c for c in pod_spec.get("initContainers", []) if c.get("restartPolicy") == "Always"),
+    ]
+    return {
+        p["containerPort"]
+        for c in containers
+        for p in c.get("ports", [])
+        if p.get("protocol", "TCP") == "TCP"
+    }
+
+
+def admits(policy: Manifest, pod_spec: Mapping[str, Any], peer: Peer, port: int) -> bool:
+    """Whether ``policy`` lets ``peer`` open a TCP connection to ``port`` of a pod it selects.
+
+    Kubernetes' semantics (networking.k8s.io/v1): a selected pod accepts a connection some
+    ingress rule allows; a rule without ports allows every port, one without from every peer.
+    """
+    named = named_ports(pod_spec)
+    namespace = policy["metadata"]["namespace"]
+    for rule in policy["spec"].get("ingress", []):
+        ports_ok = not rule.get("ports") or any(
+            entry.get("protocol", "TCP") == "TCP"
+            and (
+                "port" not in entry
+                or (
+                    named.get(entry["port"]) == port
+                    if isinstance(entry["port"], str)
+                    else entry["port"] <= port <= entry.get("endPort", entry["port"])
+                )
+            )
+            for entry in rule["ports"]
+        )
+        peers_ok = not rule.get("from") or any(
+            _peer_matches(item, peer, namespace) for item in rule["from"]
+        )
+        if ports_ok and peers_ok:
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------ validation
@@ -523,8 +606,17 @@ def test_validation_rejects_what_the_api_server_would(
     "sets",
     [
         ("--set fleet.discovery.kind=PodMonitor",),
-        ("--set fleet.discovery.kind=none", "--set vllmMetrics.enabled=false"),
-        ("--set podMonitor.enabled=true", "--set networkPolicy.metricsFrom=null"),
+        (
+            "--set fleet.discovery.kind=none",
+            "--set vllmMetrics.enabled=false",
+            "--set vllmMetrics.job=vllm",
+        ),
+        (
+            "--set podMonitor.enabled=true",
+            "--set podMonitor.labels.release=kube-prometheus-stack",
+            "--set serviceMonitor.enabled=false",
+            "--set networkPolicy.metricsFrom=null",
+        ),
     ],
     ids=["podmonitor-discovery", "no-discovery", "podmonitor-open-metrics"],
 )
@@ -948,23 +1040,20 @@ def test_rollout_strategy_is_configurable(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("values", "sets", "discovery"),
-    [
-        (("vllm",), (), "auto"),
-        (("sidecar",), (), "none"),
-        (("sidecar",), ("--set gpu.discovery=process",), "auto"),
-        ((), ("--set vllm.model=m",), "auto"),
-    ],
-    ids=["vllm-explicit", "sidecar-default", "sidecar-process", "vllm-default"],
+    ("values", "sets"),
+    [(("vllm",), ()), (("sidecar",), ()), ((), ("--set vllm.model=m",))],
+    ids=["vllm-ci", "sidecar-default", "vllm-default"],
 )
-def test_gpu_discovery_defaults_to_what_works_with_the_shape(
-    helm: Path, values: tuple[str, ...], sets: tuple[str, ...], discovery: str
+def test_gpu_discovery_defaults_to_no_gpu_in_every_shape(
+    helm: Path, values: tuple[str, ...], sets: tuple[str, ...]
 ) -> None:
-    """process where the chart runs vLLM under the sidecar's UID, none beside another chart's."""
+    """No GPU reaches the sidecar unless listed (runbook GpuForeignMemory); it shares processes."""
     spec = sidecar_pod(render(helm, *(ci(v) for v in values), sets=sets))
     env = env_of(container(spec, "vllm-headroom"))
-    assert env["HEADROOM_GPU_DISCOVERY"] == discovery
-    assert spec.get("shareProcessNamespace", False) is (discovery == "auto")
+    assert env["HEADROOM_GPU_DISCOVERY"] == "none"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # For vLLM's command line (max_num_seqs); its UID keeps vLLM's environment out of reach.
+    assert spec["shareProcessNamespace"] is True
 
 
 # ------------------------------------------------------------------------------- wiring
@@ -993,6 +1082,7 @@ def test_sidecar_reads_the_model_volume_read_only(helm: Path) -> None:
     env = env_of(sidecar)
     assert env["HEADROOM_HF_HOME"] == vllm_env["HF_HOME"] == "/models/huggingface"
     assert env["HEADROOM_MODEL"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert env["HEADROOM_MODEL_ROOTS"] == "/models"
 
 
 @pytest.mark.e2e
@@ -1017,23 +1107,39 @@ def test_api_key_reaches_the_sidecar_as_a_secret_file(helm: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_gpu_discovery_process_shares_the_process_namespace(helm: Path) -> None:
-    """gpu.discovery=process: shared process namespace, one UID, NVML only, vLLM's list."""
+def test_the_sidecar_cannot_read_vllms_environment(helm: Path) -> None:
+    """Shared processes, but the sidecar's own non-root UID: vLLM's environ stays closed."""
     deployment = only(render(helm, ci("vllm")), "Deployment")
     spec = deployment["spec"]["template"]["spec"]
     assert spec["shareProcessNamespace"] is True
     sidecar = container(spec, "vllm-headroom")
-    env = env_of(sidecar)
-    assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
-    assert env["HEADROOM_PROC_ROOT"] == "/proc"
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
-    assert "HEADROOM_GPUS" not in env
-    pod_uid = spec["securityContext"]["runAsUser"]
     vllm = container(spec, "vllm")
-    assert (
-        vllm["securityContext"].get("runAsUser", pod_uid) == sidecar["securityContext"]["runAsUser"]
-    )
+    pod_uid = spec["securityContext"]["runAsUser"]
+    sidecar_uid = sidecar["securityContext"]["runAsUser"]
+    assert sidecar_uid not in {0, vllm["securityContext"].get("runAsUser", pod_uid)}
+    # CAP_SYS_PTRACE would reopen it: nothing is added.
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # vLLM's secrets are in vLLM's environment only; the sidecar has its token as a file.
+    assert {"HF_TOKEN", "VLLM_API_KEY"} <= {e["name"] for e in vllm["env"]}
+    assert not [e for e in sidecar["env"] if "valueFrom" in e]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("--set exporter.securityContext.runAsUser=65532",),
+        ("--set vllm.securityContext.runAsUser=65533",),
+        ("--set exporter.securityContext.runAsUser=0",),
+    ],
+    ids=["sidecar-as-vllm", "vllm-as-sidecar", "sidecar-as-root"],
+)
+def test_one_uid_for_vllm_and_the_sidecar_is_refused(helm: Path, sets: tuple[str, ...]) -> None:
+    """One UID (or root) would let the sidecar read vLLM's environment: the chart refuses it."""
+    values = [arg for one in sets for arg in one.split(" ", 1)]
+    done = _helm_run(helm, "template", "t", str(CHART), "--set", "vllm.model=m", *values)
+    assert done.returncode != 0
+    assert "would let the sidecar read vLLM's environment (HF_TOKEN, VLLM_API_KEY)" in done.stderr
 
 
 @pytest.mark.e2e
@@ -1053,13 +1159,12 @@ def test_gpu_discovery_none_injects_nothing(helm: Path) -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert env["HEADROOM_GPU_DISCOVERY"] == "none"
     assert "NVIDIA_DRIVER_CAPABILITIES" not in env
-    assert "shareProcessNamespace" not in spec
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_never_every_gpu_by_accident(helm: Path, values: Path) -> None:
-    """No exporter reads every GPU it sees: node-wide NVML comes only with vLLM's own list."""
+    """No exporter reads every GPU it sees, nor is given every GPU of the node."""
     manifests = render(helm, values)
     specs = [spec for _, spec in pod_specs(manifests)]
     if load_yaml(values)["shape"] == "sidecar":
@@ -1069,11 +1174,8 @@ def test_never_every_gpu_by_accident(helm: Path, values: Path) -> None:
             if item["name"] != "vllm-headroom":
                 continue
             env = env_of(item)
-            assert env["HEADROOM_GPU_DISCOVERY"] in {"auto", "settings", "none"}
-            if env.get("NVIDIA_VISIBLE_DEVICES") == "all":
-                assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
-                assert "HEADROOM_GPUS" not in env
-                assert spec["shareProcessNamespace"] is True
+            assert env["HEADROOM_GPU_DISCOVERY"] in {"settings", "none"}
+            assert env.get("NVIDIA_VISIBLE_DEVICES") != "all"
 
 
 @pytest.mark.e2e
@@ -1188,8 +1290,9 @@ def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path
     validate_manifest(patched)
     spec = patched["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["vllm", "vllm-headroom"]
-    # production-stack's vLLM runs as root: the sidecar shape's default reads no GPU.
-    assert "shareProcessNamespace" not in spec
+    # production-stack's vLLM runs as root: the sidecar (65533) sees its command line, not its
+    # environment, and no GPU.
+    assert spec["shareProcessNamespace"] is True
     assert env_of(container(spec, "vllm-headroom"))["HEADROOM_GPU_DISCOVERY"] == "none"
     assert {v["name"] for v in spec["volumes"]} == {
         "vllm-storage",
@@ -1201,6 +1304,8 @@ def test_sidecar_patch_turns_a_plain_vllm_deployment_into_a_valid_one(helm: Path
         "volumeMounts"
     ]
     assert env_of(sidecar)["HEADROOM_HF_HOME"] == "/data"
+    # vLLM's root is read only inside the volume the sidecar mounts.
+    assert env_of(sidecar)["HEADROOM_MODEL_ROOTS"] == "/data"
     reference = container(sidecar_pod(render(helm, ci("vllm"))), "vllm-headroom")
     for key in ("image", "securityContext", "livenessProbe", "resources", "ports", "args"):
         assert sidecar[key] == reference[key], key
@@ -1288,6 +1393,52 @@ def test_network_policy_lets_prometheus_reach_vllm_when_vllm_is_restricted(helm:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("values", ["vllm", "vllm-uuids"])
+def test_network_policy_admits_every_port_of_the_charts_own_pod(helm: Path, values: str) -> None:
+    """Shape vllm: every port the pod serves stays open, the exporter's to Prometheus alone."""
+    manifests = render(helm, ci(values), sets=("--set networkPolicy.enabled=true",))
+    policy = only(manifests, "NetworkPolicy")
+    pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    prometheus = Peer("monitoring", {"app.kubernetes.io/name": "prometheus"})
+    stranger = Peer(NAMESPACE, {"app": "stranger"})
+    assert served_ports(pod) == {8000, DEFAULT_PORT}
+    assert admits(policy, pod, stranger, 8000)
+    assert admits(policy, pod, prometheus, 8000)
+    assert admits(policy, pod, prometheus, DEFAULT_PORT)
+    assert not admits(policy, pod, stranger, DEFAULT_PORT)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("target", "port"),
+    [
+        ("http://127.0.0.1:8080", 8080),
+        ("http://localhost:8200/", 8200),
+        ("http://[::1]:9000", 9000),
+        ("http://localhost", 80),
+        ("https://localhost", 443),
+    ],
+)
+def test_network_policy_admits_vllm_on_the_port_the_sidecar_polls(
+    helm: Path, target: str, port: int
+) -> None:
+    """Shape sidecar: vLLM's port is sidecar.target's, so no second setting can disagree with it."""
+    sets = (
+        "--set shape=sidecar",
+        "--set sidecar.podSelector.app=vllm",
+        f"--set sidecar.target={target}",
+        "--set networkPolicy.enabled=true",
+        "--set-json networkPolicy.extraIngress=[]",
+    )
+    policy = only(render(helm, sets=sets), "NetworkPolicy")
+    validate_manifest(policy)
+    pod = {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": port}]}]}
+    anyone = Peer("elsewhere", {"app": "client"})
+    assert admits(policy, pod, anyone, port)
+    assert not admits(policy, pod, anyone, DEFAULT_PORT)
+
+
+@pytest.mark.e2e
 def test_helm_test_pod_checks_the_exporter_through_its_service(helm: Path) -> None:
     """The helm test pod runs the exporter's image against the Service's exporter port."""
     manifests = render(helm, ci("vllm"))
@@ -1306,7 +1457,7 @@ def test_helm_test_pod_checks_the_exporter_through_its_service(helm: Path) -> No
 # --------------------------------------------------------------------------------- conventions
 
 #: Every example value set under helm/: the chart's ci values and each recipe's headroom values.
-EXAMPLE_VALUES = [*CI_VALUES, *sorted((REPO / "helm" / "examples").glob("*/headroom-values.yaml"))]
+EXAMPLE_VALUES = [*CI_VALUES, *sorted((REPO / "helm" / "examples").glob("*/*headroom-values.yaml"))]
 
 #: What a default kube-prometheus-stack (chart 88.5.3, values.yaml) selects: every
 #: PodMonitor, ServiceMonitor, PrometheusRule and ScrapeConfig labelled release=<its release>
@@ -1339,10 +1490,45 @@ def test_every_example_is_picked_up_by_a_default_kube_prometheus_stack(
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
+def documented_installs() -> list[list[str]]:
+    """The ``helm install`` commands of docs/kubernetes.md that install the chart by --set alone."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    commands = []
+    for block in re.findall(r"```console\n(.*?)```", text, re.DOTALL):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            if not line.startswith("helm install "):
+                continue
+            argv = shlex.split(line)
+            if "helm/vllm-headroom" in argv and "-f" not in argv:
+                commands.append(argv)
+    return commands
+
+
+@pytest.mark.e2e
+def test_the_documented_installs_are_picked_up_by_a_default_kube_prometheus_stack(
+    helm: Path,
+) -> None:
+    """docs/kubernetes.md's install commands label every monitor and rule release: <its name>."""
+    commands = documented_installs()
+    assert len(commands) >= 2, commands
+    for argv in commands:
+        sets = [
+            f"{flag} {value}"
+            for flag, value in itertools.pairwise(argv)
+            if flag in {"--set", "--set-json", "--set-string"}
+        ]
+        selected = [m for m in render(helm, sets=sets) if m["kind"] in SELECTED_BY_RELEASE]
+        assert selected, argv
+        for manifest in selected:
+            labels = manifest["metadata"].get("labels", {})
+            assert labels.get("release") == KUBE_PROMETHEUS_STACK_RELEASE, (argv, manifest["kind"])
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("values", EXAMPLE_VALUES, ids=_example_id)
-def test_only_the_sidecar_reading_vllms_list_asks_for_every_gpu(helm: Path, values: Path) -> None:
-    """NVIDIA_VISIBLE_DEVICES=all only on a sidecar that reads vLLM's own list; void when no GPU."""
+def test_no_container_asks_for_every_gpu(helm: Path, values: Path) -> None:
+    """Never NVIDIA_VISIBLE_DEVICES=all (runbook GpuForeignMemory); void on a sidecar, no GPU."""
     manifests = render(helm, values)
     specs = [spec for _, spec in pod_specs(manifests)]
     if load_yaml(values)["shape"] == "sidecar":
@@ -1351,10 +1537,7 @@ def test_only_the_sidecar_reading_vllms_list_asks_for_every_gpu(helm: Path, valu
     for spec in specs:
         for item in [*spec["containers"], *spec.get("initContainers", [])]:
             env = env_of(item)
-            if env.get("NVIDIA_VISIBLE_DEVICES") == "all":
-                assert item["name"] == "vllm-headroom"
-                assert env["HEADROOM_GPU_DISCOVERY"] == "auto"
-                assert spec["shareProcessNamespace"] is True
+            assert env.get("NVIDIA_VISIBLE_DEVICES") != "all", item["name"]
             if item["name"] == "vllm-headroom" and env["HEADROOM_GPU_DISCOVERY"] == "none":
                 assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
             if item["name"] != "vllm-headroom":
@@ -1501,9 +1684,9 @@ BAD_VALUES = [
         id="uuids-malformed",
     ),
     pytest.param(
-        ("--set vllm.model=m", "--set vllm.securityContext.runAsUser=1000"),
-        "gpu.discovery=process needs vLLM and the sidecar under one UID",
-        id="uid-mismatch",
+        ("--set vllm.model=m", "--set gpu.discovery=process"),
+        "gpu.discovery=process is no longer offered",
+        id="process-discovery",
     ),
     pytest.param(
         ("--set vllm.model=m", "--set exporter.settings.mode=fleet"),
@@ -1519,6 +1702,7 @@ BAD_VALUES = [
         (
             "--set vllm.model=m",
             "--set prometheusRule.enabled=true",
+            "--set prometheusRule.labels.release=kps",
             "--set prometheusRule.alerts.VllmNoSuchAlert.enabled=false",
         ),
         "prometheusRule.alerts.VllmNoSuchAlert: no alert of that name",
@@ -1528,6 +1712,7 @@ BAD_VALUES = [
         (
             "--set vllm.model=m",
             "--set prometheusRule.enabled=true",
+            "--set prometheusRule.labels.release=kps",
             "--set prometheusRule.thresholds.no_such=1",
         ),
         "prometheusRule.thresholds.no_such: no threshold of that name",
@@ -1581,6 +1766,87 @@ BAD_VALUES = [
         ("--set vllm.model=m", "--set vllm.strategy.rollingUpdate.maxUnavailable=0"),
         "maxSurge and maxUnavailable are both 0, so a rollout could never replace a pod",
         id="rollout-that-cannot-move",
+    ),
+    pytest.param(
+        (
+            "--set shape=sidecar",
+            "--set sidecar.podSelector.app=vllm",
+            "--set networkPolicy.enabled=true",
+        ),
+        "networkPolicy.enabled=true with shape=sidecar needs networkPolicy.extraIngress",
+        id="policy-on-foreign-pods-without-their-ports",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set networkPolicy.enabled=true",
+            '--set-json networkPolicy.extraIngress=[{"ports":[{"port":9000},{"port":"headroom"}]}]',
+        ),
+        "networkPolicy.extraIngress[0] admits everyone to every port or to the exporter's (8742)",
+        id="extra-rule-opening-the-exporter",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set networkPolicy.enabled=true",
+            '--set-json networkPolicy.extraIngress=[{"ports":[{"port":8000,"endPort":9000}]}]',
+        ),
+        "networkPolicy.extraIngress[0] admits everyone",
+        id="extra-range-over-the-exporter",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set podMonitor.enabled=true"),
+        "podMonitor.labels is empty, so a Prometheus that selects by label never loads the "
+        "PodMonitor: set podMonitor.labels.release=",
+        id="pod-monitor-without-labels",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set serviceMonitor.enabled=true"),
+        "serviceMonitor.labels is empty",
+        id="service-monitor-without-labels",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set prometheusRule.enabled=true"),
+        "prometheusRule.labels is empty, so a Prometheus that selects by label never loads the "
+        "PrometheusRule",
+        id="rule-without-labels",
+    ),
+    pytest.param(
+        (
+            "--set shape=fleet",
+            "--set fleet.allowlist={10.0.0.0/8}",
+            "--set fleet.discovery.podSelector.app=vllm",
+        ),
+        "fleet.discovery.labels is empty, so a Prometheus that selects by label never loads the "
+        "ScrapeConfig",
+        id="scrape-config-without-labels",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set podMonitor.enabled=true",
+            "--set podMonitor.labels.release=kps",
+            "--set serviceMonitor.enabled=true",
+            "--set serviceMonitor.labels.release=kps",
+        ),
+        "podMonitor.enabled and serviceMonitor.enabled are both true",
+        id="two-monitors",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set vllmMetrics.job=vllm"),
+        "vllmMetrics.job=vllm names another scrape of vLLM's /metrics, but "
+        "vllmMetrics.enabled=true",
+        id="vllm-scraped-twice",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set prometheusRule.enabled=true",
+            "--set prometheusRule.labels.release=kps",
+            "--set vllmMetrics.enabled=false",
+        ),
+        "vllmMetrics.enabled=false needs vllmMetrics.job",
+        id="vllm-series-from-nowhere",
     ),
     pytest.param(
         ("--set vllm.model=m", "--set vllm.strategy.type=BlueGreen"),
@@ -1692,16 +1958,37 @@ def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("values", "says"),
     [
-        ("vllm", ["port-forward svc/rel-vllm-headroom 8742:8742", "helm test rel"]),
+        (
+            "vllm",
+            [
+                "port-forward svc/rel-vllm-headroom 8742:8742",
+                "helm test rel",
+                "PodMonitor labels: release=kube-prometheus-stack (your Prometheus must select",
+                "A default kube-prometheus-stack selects monitors and rules labelled release=",
+                "PrometheusRule labels: release=kube-prometheus-stack",
+                "NetworkPolicy: port 8742 (the exporter) from networkPolicy.metricsFrom; vLLM's "
+                "port 8000 from anyone",
+            ],
+        ),
         (
             "sidecar",
             [
                 "-o jsonpath='{.data.patch\\.yaml}'",
                 "NOT running until it is in the spec of the workload's owner",
                 "helm/examples/",
+                "vLLM's port 8000 and container-port from anyone; 1 rule(s) of "
+                "networkPolicy.extraIngress",
             ],
         ),
-        ("fleet", ["/probe reaches only 10.244.0.0/16", "ScrapeConfig/rel-vllm-headroom-probe"]),
+        (
+            "fleet",
+            [
+                "/probe reaches only 10.244.0.0/16",
+                "ScrapeConfig/rel-vllm-headroom-probe",
+                "ServiceMonitor labels: release=kube-prometheus-stack",
+                "ScrapeConfig labels: release=kube-prometheus-stack",
+            ],
+        ),
     ],
 )
 def test_notes_say_what_was_installed_and_how_to_reach_it(
@@ -1762,7 +2049,7 @@ def test_dockerfile_builds_a_wheel_and_installs_only_it() -> None:
 
 
 def test_dockerfile_pins_its_base_and_runs_as_the_charts_non_root_user() -> None:
-    """The base is pinned and the image runs as the chart's UID on the exporter's port."""
+    """The base is pinned and the image runs as the chart's pod UID on the exporter's port."""
     stages = dockerfile_stages()
     for stage in stages:
         image = stage[0][1].split()[0]
@@ -1774,12 +2061,11 @@ def test_dockerfile_pins_its_base_and_runs_as_the_charts_non_root_user() -> None
     (user,) = [rest for instruction, rest in final if instruction == "USER"]
     uid, _, gid = user.partition(":")
     values = load_yaml(CHART / "values.yaml")
-    assert (
-        int(uid)
-        == values["podSecurityContext"]["runAsUser"]
-        == values["exporter"]["securityContext"]["runAsUser"]
-    )
+    assert int(uid) == values["podSecurityContext"]["runAsUser"]
     assert int(gid) == values["podSecurityContext"]["runAsGroup"]
+    # Beside vLLM (the pod's UID) the chart runs the exporter under a UID of its own.
+    assert values["exporter"]["securityContext"]["runAsUser"] not in {0, int(uid)}
+    assert values["exporter"]["securityContext"]["runAsGroup"] == int(gid)
     assert ("EXPOSE", str(DEFAULT_PORT)) in final
     assert values["exporter"]["port"] == DEFAULT_PORT
     (healthcheck,) = [rest for instruction, rest in final if instruction == "HEALTHCHECK"]

@@ -260,7 +260,7 @@ def test_the_job_is_bounded_and_never_retried(helm: Path) -> None:
 
 @pytest.mark.e2e
 def test_the_job_is_locked_down_like_the_sidecar(helm: Path) -> None:
-    """Non-root 65532, read-only root, no capabilities, seccomp, no service account token."""
+    """Non-root 65533 (the sidecar's), read-only root, no capabilities, seccomp, no SA token."""
     manifests = render(helm, sets=ENABLED)
     pod = job(manifests)["spec"]["template"]["spec"]
     sidecar = container(sidecar_pod(manifests), "vllm-headroom")
@@ -270,7 +270,7 @@ def test_the_job_is_locked_down_like_the_sidecar(helm: Path) -> None:
     for item in [*pod["initContainers"], *pod["containers"]]:
         security = item["securityContext"]
         assert security == sidecar["securityContext"], item["name"]
-        assert security["runAsUser"] == 65532
+        assert security["runAsUser"] == 65533
         assert security["readOnlyRootFilesystem"] is True
         assert security["allowPrivilegeEscalation"] is False
         assert security["capabilities"] == {"drop": ["ALL"]}
@@ -395,7 +395,12 @@ def test_the_jobs_name_follows_what_it_runs(helm: Path) -> None:
     first = name()
     assert first.startswith(f"{RELEASE}-vllm-headroom-probe-")
     assert len(first) <= 63
-    assert name("--set podMonitor.enabled=true", "--set vllm.replicas=1") == first
+    assert (
+        name(
+            "--set podMonitor.enabled=true", "--set podMonitor.labels.a=b", "--set vllm.replicas=1"
+        )
+        == first
+    )
     assert name("--set probe.stepSeconds=10") != first
     assert name("--set probe.run=2") != first
 

@@ -89,9 +89,23 @@ def jobs(release: str, namespace: str, values: Mapping[str, Any]) -> dict[str, s
     return {"vllm": f"{base}-vllm", "exporter": f"{base}-exporter"}
 
 
+def go_quote_meta(text: str) -> str:
+    """Go's regexp.QuoteMeta (Helm's regexQuoteMeta): a backslash before each regex operator."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text)
+
+
 def default_selector(release: str, namespace: str, values: Mapping[str, Any]) -> str:
-    """The matchers the chart scopes raw series with when prometheusRule.selector is empty."""
-    pattern = f"{namespace}/{fullname(release, values)}-(vllm|exporter)".replace(".", "\\\\.")
+    """The matchers the chart scopes raw series with when prometheusRule.selector is empty.
+
+    This release's jobs: the exporter's, and vLLM's (the chart's monitors', or with
+    vllmMetrics.enabled false the existing scrape vllmMetrics.job names).
+    """
+    if values["vllmMetrics"]["enabled"]:
+        pattern = f"{namespace}/{fullname(release, values)}-(vllm|exporter)".replace(".", "\\\\.")
+    else:
+        exporter = jobs(release, namespace, values)["exporter"]
+        foreign = values["vllmMetrics"]["job"]
+        pattern = f"{go_quote_meta(exporter)}|{go_quote_meta(foreign)}".replace("\\", "\\\\")
     if values["shape"] == "fleet":
         return f'job=~"{pattern}"'
     return f'namespace="{namespace}",job=~"{pattern}"'
@@ -257,6 +271,9 @@ def test_every_alert_and_threshold_knob_is_applied(
         name: 1000.0 * (index + 1) + 0.25 for index, name in enumerate(thresholds_names)
     }
     thresholds[thresholds_names[0]] = 3_000_000_000  # bytes-sized numbers keep every digit
+    # The SLO objectives are ratios in (0, 1) (the schema refuses anything else).
+    thresholds["slo_ttft_objective"] = 0.975
+    thresholds["slo_error_objective"] = 0.9975
     sets = (
         "--set prometheusRule.enabled=true",
         f"--set-json prometheusRule.alerts={json.dumps(alerts)}",
@@ -326,6 +343,34 @@ def test_a_selector_value_replaces_the_release_jobs(helm: Path) -> None:
     exprs = " ".join(r["expr"] for g in groups for r in g["rules"])
     assert 'vllm:num_preemptions_total{job=~"vllm|headroom",namespace="llm"}' in exprs
     assert "-exporter)" not in exprs
+
+
+#: An existing scrape of vLLM's /metrics (production-stack's ServiceMonitor names its job after
+#: the engine Service), with a character a regular expression would read as an operator.
+FOREIGN_JOB = "vllm-llama3-engine-service.v1"
+FOREIGN = {"vllmMetrics": {"enabled": False, "job": FOREIGN_JOB}}
+
+
+def test_a_foreign_vllm_job_replaces_the_charts_own(helm: Path) -> None:
+    """vllmMetrics.enabled=false with vllmMetrics.job: the rules read vLLM's series from that job.
+
+    The monitors stop scraping vLLM; every raw selector reads the exporter's job or the foreign
+    one (quoted, so that its dot is a dot), as in Python.
+    """
+    sets = ("--set vllmMetrics.enabled=false", f"--set vllmMetrics.job={FOREIGN_JOB}")
+    manifests = render(helm, ci("vllm"), sets=sets)
+    groups = only(manifests, "PrometheusRule")["spec"]["groups"]
+    values = chart_values(ci("vllm"), extra=FOREIGN)
+    assert comparable(groups) == comparable(
+        expected_groups(load_yaml(RULES_FILE), values, RELEASE, NAMESPACE)
+    )
+    exprs = " ".join(r["expr"] for g in groups for r in g["rules"])
+    exporter = f"{NAMESPACE}/{RELEASE}-vllm-headroom-exporter"
+    jobs_matcher = f'job=~"{exporter}|vllm-llama3-engine-service\\\\.v1"'
+    assert f'vllm:num_preemptions_total{{namespace="{NAMESPACE}",{jobs_matcher}}}' in exprs
+    assert "-vllm)" not in exprs
+    endpoints = only(manifests, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["headroom"]
 
 
 def test_the_startup_budget_follows_the_startup_probe(helm: Path) -> None:
@@ -596,6 +641,99 @@ def test_two_releases_side_by_side_each_pod_gets_its_own_alerts_once(
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def _one_release(
+    helm: Path,
+    promtool: Path,
+    tmp_path: Path,
+    *,
+    values: Mapping[str, Any],
+    vllm_job: str,
+    checks: list[dict[str, Any]],
+) -> subprocess.CompletedProcess[str]:
+    """Release a's rules (``values`` over ci/vllm-values) and one preempting pod, in promtool.
+
+    The pod's vLLM series carry ``vllm_job``, its exporter's the chart's job.
+    """
+    rule = only(render_release(helm, "a", "team-a", values, tmp_path), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    for group in groups:
+        for item in group["rules"]:
+            item.pop("annotations", None)  # these tests are about which series the rules read
+    (tmp_path / "a.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    pod = _pod("a", "team-a", "a-0", "10.0.0.1", "llama-3.1-8b")
+    pod["vllm"]["job"] = vllm_job
+    suite = {
+        "rule_files": ["a.rules.yml"],
+        "evaluation_interval": "30s",
+        "tests": [
+            {
+                "interval": "30s",
+                "input_series": _traffic(pod, vllm_answers=True),
+                "alert_rule_test": checks,
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return subprocess.run(
+        [str(promtool), "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_vllm_scraped_by_a_foreign_job_still_pages_its_preemptions(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """vllmMetrics.enabled=false plus vllmMetrics.job: the preemption page fires from that job.
+
+    vLLM's series come from the existing scrape (job vllm-llama3-engine-service.v1), the
+    exporter's from the chart's monitor: the sustained 1/s preemptions page within 2 minutes,
+    labelled with the foreign job, and VllmHeadroomVllmNotScraped stays quiet.
+    """
+    spike = {
+        **_labels("a", "team-a", "a-0", model_name="llama-3.1-8b"),
+        "severity": "critical",
+        "job": FOREIGN_JOB,
+        "instance": "10.0.0.1:8000",
+    }
+    checks: list[dict[str, Any]] = [
+        {"eval_time": "10m30s", "alertname": "VllmHeadroomPreemptionSpike", "exp_alerts": []},
+        {
+            "eval_time": "12m",
+            "alertname": "VllmHeadroomPreemptionSpike",
+            "exp_alerts": [{"exp_labels": spike}],
+        },
+        {"eval_time": "40m", "alertname": "VllmHeadroomVllmNotScraped", "exp_alerts": []},
+        {"eval_time": "40m", "alertname": "VllmHeadroomExporterAbsent", "exp_alerts": []},
+    ]
+    done = _one_release(
+        helm, promtool, tmp_path, values=FOREIGN, vllm_job=FOREIGN_JOB, checks=checks
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_foreign_vllm_job_the_rules_do_not_read_pages_nothing(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """The counter-case: the same traffic under the chart's own jobs only (the issue's silence).
+
+    The rules read vLLM from <namespace>/<fullname>-vllm, which nothing scrapes: no preemption
+    page, only VllmHeadroomVllmNotScraped, 30 minutes later.
+    """
+    checks: list[dict[str, Any]] = [
+        {"eval_time": "12m", "alertname": "VllmHeadroomPreemptionSpike", "exp_alerts": []},
+        {"eval_time": "40m", "alertname": "VllmHeadroomVllmNotScraped", "exp_alerts": []},
+    ]
+    done = _one_release(helm, promtool, tmp_path, values={}, vllm_job=FOREIGN_JOB, checks=checks)
+    assert done.returncode != 0
+    report = done.stdout + done.stderr
+    assert "VllmHeadroomVllmNotScraped" in report
+    assert "VllmHeadroomPreemptionSpike" not in report, report
+
+
 def test_two_unscoped_releases_collide_on_thresholds(
     helm: Path, promtool: Path, tmp_path: Path
 ) -> None:
@@ -709,17 +847,22 @@ def test_alertmanager_config_routes_and_inhibits_as_the_example(helm: Path) -> N
     example = load_yaml(EXAMPLE)
     release = f'headroom_release="{NAMESPACE}/{RELEASE}-vllm-headroom"'
     assert _matchers(spec["route"]["matchers"]) == {'alertname=~"VllmHeadroom.*"', release}
-    assert spec["route"]["groupBy"] == example["route"]["group_by"]
-    top = example["route"]
+    [top] = example["route"]["routes"]
+    assert spec["route"]["groupBy"] == top["group_by"]
     for key, camel in (("group_wait", "groupWait"), ("group_interval", "groupInterval")):
         assert spec["route"][camel] == top[key]
     assert spec["route"]["repeatInterval"] == top["repeat_interval"]
     ours = 'alertname=~"VllmHeadroom.*"'
-    for mine, theirs in zip(spec["route"]["routes"], example["route"]["routes"], strict=True):
-        assert _matchers(mine["matchers"]) | {ours} == set(theirs["matchers"])
+    assert top["matchers"] == [ours]
+    for mine, theirs in zip(spec["route"]["routes"], top["routes"], strict=True):
+        assert _matchers(mine["matchers"]) == set(theirs["matchers"])
         assert mine["receiver"].removeprefix(f"{RELEASE}-") == theirs["receiver"]
         assert mine.get("groupBy") == theirs.get("group_by")
-        for key, camel in (("group_wait", "groupWait"), ("repeat_interval", "repeatInterval")):
+        for key, camel in (
+            ("group_wait", "groupWait"),
+            ("group_interval", "groupInterval"),
+            ("repeat_interval", "repeatInterval"),
+        ):
             assert mine.get(camel) == theirs.get(key)
     inhibit = [
         (_matchers(r["sourceMatch"]), _matchers(r["targetMatch"]), r["equal"])
@@ -730,3 +873,70 @@ def test_alertmanager_config_routes_and_inhibits_as_the_example(helm: Path) -> N
         for r in example["inhibit_rules"]
     ]
     assert inhibit == expected
+
+
+# ------------------------------------------------------------------------ SLO objectives
+
+
+def _slo_run(helm: Path, promtool: Path, tmp_path: Path, objective: float | None) -> str:
+    """promtool over the release's rules: 2% of its pod's requests answered 5xx for 20 minutes.
+
+    Returns promtool's output for a check that expects no error-budget page at 20m.
+    """
+    values: dict[str, Any] = {"vllm": {"servedModelName": "llama"}}
+    if objective is not None:
+        values["prometheusRule"] = {"thresholds": {"slo_error_objective": objective}}
+    rule = only(render_release(helm, "a", "team-a", values, tmp_path), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    for group in groups:
+        for item in group["rules"]:
+            item.pop("annotations", None)
+    (tmp_path / "a.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    pod = _pod("a", "team-a", "a-0", "10.0.0.1", "llama")
+    handler = {**pod["vllm"], "handler": "/v1/completions", "method": "POST"}
+    series = [
+        _series("http_requests_total", {**handler, "status": "2xx"}, "0+98x40"),
+        _series("http_requests_total", {**handler, "status": "5xx"}, "0+2x40"),
+        _series("vllm:num_requests_running", {**pod["vllm"], "model_name": "llama"}, "3x40"),
+    ]
+    check = {"eval_time": "20m", "alertname": "VllmHeadroomErrorBudgetBurn", "exp_alerts": []}
+    suite = {
+        "rule_files": ["a.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [check]}],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    done = subprocess.run(
+        [str(promtool), "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    return done.stdout + done.stderr
+
+
+def test_slo_alerts_are_off_until_the_values_state_an_objective(
+    helm: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """Unset, the objective records nothing and 2% errors page nobody; 0.999 pages the release."""
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    off = _slo_run(helm, promtool, tmp_path / "off", None)
+    assert "SUCCESS" in off, off
+    on = _slo_run(helm, promtool, tmp_path / "on", 0.999)
+    assert "FAILED" in on, on
+    assert 'alertname="VllmHeadroomErrorBudgetBurn"' in on
+    assert 'headroom_release="team-a/a-vllm-headroom"' in on
+    assert 'model_name="llama"' in on
+
+
+def test_an_objective_outside_zero_and_one_is_refused_by_the_schema(helm: Path) -> None:
+    """99.9 for 99.9% would be a negative budget: the chart refuses it at render time."""
+    sets = (
+        "--set prometheusRule.enabled=true",
+        "--set prometheusRule.thresholds.slo_error_objective=99.9",
+    )
+    message = render_error(helm, ci("vllm"), sets=sets)
+    assert "slo_error_objective" in message

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from exporter.boundedread import FileReadError, read_bounded
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import Limit, PredictionState
 from exporter.core.views import PredictionView, TargetInfo
@@ -26,7 +27,7 @@ from exporter.sizing.limits import LimitInputs, resolve_running_limit
 from exporter.sizing.overhead import GIB
 from exporter.sizing.predictor import ModelPredictor
 from exporter.vllm.client import VllmClient
-from exporter.vllm.coverage import missing_families
+from exporter.vllm.coverage import missing_families, unusable_reason
 from exporter.vllm.metrics import parse_vllm_metrics
 from exporter.vllm.version import guess_vllm_version
 
@@ -66,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="vLLM --max-num-seqs (default: vLLM's default for its version and GPU)",
     )
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds per HTTP request, or to read FILE (5)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -184,17 +187,25 @@ def _gib(value: float | None) -> str:
     return _fmt((value or 0) / GIB, "GiB", digits=2)
 
 
+def shown(text: str) -> str:
+    """Text a target sent, safe on a terminal: what would not print (escapes, NUL) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def render(report: CheckReport) -> str:
     """The human report, one block per engine, then the prediction: the ``--json`` figures."""
     data = to_json(report)
+    model, version = data["model"], data["vllm_version"]
     lines = [
         f"{report.source}",
-        f"  model {data['model'] or 'unknown'}, vLLM {data['vllm_version'] or 'unknown'} "
+        f"  model {shown(model) if model else 'unknown'}, "
+        f"vLLM {shown(version) if version else 'unknown'} "
         f"(metrics look like {data['vllm_version_guess']})",
         "",
     ]
     for e in data["engines"]:
-        lines.append(f"engine {e['engine']} ({e['model_name'] or 'unnamed'})")
+        named = shown(e["model_name"]) if e["model_name"] else "unnamed"
+        lines.append(f"engine {shown(e['engine'])} ({named})")
         ratio = e["kv_usage_ratio"]
         usage = f"{ratio:.1%}" if ratio is not None else "n/a"
         lines += [
@@ -284,15 +295,12 @@ async def _fetch(url: str, timeout: float) -> tuple[bytes, TargetInfo, list[str]
     return payload, TargetInfo(model_id, root, max_len, version), notes
 
 
-def _read_file(path: Path) -> bytes:
+def _read_file(path: Path, timeout: float) -> bytes:
+    """The capture: at most MAX_BYTES, within ``timeout`` seconds, whatever kind of file it is."""
     try:
-        if path.stat().st_size > MAX_BYTES:
-            msg = f"{path} is larger than {MAX_BYTES // 2**20} MiB; is it a /metrics capture?"
-            raise UsageError(msg)
-        return path.read_bytes()
-    except OSError as exc:
-        msg = f"cannot read {path}: {exc.strerror or exc}; give a vLLM URL or a /metrics file"
-        raise UsageError(msg) from None
+        return read_bounded(path, max_bytes=MAX_BYTES, timeout_s=timeout)
+    except FileReadError as exc:
+        raise UsageError(f"{exc}; give a vLLM URL or a /metrics file") from None
 
 
 def _read_source(args: argparse.Namespace) -> tuple[VllmSnapshot, TargetInfo, list[str]]:
@@ -304,15 +312,15 @@ def _read_source(args: argparse.Namespace) -> tuple[VllmSnapshot, TargetInfo, li
         if args.max_model_len:
             info = TargetInfo(info.model_id, info.model_root, args.max_model_len, info.vllm_version)
     else:
-        payload = _read_file(Path(source))
+        payload = _read_file(Path(source), args.timeout)
         info = TargetInfo(args.model, args.model, args.max_model_len, args.vllm_version)
     try:
         snapshot = parse_vllm_metrics(payload)
     except ParseError as exc:
         raise UsageError(f"{source}: {exc}") from None
-    if not snapshot.engines:
-        msg = f"{source} has no vLLM metrics (no vllm: series); is it a vLLM /metrics payload?"
-        raise UsageError(msg)
+    unusable = unusable_reason(payload, snapshot.families if snapshot.engines else ())
+    if unusable is not None:
+        raise UsageError(f"{source} {unusable}")
     return snapshot, info, notes
 
 

@@ -38,7 +38,7 @@ from exporter.service.app import Components, serve, server_url
 from exporter.service.settings import DEFAULT_PORT, load_settings
 from exporter.sim import Simulation, default_scenario
 from exporter.sim.gpu import simulated_gpu_source
-from exporter.sim.scenario import kv_budget_bytes
+from exporter.sim.scenario import SIM_MODEL_DIR, kv_budget_bytes
 from exporter.sim.server import SimServer
 
 if TYPE_CHECKING:
@@ -240,6 +240,8 @@ async def demo(
             "context_refresh_seconds": 0.0,
             # No vLLM process to read --max-num-seqs from: say it, as for a hidden container.
             "max_num_seqs": scenario.engine.max_num_seqs,
+            # The simulated vLLM reports the bundled model directory as its root.
+            "model_roots": [SIM_MODEL_DIR],
         }
     )
     stop = asyncio.Event()

@@ -10,8 +10,10 @@ stderr and exit code 2. Command modules never import it back.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from typing import TYPE_CHECKING, NoReturn, Protocol
+import threading
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from exporter import __version__
 from exporter.errors import UsageError
@@ -78,8 +80,44 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+#: What ``serve`` does with a signal before its event loop handles them (as it does after).
+_EARLY_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+def _hold_signals_while_serving_starts(argv: Sequence[str]) -> dict[int, Any]:
+    """Handle ``serve``'s signals from its first instant as it does once running.
+
+    SIGHUP is ignored (nothing to reload), SIGTERM and SIGINT are a clean exit 0. Importing and
+    checking the settings take a second, and a SIGHUP then (a terminal closing, a supervisor's
+    reload) killed it; the event loop installs the running handlers later. Returns the handlers
+    replaced, which ``main`` puts back when it returns (tests call it in their own process).
+    """
+    if not argv or argv[0] != "serve":
+        return {}
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # tests run main() in threads; signals belong to the main thread
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in _EARLY_SIGNALS}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
+    previous = _hold_signals_while_serving_starts(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     run = getattr(args, "run", None)

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from exporter.boundedread import FileReadError, read_bounded
 from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import MaxNumSeqsSource
 from exporter.errors import ParseError, SourceError, UsageError
 from exporter.sizing.limits import LimitInputs, resolve_running_limit
 from exporter.sweep.drivers import MAX_IN_FLIGHT, HttpxDriver, VllmBenchDriver, require_tokenizer
-from exporter.sweep.evaluate import Limits, traffic_seen
+from exporter.sweep.evaluate import Limits, busy_unknown, traffic_seen
 from exporter.sweep.figure import check_report_path, write_report
 from exporter.sweep.knee import shape_ceiling
 from exporter.sweep.plan import Mode, SweepPlan, parse_levels
@@ -49,6 +50,7 @@ from exporter.sweep.shape import (
     snapshot_buckets,
 )
 from exporter.vllm.client import VllmClient
+from exporter.vllm.coverage import unusable_reason
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
@@ -169,7 +171,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--sample-interval", type=float, default=1.0, help="seconds between metric reads (1)"
     )
-    target.add_argument("--timeout", type=float, default=5.0, help="seconds per metrics read (5)")
+    target.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds per metrics or file read (5)"
+    )
     target.add_argument(
         "--quiet-seconds",
         type=float,
@@ -282,13 +286,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         fixed_shape(args.prompt_tokens, args.output_tokens)
 
 
-def _read_bytes(path: Path, what: str) -> bytes:
+def _read_bytes(path: Path, what: str, timeout: float) -> bytes:
+    """A file the flags name: at most MAX_BYTES within ``timeout`` seconds, whatever its kind."""
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise UsageError(f"{path} is larger than {MAX_BYTES // 2**20} MiB; give a {what}")
-        return path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}; give a {what}") from None
+        return read_bounded(path, max_bytes=MAX_BYTES, timeout_s=timeout)
+    except FileReadError as exc:
+        raise UsageError(f"{exc}; give a {what}") from None
 
 
 def _parse(payload: bytes, where: str) -> VllmSnapshot:
@@ -296,8 +299,9 @@ def _parse(payload: bytes, where: str) -> VllmSnapshot:
         snapshot = parse_vllm_metrics(payload)
     except ParseError as exc:
         raise UsageError(f"{where}: {exc}") from None
-    if not snapshot.engines:
-        raise UsageError(f"{where} has no vLLM metrics (no vllm: series); is it vLLM's /metrics?")
+    unusable = unusable_reason(payload, snapshot.families if snapshot.engines else ())
+    if unusable is not None:
+        raise UsageError(f"{where} {unusable}")
     return snapshot
 
 
@@ -358,7 +362,8 @@ async def _shape(
         return fixed_shape(args.prompt_tokens, args.output_tokens)
     if args.lengths:
         path = Path(args.lengths)
-        text = _read_bytes(path, "file of request lengths").decode("utf-8", errors="replace")
+        raw = _read_bytes(path, "file of request lengths", args.timeout)
+        text = raw.decode("utf-8", errors="replace")
         return parse_lengths(text, where=str(path))
     source = args.shape_from or target.url
     before: VllmSnapshot | None = None
@@ -372,7 +377,7 @@ async def _shape(
             await _pause(args.shape_window, interrupt)
             after = await _read_metrics(client, source.rstrip("/"))
     else:
-        after = _parse(_read_bytes(Path(source), "/metrics capture"), source)
+        after = _parse(_read_bytes(Path(source), "/metrics capture", args.timeout), source)
     prompt, generation = snapshot_buckets(after, before)
     return shape_from_histograms(
         prompt,
@@ -494,6 +499,12 @@ async def _probe(args: argparse.Namespace, plan: SweepPlan, interrupt: asyncio.E
         if not args.confirmed:
             await _pause(args.quiet_seconds, interrupt)
             later = await _read_metrics(client, target.url)
+            unknown = busy_unknown(target.snapshot) or busy_unknown(later)
+            if unknown:
+                raise UsageError(
+                    f"cannot tell whether {target.url} is serving traffic ({unknown}); probe a "
+                    f"staging instance, or pass {CONFIRM_FLAG}"
+                )
             busy = traffic_seen(target.snapshot, later, seconds=args.quiet_seconds)
             if busy:
                 raise UsageError(

@@ -26,7 +26,9 @@ Definitions (documented for users in ``docs/metrics.md``):
   The *effective* figures count prefix-cache blocks shared between sequences once.
 - **Preemption rate** is the reset-aware increase of ``vllm:num_preemptions_total`` over the
   rate window divided by the time it spans; per finished request it is divided by the increase
-  of ``vllm:request_success_total`` instead (absent when nothing finished).
+  of ``vllm:request_success_total`` instead (absent when nothing finished). After a restart,
+  a counter counts only what the new process could have counted in the interval
+  (:func:`restart_counts`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Sample:
     #: vLLM restarted between the previous sample and this one; set once, by
     #: :func:`next_sample`, and read by every window that spans the two.
     restarted: bool = False
+    #: Wall-clock time of the poll (Unix seconds), against the target's start time: how long
+    #: a new process has run. None where unknown.
+    wall: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,19 +336,83 @@ def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
 
 
 def next_sample(
-    previous: Sample | None, t: float, snapshot: VllmSnapshot, *, whole: bool = False
+    previous: Sample | None,
+    t: float,
+    snapshot: VllmSnapshot,
+    *,
+    whole: bool = False,
+    wall: float | None = None,
 ) -> Sample:
     """The sample that follows ``previous``, with a restart between the two detected once.
 
     The sample keeps only what the windows read (:func:`window_snapshot`), sharing with
     ``previous`` whatever did not change: a window holds hundreds of samples. ``whole`` keeps
-    the snapshot as it is, latency histograms included (the probe's steps read them).
+    the snapshot as it is, latency histograms included (the probe's steps read them). ``wall``
+    is the poll's wall-clock time (:attr:`Sample.wall`).
     """
     restarted = previous is not None and detect_restart(previous.snapshot, snapshot)
     if whole:
-        return Sample(t, snapshot, restarted)
+        return Sample(t, snapshot, restarted, wall)
     lean = window_snapshot(snapshot, previous.snapshot if previous is not None else None)
-    return Sample(t, lean, restarted)
+    return Sample(t, lean, restarted, wall)
+
+
+class Counted(StrEnum):
+    """What a rated counter counts: the key of its ceiling."""
+
+    PREEMPTIONS = "preemptions"
+    REQUESTS = "requests"
+    ADMISSION_REJECTIONS = "admission_rejections"
+
+
+#: Most one vLLM server could count in a second: far above the fastest engines (thousands of
+#: requests and preemptions a second at the very most), so that only counts no process could
+#: have made are left out (:func:`restart_counts`).
+COUNTER_CEILINGS_PER_SECOND: Mapping[Counted, float] = MappingProxyType(
+    {
+        Counted.PREEMPTIONS: 100_000.0,
+        Counted.REQUESTS: 100_000.0,
+        Counted.ADMISSION_REJECTIONS: 1_000_000.0,
+    }
+)
+#: How far the target's clock and ours may disagree about its start time (fleet mode reads
+#: other machines' clocks; NTP keeps them within a second).
+START_TIME_SKEW_SECONDS = 60.0
+
+
+def restart_counts(previous: Sample, sample: Sample, value: float, counted: Counted) -> bool:
+    """Whether ``value``, a counter of a process new at ``sample``, counts as its increase.
+
+    A new process counted ``value`` since its start. That is the increase since ``previous``
+    only if the process started between the two polls (its ``process_start_time_seconds``
+    neither after ``sample``'s poll nor before ``previous``'s, within
+    :data:`START_TIME_SKEW_SECONDS`: one started before ``previous`` ran beside the process that
+    answered it, which is not one vLLM restarting) and if no more than
+    :data:`COUNTER_CEILINGS_PER_SECOND` allow in the time between the polls. Otherwise the
+    interval counts nothing, and the rate stands on the rest of its window: a restart never
+    yields a rate above the ceiling (docs/derivations.md, "Counters and restarts").
+    """
+    start = sample.snapshot.process_start_time_seconds
+    skew = START_TIME_SKEW_SECONDS
+    if start is not None:
+        if sample.wall is not None and start > sample.wall + skew:
+            return False  # started in the future
+        if previous.wall is not None and start < previous.wall - skew:
+            return False  # already running when the other process answered
+    elapsed = max(sample.t - previous.t, 0.0)
+    return value <= COUNTER_CEILINGS_PER_SECOND[counted] * elapsed
+
+
+def _counted(
+    window: Sequence[Sample], values: Sequence[float | None], counted: Counted
+) -> list[bool]:
+    """``flags[i]``: whether ``values[i]`` counts as an increase if a restart lies before it."""
+    flags = [True] * len(window)
+    for i in range(1, len(window)):
+        value = values[i]
+        if window[i].restarted and value is not None:
+            flags[i] = restart_counts(window[i - 1], window[i], value, counted)
+    return flags
 
 
 def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> VllmSnapshot:
@@ -726,9 +795,12 @@ def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
         engines = (s.snapshot.engines.get(name) for s in window)
         return [getattr(e, attr) if e is not None else None for e in engines]
 
+    def increase(values: list[float | None], counted: Counted) -> float:
+        return window_increase(values, window_resets, _counted(window, values, counted))
+
     latest = window[-1].snapshot.engines[name]
-    preempted = window_increase(series("preemptions_total"), window_resets)
-    finished = window_increase(series("requests_finished_total"), window_resets)
+    preempted = increase(series("preemptions_total"), Counted.PREEMPTIONS)
+    finished = increase(series("requests_finished_total"), Counted.REQUESTS)
     per_second = per_request = None
     if latest.preemptions_total is not None:
         per_second = preempted / span
@@ -742,7 +814,7 @@ def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
         # observed once per request.
         engines = (s.snapshot.engines.get(name) for s in window)
         counts = [e.request_params_n.count if e and e.request_params_n else None for e in engines]
-        finished_per_second = window_increase(counts, window_resets) / span
+        finished_per_second = increase(counts, Counted.REQUESTS) / span
     return _Rates(per_second, per_request, finished_per_second)
 
 
@@ -957,7 +1029,8 @@ def _admission_rate(samples: Sequence[Sample], seconds: float) -> float | None:
     if len(window) < 2 or span <= 0:
         return None
     values = [s.snapshot.admission_rejections_total for s in window]
-    return window_increase(values, _restarts(window)) / span
+    counted = _counted(window, values, Counted.ADMISSION_REJECTIONS)
+    return window_increase(values, _restarts(window), counted) / span
 
 
 def derive_target(

@@ -30,13 +30,19 @@ def counter_increase(previous: float, current: float, *, reset: bool = False) ->
     return current - previous
 
 
-def window_increase(values: Sequence[float | None], resets: Sequence[bool] | None = None) -> float:
+def window_increase(
+    values: Sequence[float | None],
+    resets: Sequence[bool] | None = None,
+    counted: Sequence[bool] | None = None,
+) -> float:
     """Total increase of a counter over consecutive samples, reset-aware.
 
     ``values[i]`` is the counter at sample ``i`` (``None`` where it was absent: a gap, not a
     reset). ``resets[i]`` marks a restart detected between sample ``i - 1`` and ``i``.
     Pairs with a missing side contribute nothing, except after a detected reset, where the
-    value counts from zero.
+    value counts from zero, unless ``counted[i]`` is False: no process restarting in that
+    interval could have counted it, and the interval then adds nothing (see
+    :func:`exporter.core.derive.restart_counts`).
     """
     total = 0.0
     previous: float | None = None
@@ -45,7 +51,9 @@ def window_increase(values: Sequence[float | None], resets: Sequence[bool] | Non
         pending_reset |= bool(resets[i]) if resets is not None and i > 0 else False
         if value is None:
             continue
-        if previous is not None:
+        if pending_reset and counted is not None and not counted[i]:
+            pass  # an impossible count: this interval adds nothing
+        elif previous is not None:
             total += counter_increase(previous, value, reset=pending_reset)
         elif pending_reset:
             total += max(value, 0.0)

@@ -76,7 +76,7 @@ def _split_port(entry: str) -> tuple[str, int | None]:
 
 
 def _port(entry: str, text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65_536:
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65_536:
         raise AllowlistError(f"entry {entry!r}: port must be a number from 1 to 65535")
     return int(text)
 
@@ -102,7 +102,7 @@ def parse_entry(entry: str) -> AllowEntry:
     except ValueError:
         pass
     else:
-        return AllowEntry(network=ipaddress.ip_network(address), port=port)
+        return AllowEntry(network=ipaddress.ip_network(canonical_address(address)), port=port)
     name = host.lower().rstrip(".")
     bare = name.removeprefix("*.")
     if not bare or not set(bare) <= _HOST_CHARS or "*" in bare or ".." in bare:
@@ -168,6 +168,32 @@ class ProbeTarget:
             return ipaddress.ip_address(self.host)
         except ValueError:
             return None
+
+
+def canonical_address(address: IPAddress) -> IPAddress:
+    """The address itself, or the IPv4 address an IPv4-mapped one (``::ffff:a.b.c.d``) reaches."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def canonical_host(host: str) -> str:
+    """A checked host (:func:`check_host`) in the one form that names its target.
+
+    Every spelling of an address is the same target (``[0:0:0:0:0:0:0:1]``, ``[::0001]`` and
+    ``[::1]``; ``[::ffff:127.0.0.1]`` and ``127.0.0.1``), and so is a name with or without its
+    trailing dot, in any case. A zone (``[fe80::1%eth0]``) is refused: it only matters for
+    link-local addresses, which are never probed, and each zone would be another spelling.
+    """
+    text = check_host(host)
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return text.rstrip(".")
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        msg = f"{host!r} has a zone (%...); give the address without it"
+        raise AllowlistError(msg)
+    return str(canonical_address(address))
 
 
 def check_host(host: str) -> str:
@@ -249,7 +275,10 @@ def redact_url(url: str) -> str:
 
 
 def parse_target(target: str) -> ProbeTarget:
-    """Parse ``/probe``'s ``target`` (``http(s)://host:port`` or ``host:port``).
+    """Parse ``/probe``'s ``target`` (``http(s)://host:port`` or ``host:port``), normalised.
+
+    Its ``url`` is the target's one identity, whatever the spelling (:func:`canonical_host`,
+    the scheme's default port written out): limits, windows and the token apply to it.
 
     :class:`AllowlistError` for other schemes, user info, paths beyond ``/`` or a bad port.
     """
@@ -265,10 +294,10 @@ def parse_target(target: str) -> ProbeTarget:
         raise AllowlistError("the target must be a base URL (scheme://host:port), without a path")
     if not parts.hostname:
         raise AllowlistError("the target has no host")
-    host = check_host(parts.hostname)
+    host = canonical_host(parts.hostname)
     port = target_port(parts) or (443 if parts.scheme == "https" else 80)
     shown = f"[{host}]" if ":" in host else host
-    return ProbeTarget(parts.scheme, host.lower(), port, f"{parts.scheme}://{shown}:{port}")
+    return ProbeTarget(parts.scheme, host, port, f"{parts.scheme}://{shown}:{port}")
 
 
 def is_allowed(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from exporter.core.reasons import ProbeOutcome
 from exporter.errors import UsageError
 from exporter.gpu.nvml import NvmlGpuReader
 from exporter.gpu.source import NvmlGpuSource
-from exporter.service.allowlist import is_allowed, parse_allowlist, redact_url
+from exporter.service.allowlist import parse_allowlist, redact_url
 from exporter.service.collector import (
     ExporterView,
     GuardedCollector,
@@ -52,12 +53,13 @@ from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
+    from pathlib import Path
 
     from prometheus_client.core import Metric
     from pydantic import SecretStr
 
-    from exporter.service.allowlist import IPAddress, ProbeTarget
+    from exporter.service.allowlist import IPAddress
     from exporter.service.poller import GpuSource, LaunchSource, Predictor
 
 log = structlog.get_logger(__name__)
@@ -105,6 +107,7 @@ def default_predictor(settings: Settings) -> Predictor:
     return ModelPredictor(
         model=settings.model,
         hf_home=settings.hf_home,
+        model_roots=settings.model_roots,
         overrides=settings.model_overrides,
         tensor_parallel=settings.tensor_parallel_size,
         pipeline_parallel=settings.pipeline_parallel_size,
@@ -165,6 +168,8 @@ def _poll_settings(settings: Settings) -> PollSettings:
 def _start_server(settings: Settings, app: HeadroomApp) -> ExporterServer:
     tls = None
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        for path in (settings.tls_cert_file, settings.tls_key_file):
+            _check_pem_file(path)
         try:
             tls = tls_context(settings.tls_cert_file, settings.tls_key_file)
         except (OSError, ValueError) as exc:
@@ -186,6 +191,28 @@ def _start_server(settings: Settings, app: HeadroomApp) -> ExporterServer:
                 f"check listen_address ({env_name('listen_address')})"
             )
         raise UsageError(msg) from None
+
+
+#: Largest certificate or key file loaded (a chain of a few certificates is some kilobytes).
+MAX_PEM_BYTES = 1024 * 1024
+
+
+def _check_pem_file(path: Path) -> None:
+    """A TLS file must be a regular file of sane size: OpenSSL would wait on a FIFO for ever."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        msg = (
+            f"cannot load the TLS certificate or key ({path}: {exc.strerror}); "
+            "check tls_cert_file/tls_key_file"
+        )
+        raise UsageError(msg) from None
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_PEM_BYTES:
+        msg = (
+            f"cannot load the TLS certificate or key ({path} is not a regular file of at most "
+            f"{MAX_PEM_BYTES // 1024} KiB); check tls_cert_file/tls_key_file"
+        )
+        raise UsageError(msg)
 
 
 async def serve(
@@ -330,6 +357,7 @@ def _poller_factory(
             max_bytes=settings.max_response_bytes,
             bearer_token=token,
             budget=budget,
+            pinned=settings.mode is Mode.FLEET,
         )
         return TargetPoller(
             redact_url(url),  # what logs and the landing page show
@@ -352,20 +380,14 @@ def _fleet(
     resolver: BoundedResolver,
 ) -> Fleet:
     """Fleet mode's targets, with the bearer token only for the targets bound to it."""
-    token_targets = parse_allowlist(settings.bearer_token_targets)
-
-    def make_probed(target: ProbeTarget, addresses: Sequence[IPAddress]) -> TargetPoller:
-        # A probe target is chosen by whoever can reach /probe: it must not harvest vLLM's
-        # API key unless a setting binds the token to it.
-        bound = is_allowed(target, token_targets, addresses)[0]
-        return make_poller(target.url, settings.bearer_token if bound else None)
-
     return Fleet(
         allowlist=parse_allowlist(settings.probe_allowlist),
-        make_poller=make_probed,
+        # The token goes with a probe's requests only where its route allows (see Fleet).
+        make_poller=lambda target: make_poller(target.url, settings.bearer_token),
         max_targets=settings.probe_max_targets,
         ttl_seconds=settings.probe_target_ttl_seconds,
         resolver=resolver,
+        token_targets=parse_allowlist(settings.bearer_token_targets),
         max_in_flight=PROBE_SLOTS,
     )
 

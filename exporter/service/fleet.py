@@ -11,6 +11,12 @@ run in all, fewer than ``max_per_client`` for the same client and fewer than ``m
 for the same target, so that the HTTP server always keeps slots for ``/metrics``. Everything
 that waits on the network, name resolution included, runs on the event loop within the probe's
 time limit (:meth:`Fleet.probe`), through a resolver with a budget of its own.
+
+A probe connects only to the addresses it checked: the poll runs within a
+:class:`~exporter.vllm.client.Route` of exactly those addresses (the pollers' clients are
+pinned), so a name that resolves otherwise by the time of the connection (DNS rebinding) cannot
+lead a request elsewhere. Whether the bearer token goes with the requests is decided by the same
+probe, for the same addresses (``bearer_token_targets``), never once for a target's lifetime.
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ from typing import TYPE_CHECKING
 import structlog
 
 from exporter.core.reasons import ProbeOutcome
-from exporter.service.allowlist import AllowlistError, is_allowed, parse_target
+from exporter.service.allowlist import (
+    AllowlistError,
+    canonical_address,
+    is_allowed,
+    parse_target,
+)
 from exporter.service.resolver import BoundedResolver, Lookup
+from exporter.vllm.client import Route, routed
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -84,10 +96,11 @@ class Fleet:
         self,
         *,
         allowlist: Sequence[AllowEntry],
-        make_poller: Callable[[ProbeTarget, Sequence[IPAddress]], TargetPoller],
+        make_poller: Callable[[ProbeTarget], TargetPoller],
         max_targets: int,
         ttl_seconds: float,
         resolver: BoundedResolver | None = None,
+        token_targets: Sequence[AllowEntry] = (),
         max_in_flight: int = 48,
         max_per_client: int = 32,
         max_per_target: int = 4,
@@ -98,6 +111,7 @@ class Fleet:
         self._max_targets = max_targets
         self._ttl = ttl_seconds
         self._resolver = resolver or BoundedResolver()
+        self._token_targets = tuple(token_targets)
         self._max_in_flight = max_in_flight
         self._max_per_client = max_per_client
         self._max_per_target = max_per_target
@@ -188,31 +202,39 @@ class Fleet:
 
     async def _probe(self, target: ProbeTarget) -> TargetView | Refusal:
         addresses: Sequence[IPAddress] = ()
-        if target.address is None:
+        literal = target.address
+        if literal is None:
             resolution = await self._resolver.resolve(target.host)
             if resolution.failure is Lookup.BUSY:
                 self._count(ProbeOutcome.THROTTLED)
                 return Refusal(
                     ProbeOutcome.THROTTLED, "Every name lookup is busy; retry at the next scrape."
                 )
-            addresses = resolution.addresses
+            addresses = tuple(canonical_address(a) for a in resolution.addresses)
         allowed, reason = is_allowed(target, self._allowlist, addresses)
         if not allowed:
             outcome = ProbeOutcome(f"denied_{reason}")
             self._count(outcome)
             log.warning("probe_denied", reason=reason, host=target.host, port=target.port)
             return Refusal(outcome, f"Target not allowed ({reason.replace('_', ' ')}).")
-        entry = self._entry(target, addresses)
-        view = await entry.poller.poll_once()
+        # A probe target is chosen by whoever can reach /probe: it must not harvest vLLM's API
+        # key unless a setting binds the token to it, for the addresses this probe checked.
+        route = Route(
+            addresses=(literal,) if literal is not None else tuple(addresses),
+            send_token=is_allowed(target, self._token_targets, addresses)[0],
+        )
+        entry = self._entry(target)
+        with routed(route):
+            view = await entry.poller.poll_once()
         self._count(ProbeOutcome.OK)
         return view
 
-    def _entry(self, target: ProbeTarget, addresses: Sequence[IPAddress]) -> _Entry:
+    def _entry(self, target: ProbeTarget) -> _Entry:
         """The target's poller (made on its first probe); forget the stale and the excess."""
         now = self._clock()
         entry = self._targets.get(target.url)
         if entry is None:
-            entry = _Entry(self._make_poller(target, addresses), now)
+            entry = _Entry(self._make_poller(target), now)
             self._targets[target.url] = entry
         entry.last_probe = now
         self._targets.move_to_end(target.url)

@@ -12,7 +12,10 @@ to production inference needs:
 - when every slot is taken, the connection that has waited longest without sending a complete
   request head is dropped to make room (slowloris clients and stalled TLS handshakes hold slots
   without ever asking for anything; Prometheus sends its request as soon as it connects, so it
-  always gets a slot back from them);
+  always gets a slot back from them); failing that, the one longest stuck writing its answer to
+  a client that does not read it (:data:`STALLED_WRITE_SECONDS`), so slow readers cannot hold
+  every slot either;
+- a deadline for writing a whole answer (:data:`RESPONSE_WRITE_SECONDS`), not only per write;
 - a bound on the request head (request line and headers: :data:`MAX_HEAD_BYTES`), so that
   oversized headers cost kilobytes, not megabytes, per connection;
 - TLS handshakes done in the connection's own thread (a client that stalls its handshake cannot
@@ -26,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import html
 import http.client
+import io
 import os
 import queue
+import select
 import socket
 import ssl
 import sys
@@ -53,6 +58,12 @@ if TYPE_CHECKING:
 
 #: Seconds a connection may stay silent (reading the request or writing the answer).
 CONNECTION_TIMEOUT_SECONDS = 10.0
+#: Seconds a whole answer may take to be written: a client reading it slower is dropped.
+RESPONSE_WRITE_SECONDS = CONNECTION_TIMEOUT_SECONDS
+#: A write blocked this long is stalled (the client does not read what it asked for; on a
+#: network Prometheus reads a megabyte in milliseconds): when every slot is taken, the
+#: connection stalled longest is dropped to make room for a new one.
+STALLED_WRITE_SECONDS = 1.0
 #: Connections handled at once; more get an immediate 503.
 MAX_CONNECTIONS = 64
 #: Largest request head (request line and headers) read; Prometheus sends a few hundred bytes.
@@ -223,6 +234,45 @@ class _HeadLimit:
         self._stream.close()
 
 
+class _BoundedWriter(io.BufferedIOBase):
+    """A connection's output stream: the whole answer is written within a deadline.
+
+    Each write tells the server when it started blocking, so that a connection stuck writing
+    to a client that does not read can be evicted (:meth:`ExporterServer.write_started`).
+    """
+
+    def __init__(self, connection: socket.socket, server: ExporterServer) -> None:
+        self._connection = connection
+        self._server = server
+        self._deadline: float | None = None
+
+    def writable(self) -> bool:
+        """Always."""
+        return True
+
+    def write(self, data: Any) -> int:
+        """Send ``data`` whole before the answer's deadline, or raise ``TimeoutError``."""
+        now = time.monotonic()
+        if self._deadline is None:
+            self._deadline = now + RESPONSE_WRITE_SECONDS
+        left = self._deadline - now
+        if left <= 0:
+            msg = f"answer not read within {RESPONSE_WRITE_SECONDS:g} s"
+            raise TimeoutError(msg)
+        self._connection.settimeout(left)
+        self._server.write_started(self._connection, now)
+        try:
+            self._connection.sendall(data)
+        finally:
+            self._server.write_ended()
+        with memoryview(data) as view:
+            return view.nbytes
+
+    def fileno(self) -> int:
+        """The socket's descriptor."""
+        return self._connection.fileno()
+
+
 class _NullStream:
     """``wsgi.errors``: wsgiref writes tracebacks there (a client that left mid-answer)."""
 
@@ -241,9 +291,24 @@ class _QuietHandler(WSGIRequestHandler):
     server: ExporterServer
 
     def setup(self) -> None:
-        """Wrap the input stream so that the request head is bounded."""
+        """Wrap the streams: the request head is bounded, the answer's writing too."""
         super().setup()
         self.rfile = _HeadLimit(self.rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
+        self.wfile = _BoundedWriter(self.connection, self.server)
+
+    def handle(self) -> None:
+        """One request; a request line past the head's bound is answered 431, as headers are.
+
+        ``parse_request`` answers headers that are too long itself; the request line is read
+        before it, and its ``LineTooLong`` used to end in a bare close.
+        """
+        try:
+            super().handle()
+        except http.client.LineTooLong:
+            self.requestline = self.request_version = self.command = ""
+            self.close_connection = True
+            self.send_error(431, "Request Header Fields Too Large")
+            _drain(self.connection)
 
     def parse_request(self) -> bool:
         """Parse the head; once it is complete, the connection can no longer be evicted.
@@ -291,17 +356,22 @@ class ExporterServer(ThreadingWSGIServer):
         # Connections holding a slot without a complete request head yet: thread id -> when
         # accepted, and the socket (to shut down if evicted).
         self._waiting: dict[int, tuple[float, socket.socket]] = {}
+        # Connections blocked writing their answer: thread id -> since when, and the socket.
+        self._writing: dict[int, tuple[float, socket.socket]] = {}
         # Threads of evicted connections: their slot went to the connection that evicted them.
         self._evicted: set[int] = set()
         self._waiting_lock = threading.Lock()
-        #: Connections dropped to make room (slowloris, stalled handshakes); for tests and logs.
+        #: Connections dropped to make room (slowloris, stalled handshakes, slow readers); for
+        #: tests and logs.
         self.evictions = 0
+        #: Of which connections stuck writing their answer to a client that did not read it.
+        self.stalled_writers_evicted = 0
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Hand the connection to a thread; when all slots are busy, evict or answer 503."""
         # An evicted connection hands its slot over at once: the accept loop never waits for
         # its thread to wind down (a queue of stalled clients would add up those waits).
-        if not self._slots.acquire(blocking=False) and not self._evict_oldest_waiting():
+        if not self._slots.acquire(blocking=False) and not self._evict_one():
             self._refuser.refuse(request)
             return
         try:
@@ -320,6 +390,7 @@ class ExporterServer(ThreadingWSGIServer):
         finally:
             with self._waiting_lock:
                 self._waiting.pop(ident, None)
+                self._writing.pop(ident, None)
                 handed_over = ident in self._evicted
                 self._evicted.discard(ident)
             if not handed_over:
@@ -334,6 +405,55 @@ class ExporterServer(ThreadingWSGIServer):
         with self._waiting_lock:
             self._waiting.pop(ident, None)
             return ident not in self._evicted
+
+    def write_started(self, connection: socket.socket, since: float) -> None:
+        """The calling connection blocks writing its answer from ``since`` (see eviction)."""
+        with self._waiting_lock:
+            self._writing[threading.get_ident()] = (since, connection)
+
+    def write_ended(self) -> None:
+        """The calling connection's write returned (whole, or failed)."""
+        with self._waiting_lock:
+            self._writing.pop(threading.get_ident(), None)
+
+    def _evict_one(self) -> bool:
+        """Evict a connection waiting for its head, else one stalled writing; True if done.
+
+        On True, the caller holds the victim's slot.
+        """
+        return self._evict_oldest_waiting() or self._evict_stalled_writer()
+
+    def _evict_stalled_writer(self) -> bool:
+        """Shut down the connection blocked longest writing its answer, if it is stalled.
+
+        Only a write blocked for :data:`STALLED_WRITE_SECONDS` or more counts: an answer being
+        computed, or written to a client that reads, is never cut short. The client gets no
+        503 (its answer was under way): its connection is closed.
+        """
+        stalled_before = time.monotonic() - STALLED_WRITE_SECONDS
+        with self._waiting_lock:
+            # Writable: the client reads, or the write is done and its thread only waits for
+            # the CPU to say so; either way not the client's stall.
+            stalled = [
+                (ident, victim)
+                for ident, (since, victim) in sorted(
+                    self._writing.items(), key=lambda item: item[1][0]
+                )
+                if since <= stalled_before and not _writable(victim)
+            ]
+            if not stalled:
+                return False
+            ident, victim = stalled[0]
+            del self._writing[ident]
+            self._evicted.add(ident)
+            self.evictions += 1
+            self.stalled_writers_evicted += 1
+        # Its thread wakes from sendall() at once, fails, and ends without freeing the slot.
+        with contextlib.suppress(OSError):
+            victim.shutdown(socket.SHUT_RDWR)
+        if self.stalled_writers_evicted in (1, 10, 100) or self.stalled_writers_evicted % 1000 == 0:
+            log.warning("http_stalled_readers_evicted", total=self.stalled_writers_evicted)
+        return True
 
     def _evict_oldest_waiting(self) -> bool:
         """Shut down the connection that has waited longest for its request head, if any.
@@ -456,16 +576,56 @@ def whole_head_waiting(connection: socket.socket) -> bool:
     return b"\r\n\r\n" in waiting or b"\n\n" in waiting
 
 
+#: What is read of a refused request's rest, and for how long, so that closing sends no reset
+#: (a client reads the answer only if the connection is not reset under it).
+DRAIN_BYTES = 1024 * 1024
+DRAIN_SECONDS = 1.0
+
+
+def _drain(connection: socket.socket) -> None:
+    """Send what was written, then read and drop a bounded rest of the request."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_WR)
+        left = DRAIN_BYTES
+        while left > 0 and (wait := deadline - time.monotonic()) > 0:
+            connection.settimeout(wait)
+            chunk = connection.recv(min(65536, left))
+            if not chunk:
+                return
+            left -= len(chunk)
+
+
+def _writable(connection: socket.socket) -> bool:
+    """Whether ``connection`` has room to send (poll, not select: any descriptor number)."""
+    poller = select.poll()
+    try:
+        poller.register(connection, select.POLLOUT)
+    except (OSError, ValueError):  # closed meanwhile
+        return False
+    return bool(poller.poll(0))
+
+
 def _close(connection: socket.socket) -> None:
     with contextlib.suppress(OSError):
         connection.close()
+
+
+class EncryptedKeyError(ValueError):
+    """The TLS key is encrypted: the exporter never asks for a passphrase."""
+
+
+def _no_passphrase() -> bytes:
+    # Called by OpenSSL only for an encrypted key; without a callback it prompts on the terminal.
+    msg = "the key is encrypted; give an unencrypted key (the exporter never asks for a passphrase)"
+    raise EncryptedKeyError(msg)
 
 
 def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
     """A server TLS context (TLS 1.2+) from PEM files, with the standard library's defaults."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
+    context.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file), password=_no_passphrase)
     return context
 
 

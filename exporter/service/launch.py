@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from exporter.boundedread import FileReadError, read_bounded
 from exporter.gpu.visibility import scan_processes, vllm_process_tree
 from exporter.vllm.launch import config_arguments, parse_launch_flags
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 #: A vLLM config file is a few lines; anything larger is not read.
 MAX_CONFIG_BYTES = 1024 * 1024
+#: Time allowed to read it (a file on a stalled mount must not hold the files thread).
+CONFIG_TIMEOUT_S = 2.0
 
 
 def target_port(url: str) -> int | None:
@@ -77,16 +80,20 @@ class ProcessLaunchSource:
         base = self.proc_root / str(process.pid)
         path = base / "root" / name.lstrip("/") if name.startswith("/") else base / "cwd" / name
         try:
-            with path.open("rb") as handle:
-                text = handle.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            return [], f"cannot read it ({exc.strerror or type(exc).__name__})"
-        if len(text) > MAX_CONFIG_BYTES:
-            return [], f"larger than {MAX_CONFIG_BYTES} bytes"
+            # Bounded in size and time, regular files only: a FIFO would block the thread.
+            text = read_bounded(
+                path, max_bytes=MAX_CONFIG_BYTES, timeout_s=CONFIG_TIMEOUT_S, regular_only=True
+            )
+        except FileReadError as exc:
+            if exc.too_large:
+                return [], f"larger than {MAX_CONFIG_BYTES} bytes"
+            return [], f"cannot read it ({exc})"
         try:
             document = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             return [], f"not YAML ({str(exc).splitlines()[0]})"
+        except RecursionError:
+            return [], "not YAML (nested too deeply)"
         words = config_arguments(document)
         if words is None:
             return [], "not a mapping of flags"

@@ -473,7 +473,7 @@ class TargetPoller:
         self._record("vllm_metrics", started, None)
         self._ready = True
 
-        sample = next_sample(self._window.latest, now, snapshot)
+        sample = next_sample(self._window.latest, now, snapshot, wall=self._wall())
         if sample.restarted:
             self._restarts += 1
             self._needs_discovery = True

@@ -8,7 +8,9 @@ Every setting is documented in ``docs/configuration.md``; a test keeps the two i
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,6 +20,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from exporter.boundedread import FileReadError, read_bounded
 from exporter.errors import UsageError
 from exporter.gpu.visibility import GpuSelectorError, parse_gpu_selectors
 from exporter.service.allowlist import AllowlistError, check_url, parse_allowlist, redact_url
@@ -168,6 +171,16 @@ class Settings(BaseSettings):
         default=None,
         description="Hugging Face cache root (default: $HF_HOME or ~/.cache/huggingface).",
     )
+    model_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Directories in which the model 'root' that vLLM's /v1/models reports may be read "
+            "(its config.json and safetensors index, bounded): absolute paths, comma-separated "
+            "in HEADROOM_MODEL_ROOTS. Empty: a root that is a path is never opened, and the "
+            "model is found by the model setting, the HF cache or the catalogue. The chart sets "
+            "the sidecar's model volume."
+        ),
+    )
     model_overrides: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -297,7 +310,9 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return value
 
-    @field_validator("gpus", "probe_allowlist", "bearer_token_targets", mode="before")
+    @field_validator(
+        "gpus", "probe_allowlist", "bearer_token_targets", "model_roots", mode="before"
+    )
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
@@ -308,6 +323,15 @@ class Settings(BaseSettings):
                     msg = "is not a JSON list of strings; or give the items separated by commas"
                     raise ValueError(msg) from None
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("model_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[Path]) -> list[Path]:
+        for root in value:
+            if not root.is_absolute():
+                msg = f"{str(root)!r} is not an absolute path; give directories like /models"
+                raise ValueError(msg)
         return value
 
     @field_validator("gpus")
@@ -421,16 +445,31 @@ def load_settings(
     if unknown:
         msg = f"unknown setting {unknown[0]}: check its spelling against docs/configuration.md"
         raise UsageError(msg)
+    for name, value in given.items():
+        _check_raw(name, value, where=FLAGS.get(name, name))
+    for key, text in os.environ.items():
+        name = key[len(ENV_PREFIX) :].lower() if key.upper().startswith(ENV_PREFIX) else ""
+        if name in Settings.model_fields:
+            _check_raw(name, text, where=key)
     _check_dotenv(Path(".env"))
     if secrets_dir is None and DEFAULT_SECRETS_DIR.is_dir():
         secrets_dir = DEFAULT_SECRETS_DIR
     elif secrets_dir is not None and not secrets_dir.is_dir():
         msg = f"the secrets directory {str(secrets_dir)!r} does not exist; fix --secrets-dir"
         raise UsageError(msg)
+    if secrets_dir is not None:
+        _check_secrets(secrets_dir)
     try:
         return Settings(_secrets_dir=secrets_dir, **given)
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc)) from None
+    except RecursionError:
+        # Nesting is checked above; this is the last guard, never a traceback.
+        raise UsageError("invalid settings: a value nests too deeply") from None
+    except OSError as exc:
+        # A path setting a validator examines (lengths are checked above): the last guard.
+        msg = f"invalid settings: cannot examine {exc.filename!r}: {exc.strerror}"
+        raise UsageError(msg[:500]) from None
     except SettingsError as exc:
         # pydantic-settings could not decode a variable (e.g. bad JSON in a dict setting).
         field = str(exc).split('"')[1] if '"' in str(exc) else "?"
@@ -441,23 +480,111 @@ def load_settings(
         raise UsageError(msg) from None
 
 
-def _check_dotenv(path: Path) -> None:
-    """Refuse a ``HEADROOM_*`` key of ``.env`` that is no setting (a typo would be lost).
+#: Longest value of one setting, from any source: paths, URLs and tokens fit in 8 KiB (PATH_MAX
+#: is 4,096); a list or a JSON object may take 64 KiB (an allowlist of a thousand networks).
+MAX_VALUE_CHARS = 8 * 1024
+MAX_LIST_CHARS = 64 * 1024
+#: Longest path (Linux's PATH_MAX): a longer one fails every file call with ENAMETOOLONG.
+MAX_PATH_CHARS = 4096
+#: The settings that name files or directories (each item of model_roots too).
+_PATH_SETTINGS = frozenset(
+    {"tls_cert_file", "tls_key_file", "model", "hf_home", "proc_root", "model_roots"}
+)
+#: The settings given as lists or JSON objects.
+_LONG_SETTINGS = frozenset(
+    {"gpus", "probe_allowlist", "bearer_token_targets", "model_roots", "model_overrides"}
+)
+#: Deepest nesting of brackets in a value (a JSON setting is an object of plain values).
+MAX_VALUE_DEPTH = 32
+#: Largest ``.env`` file or secret file read, and the time allowed to read one.
+MAX_FILE_BYTES = 1024 * 1024
+FILE_TIMEOUT_S = 1.0
+#: Characters of a bad value quoted in an error line.
+SHOWN_CHARS = 120
 
-    Other keys belong to other tools sharing the file (``COMPOSE_PROJECT_NAME``): ignored.
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` in ``text`` (quotes ignored: a bound, not a parse)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _check_raw(name: str, value: object, *, where: str) -> None:
+    """Refuse a value no setting can hold before it is parsed: too long, or nested too deep.
+
+    A 100 kB host name or ``[[[[...]]]]`` a hundred thousand deep costs the parsers time and
+    stack (a RecursionError); here it is one line.
     """
+    texts = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+    longest = MAX_LIST_CHARS if name in _LONG_SETTINGS else MAX_VALUE_CHARS
+    if name in _PATH_SETTINGS:
+        longest = MAX_PATH_CHARS
+    for text in texts:
+        if len(text) > longest:
+            msg = (
+                f"invalid setting {name} ({where}): {len(text):,} characters long; the longest "
+                f"accepted is {longest:,}"
+            )
+            raise UsageError(msg)
+        if _nesting(text) > MAX_VALUE_DEPTH:
+            msg = (
+                f"invalid setting {name} ({where}): nests brackets more than {MAX_VALUE_DEPTH} "
+                "deep; give a flat JSON object or list"
+            )
+            raise UsageError(msg)
+
+
+def _read_text_file(path: Path, what: str) -> str:
+    """A ``.env`` or secret file: regular, at most MAX_FILE_BYTES, UTF-8, read within a second."""
     try:
-        keys = dotenv_values(path).keys() if path.is_file() else ()
-    except (OSError, UnicodeDecodeError):
-        return  # pydantic-settings reads it next and says what is wrong with it
+        raw = read_bounded(
+            path, max_bytes=MAX_FILE_BYTES, timeout_s=FILE_TIMEOUT_S, regular_only=True
+        )
+        return raw.decode("utf-8")
+    except FileReadError as exc:
+        raise UsageError(f"{exc}; fix or remove the {what}") from None
+    except UnicodeDecodeError as exc:
+        msg = f"{path} is not UTF-8 text (byte {exc.start}); fix or remove the {what}"
+        raise UsageError(msg) from None
+
+
+def _check_dotenv(path: Path) -> None:
+    """Refuse a ``.env`` that cannot be read as text, or a ``HEADROOM_*`` key that is no setting.
+
+    Other keys belong to other tools sharing the file (``COMPOSE_PROJECT_NAME``): ignored. A
+    FIFO, a device, an unreadable or non-UTF-8 file is one line here, before pydantic-settings
+    opens it (which would wait on a FIFO for ever).
+    """
+    if not os.path.lexists(path):
+        return
+    text = _read_text_file(path, ".env file")
+    values = dotenv_values(stream=io.StringIO(text))
     known = {env_name(name) for name in Settings.model_fields}
-    for key in keys:
+    for key, value in values.items():
         if key.upper().startswith(ENV_PREFIX) and key.upper() not in known:
             msg = (
                 f"unknown setting {key} in {path}: remove it or check its spelling against "
                 "docs/configuration.md"
             )
             raise UsageError(msg)
+        if key.upper() in known and value is not None:
+            _check_raw(
+                key.upper().removeprefix(ENV_PREFIX).lower(), value, where=f"{key} in {path}"
+            )
+
+
+def _check_secrets(directory: Path) -> None:
+    """Each secret file of a setting: a regular UTF-8 file of sane size and shape."""
+    for name in Settings.model_fields:
+        path = directory / env_name(name)
+        if os.path.lexists(path):
+            _check_raw(name, _read_text_file(path, "secret file").strip(), where=str(path))
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -475,10 +602,18 @@ def describe_validation_error(exc: ValidationError) -> str:
     given = error.get("input")
     if isinstance(given, str) and "://" in given:
         given = redact_url(given)  # a password in a URL is not echoed
-    shown = "" if isinstance(given, dict) else f"; got {given!r}"
+    if len(message) > 4 * SHOWN_CHARS:
+        message = message[: 4 * SHOWN_CHARS] + "..."
+    shown = "" if isinstance(given, dict) else f"; got {_shown(given)}"
     if isinstance(given, SecretStr) or "token" in name:
         shown = ""  # never echo secrets
     return f"invalid {where}: {message}{shown}"
+
+
+def _shown(value: object) -> str:
+    """A value as an error line quotes it: its repr, cut at SHOWN_CHARS."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} chars)"
 
 
 def render_configuration_markdown() -> str:
@@ -493,7 +628,12 @@ def render_configuration_markdown() -> str:
         "file per setting, named like its variable, e.g. `HEADROOM_BEARER_TOKEN`), then defaults.",
         "Lists are comma-separated in variables; `HEADROOM_MODEL_OVERRIDES` is JSON. A bad value",
         "stops the exporter with one line naming the setting, its variable and the problem, and",
-        "exit code 2. Generated from `exporter/service/settings.py` by `make docs`.",
+        "exit code 2. Whatever the setting, a value may hold at most"
+        f" {MAX_VALUE_CHARS // 1024} KiB ({MAX_PATH_CHARS:,} characters for a path,"
+        f" {MAX_LIST_CHARS // 1024} KiB for a list or JSON) nested at most {MAX_VALUE_DEPTH}",
+        "brackets deep; `.env` and secret files must be regular UTF-8 files of at most"
+        f" {MAX_FILE_BYTES // 2**20} MiB.",
+        "Generated from `exporter/service/settings.py` by `make docs`.",
         "",
         "| setting | variable | flag | default | meaning |",
         "| --- | --- | --- | --- | --- |",

@@ -45,6 +45,8 @@ def find_model_arch(
     hf_home: Path | None = None,
     also_known_as: Sequence[str | None] = (),
     catalogue_if_unusable: bool = False,
+    local: bool = True,
+    allowed: Sequence[Path] | None = None,
 ) -> FoundModel:
     """The model ``source`` names: files first, then the catalogue (``source`` or an alias).
 
@@ -52,12 +54,14 @@ def find_model_arch(
     catalogue after ``source``. With ``catalogue_if_unusable``, a config that is there but
     cannot be read or parsed also falls back to the catalogue (a live target must not lose its
     prediction to a permission problem when its name is known); an unsupported architecture
-    never does. Raises :class:`ModelNotFoundError`, :class:`UnsupportedModelError` or
-    :class:`ModelConfigError`.
+    never does. ``local=False`` never takes ``source`` as a path (the hub cache and the
+    catalogue only); ``allowed`` keeps every file read inside those directories (a path a
+    target named, :mod:`exporter.sizing.modelroot`). Raises :class:`ModelNotFoundError`,
+    :class:`UnsupportedModelError` or :class:`ModelConfigError`.
     """
     try:
-        config = resolve_config_path(source, hf_home=hf_home)
-        arch = read_model_config(config, name=source)
+        config = resolve_config_path(source, hf_home=hf_home, local=local)
+        arch = read_model_config(config, name=source, allowed=allowed)
     except UnsupportedModelError:
         raise
     except ModelConfigError as exc:
@@ -67,10 +71,15 @@ def find_model_arch(
             raise
         return entry
     try:
-        weights = model_weights_bytes(config.parent)
+        weights = model_weights_bytes(config.parent, allowed=allowed)
     except ModelConfigError as exc:
         return FoundModel(arch, "files", None, str(exc))
     return FoundModel(arch, "files", weights)
+
+
+def catalogue_model(names: Sequence[str | None]) -> FoundModel | None:
+    """The first of ``names`` the built-in catalogue knows (no file is read), or None."""
+    return _catalogue("", names)
 
 
 def _catalogue(source: str, also_known_as: Sequence[str | None]) -> FoundModel | None:

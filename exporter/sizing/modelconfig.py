@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from exporter.boundedread import FileReadError, read_bounded
 from exporter.errors import ModelConfigError, ModelNotFoundError
 from exporter.sizing.model import LayerKind, MlaDims, ModelArch, MoeSpec
+from exporter.sizing.modelroot import within
 
 # model_type values of models whose layers keep a fixed recurrent state per sequence.
 _STATE_SPACE_TYPES = {
@@ -271,6 +273,15 @@ def _moe(config: Mapping[str, Any], num_layers: int) -> MoeSpec | None:
 
 # --- I/O edge ----------------------------------------------------------------------------------
 
+#: Largest ``config.json`` read (real ones are a few KB; a multimodal one some 20 KB).
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Largest ``model.safetensors.index.json`` read (a 671B model's is about 9 MB).
+MAX_INDEX_BYTES = 32 * 1024 * 1024
+#: Largest ``refs/main`` of the hub cache (a 40-character commit).
+MAX_REF_BYTES = 4096
+#: Time limit of one model file read (a stale network mount must not stall a poll for ever).
+READ_TIMEOUT_S = 10.0
+
 
 def hub_cache_dir(hf_home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """The Hugging Face hub cache: ``HF_HUB_CACHE``, ``HF_HOME/hub`` or the default."""
@@ -292,30 +303,59 @@ def find_cached_config(model_id: str, *, cache: Path) -> Path | None:
         return None
     ref = repo / "refs" / "main"
     if ref.is_file():
-        preferred = snapshots / ref.read_text(encoding="utf-8").strip() / "config.json"
-        if preferred.is_file():
+        try:
+            revision = read_bounded(ref, max_bytes=MAX_REF_BYTES, timeout_s=READ_TIMEOUT_S)
+        except FileReadError:
+            revision = b""
+        name = revision.decode("utf-8", errors="replace").strip()
+        preferred = snapshots / name / "config.json"
+        if name and "/" not in name and name != ".." and preferred.is_file():
             return preferred
     candidates = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
     return candidates[-1] if candidates else None
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, *, max_bytes: int, allowed: Sequence[Path] | None = None) -> Any:
+    """One model JSON file: a regular file of at most ``max_bytes``, inside ``allowed`` if given.
+
+    With ``allowed`` (a path a target named), symbolic links are resolved first and the real
+    file must still be inside an allowed directory; the last component is then opened without
+    following links. Whatever the file holds, the error is one line.
+    """
+    target: Path | str = path
+    if allowed is not None:
+        real = within(path, allowed)
+        if real is None:
+            raise ModelConfigError(f"{path} leads outside model_roots; it is not read")
+        target = real
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raw = read_bounded(
+            target,
+            max_bytes=max_bytes,
+            timeout_s=READ_TIMEOUT_S,
+            regular_only=True,
+            follow_symlinks=allowed is None,
+        )
+        return json.loads(raw.decode("utf-8"))
+    except FileReadError as exc:
+        raise ModelConfigError(f"{exc}; is it a model's config.json?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelConfigError(f"{path} is not valid JSON ({exc}); is it a config.json?") from None
+    except RecursionError:
+        raise ModelConfigError(f"{path} nests JSON too deeply; is it a config.json?") from None
 
 
-def resolve_config_path(source: str | Path, *, hf_home: Path | None = None) -> Path:
+def resolve_config_path(
+    source: str | Path, *, hf_home: Path | None = None, local: bool = True
+) -> Path:
     """Where the ``config.json`` of ``source`` (directory, file or hub id) lives.
 
+    With ``local=False`` only the hub cache is looked in: ``source`` is never taken as a path.
     Raises :class:`ModelNotFoundError` when nothing is there, :class:`ModelConfigError` when a
     directory is there without a ``config.json`` or cannot be examined.
     """
     try:
-        return _config_path(source, hf_home)
+        return _config_path(source, hf_home, local=local)
     except OSError as exc:
         # An unreadable directory (permissions, a stale mount): stat() itself fails there.
         raise ModelConfigError(
@@ -324,14 +364,14 @@ def resolve_config_path(source: str | Path, *, hf_home: Path | None = None) -> P
         ) from None
 
 
-def _config_path(source: str | Path, hf_home: Path | None) -> Path:
+def _config_path(source: str | Path, hf_home: Path | None, *, local: bool) -> Path:
     path = Path(source).expanduser()
-    if path.is_dir():
+    if local and path.is_dir():
         config = path / "config.json"
         if not config.is_file():
             raise ModelConfigError(f"{path} has no config.json; point --model at a model directory")
         return config
-    if path.is_file():
+    if local and path.is_file():
         return path
     text = str(source)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
@@ -351,12 +391,19 @@ def load_model_arch(source: str | Path, *, hf_home: Path | None = None) -> Model
     return read_model_config(resolve_config_path(source, hf_home=hf_home), name=str(source))
 
 
-def read_model_config(config_path: Path, *, name: str) -> ModelArch:
-    """Read and parse one ``config.json`` (ModelConfigError when it cannot be used)."""
-    return parse_model_config(_read_json(config_path), name=name)
+def read_model_config(
+    config_path: Path, *, name: str, allowed: Sequence[Path] | None = None
+) -> ModelArch:
+    """Read and parse one ``config.json`` (ModelConfigError when it cannot be used).
+
+    ``allowed``: the directories a path a target named must stay in (``model_roots``).
+    """
+    return parse_model_config(
+        _read_json(config_path, max_bytes=MAX_CONFIG_BYTES, allowed=allowed), name=name
+    )
 
 
-def model_weights_bytes(model_dir: Path) -> int | None:
+def model_weights_bytes(model_dir: Path, *, allowed: Sequence[Path] | None = None) -> int | None:
     """Checkpoint size in bytes, or None when the directory holds no safetensors.
 
     ``model.safetensors.index.json`` ``metadata.total_size`` when present, else the sum of the
@@ -364,15 +411,15 @@ def model_weights_bytes(model_dir: Path) -> int | None:
     estimates the weights from the parameter count); a corrupt index raises ModelConfigError.
     """
     try:
-        return _weights_bytes(model_dir)
+        return _weights_bytes(model_dir, allowed)
     except OSError:
         return None
 
 
-def _weights_bytes(model_dir: Path) -> int | None:
+def _weights_bytes(model_dir: Path, allowed: Sequence[Path] | None) -> int | None:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        data = _read_json(index)
+        data = _read_json(index, max_bytes=MAX_INDEX_BYTES, allowed=allowed)
         total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
         if isinstance(total, int | float) and not isinstance(total, bool) and total > 0:
             return int(total)

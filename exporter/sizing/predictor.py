@@ -2,7 +2,8 @@
 
 :class:`ModelPredictor` is the poller's :class:`~exporter.service.poller.Predictor`. ``load`` finds
 the model's ``config.json`` (the ``model`` setting, else the ``root`` that ``/v1/models`` reports,
-looked up as a directory or in the local Hugging Face cache, else the catalogue by name) and reads
+looked up as a directory inside ``model_roots`` only, or in the local Hugging Face cache, else the
+catalogue by name: :mod:`exporter.sizing.modelroot`) and reads
 the checkpoint size; that is the only I/O. ``predict`` is pure: it builds a
 :class:`~exporter.sizing.model.Deployment` from what vLLM says about itself (``cache_config_info``:
 utilization, block size, KV dtype, exact KV bytes; ``/v1/models``: max_model_len; ``/version``) and
@@ -28,8 +29,9 @@ from exporter.errors import (
     UnsupportedModelError,
     UsageError,
 )
-from exporter.sizing.lookup import find_model_arch
+from exporter.sizing.lookup import FoundModel, catalogue_model, find_model_arch
 from exporter.sizing.model import Declined, Deployment, ModelArch, size_deployment
+from exporter.sizing.modelroot import RootKind, classify_root
 from exporter.sizing.overrides import check_overrides
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
 
@@ -72,8 +74,11 @@ class ModelPredictor:
         gpu_memory_bytes: int | None = None,
         weights_bytes: int | None = None,
         overhead_bytes: int | None = None,
+        model_roots: Sequence[Path] = (),
     ) -> None:
         self._model = model
+        #: Directories a target's reported ``root`` may be read in (the ``model_roots`` setting).
+        self._model_roots = tuple(model_roots)
         self._hf_home = hf_home
         self._overrides = check_overrides(overrides or {})
         self._tp = tensor_parallel
@@ -84,17 +89,24 @@ class ModelPredictor:
         self._loaded = _Loaded()
 
     def load(self, info: TargetInfo) -> SourceError | None:
-        """Find the model and read its config.json and checkpoint size (blocking I/O)."""
+        """Find the model and read its config.json and checkpoint size (blocking I/O).
+
+        The ``model`` setting is the operator's and read as given; a ``root`` the target
+        reports is read only as :mod:`exporter.sizing.modelroot` allows.
+        """
         source = self._model or info.model_root or info.model_id
         if source is None:
             return self._failed(ModelReason.MODEL_NOT_FOUND, "vLLM's /v1/models names no model")
         try:
-            found = find_model_arch(
-                source,
-                hf_home=self._hf_home,
-                also_known_as=(info.model_id,),
-                catalogue_if_unusable=True,
-            )
+            if self._model is not None:
+                found = find_model_arch(
+                    source,
+                    hf_home=self._hf_home,
+                    also_known_as=(info.model_id,),
+                    catalogue_if_unusable=True,
+                )
+            else:
+                found = self._find_reported(source, info.model_id)
         except ModelNotFoundError as exc:
             return self._failed(ModelReason.MODEL_NOT_FOUND, str(exc))
         except UnsupportedModelError as exc:
@@ -109,6 +121,29 @@ class ModelPredictor:
             arch=arch, weights_bytes=found.weights_bytes, state=PredictionState.OK
         )
         return None
+
+    def _find_reported(self, root: str, model_id: str | None) -> FoundModel:
+        """The model of a target's ``root`` (or id): nothing outside ``model_roots`` is read."""
+        kind = classify_root(root, self._model_roots)
+        if kind is RootKind.NAME_ONLY:
+            found = catalogue_model((root, model_id))
+            if found is None:
+                # The same words whether or not such a path exists here: nothing was looked at.
+                raise ModelNotFoundError(
+                    f"vLLM's model root {root[:200]!r} is not read (a path is read only inside "
+                    "the model_roots setting) and the catalogue does not know "
+                    f"{(model_id or root)[:200]!r}: allow the directory holding the model in "
+                    "model_roots, or name the model (the model setting, --model)"
+                )
+            return found
+        return find_model_arch(
+            root,
+            hf_home=self._hf_home,
+            also_known_as=(model_id,),
+            catalogue_if_unusable=True,
+            local=kind is RootKind.ALLOWED_PATH,
+            allowed=self._model_roots if kind is RootKind.ALLOWED_PATH else None,
+        )
 
     def _failed(self, reason: ModelReason, message: str) -> SourceError:
         self._loaded = _Loaded(state=reason, message=message)

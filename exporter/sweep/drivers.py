@@ -28,6 +28,7 @@ import math
 import os
 import random
 import signal
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -38,7 +39,7 @@ from exporter.sweep.plan import Load, Mode
 from exporter.sweep.shape import RequestShape
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
     from pathlib import Path
 
 #: Token ids every byte-level vocabulary has; none is special in the models we know.
@@ -46,6 +47,57 @@ TOKEN_ID_LOW = 16
 TOKEN_ID_COUNT = 240
 #: The most requests one driver keeps in flight: past it arrivals are dropped (and counted).
 MAX_IN_FLIGHT = 4096
+#: The longest line of a streamed completion kept in memory (vLLM's chunks are under 1 KiB
+#: without logprobs); with MAX_IN_FLIGHT requests that is at most 256 MiB in line buffers.
+MAX_LINE_BYTES = 64 * 1024
+#: Bytes of one response: a fixed allowance plus this much per output token asked for.
+RESPONSE_BASE_BYTES = 64 * 1024
+RESPONSE_BYTES_PER_TOKEN = 4 * 1024
+#: ``data:`` lines of one response beyond one per output token (usage, ``[DONE]``).
+EXTRA_DATA_LINES = 16
+
+
+class ResponseBound(StrEnum):
+    """Why a response was cut off: the request's error word, counted in the step's failures."""
+
+    TOO_LARGE = "response_too_large"
+    LINE_TOO_LONG = "response_line_too_long"
+    TOO_MANY_LINES = "response_too_many_lines"
+
+
+class _Cut(Exception):
+    def __init__(self, bound: ResponseBound) -> None:
+        super().__init__(bound)
+        self.bound = bound
+
+
+def response_bytes_limit(output_tokens: int) -> int:
+    """The most bytes read of the response to a request for ``output_tokens`` tokens."""
+    return RESPONSE_BASE_BYTES + RESPONSE_BYTES_PER_TOKEN * max(0, output_tokens)
+
+
+async def bounded_lines(
+    chunks: AsyncIterator[bytes], *, max_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
+) -> AsyncIterator[str]:
+    """The lines of a byte stream, at most ``max_bytes`` in all and ``max_line_bytes`` a line.
+
+    Past either bound it raises ``_Cut``: a line is never kept longer than its bound.
+    """
+    pending = bytearray()
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > max_bytes:
+            raise _Cut(ResponseBound.TOO_LARGE)
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+        if len(pending) > max_line_bytes:
+            raise _Cut(ResponseBound.LINE_TOO_LONG)
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
 
 
 def prompt_token_ids(index: int, length: int, *, seed: int) -> list[int]:
@@ -100,6 +152,8 @@ class HttpxDriver:
         self._sender: asyncio.Task[None] | None = None
         #: Arrivals skipped because MAX_IN_FLIGHT requests were in flight.
         self.dropped = 0
+        #: Responses cut off at a bound, per bound (each also a failed request of its step).
+        self.cut: dict[ResponseBound, int] = {}
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -198,17 +252,35 @@ class HttpxDriver:
         error: str | None = "cancelled"
         try:
             body = completion_body(self.model, shape, index=index, seed=self._seed)
-            async with self._client.stream(
-                "POST", f"{self.base_url}/v1/completions", json=body, timeout=self._timeout
-            ) as response:
+            max_lines = shape.output_tokens + EXTRA_DATA_LINES
+            # One deadline for the whole request: httpx's timeout is per read, which a server
+            # trickling bytes for ever would never trip.
+            async with (
+                asyncio.timeout(self._timeout),
+                self._client.stream(
+                    "POST",
+                    f"{self.base_url}/v1/completions",
+                    json=body,
+                    timeout=self._timeout,
+                    # Read raw (bounded as sent): a compressed answer is not expanded.
+                    headers={"Accept-Encoding": "identity"},
+                ) as response,
+            ):
                 if response.status_code != httpx.codes.OK:
-                    await response.aread()
+                    # The body is not read: a 429 may stream for ever. Closing drops it.
                     error = f"http_{response.status_code}"
                     return
-                async for line in response.aiter_lines():
+                lines = bounded_lines(
+                    response.aiter_raw(), max_bytes=response_bytes_limit(shape.output_tokens)
+                )
+                data_lines = 0
+                async for line in lines:
                     data = line[5:].strip() if line.startswith("data:") else ""
                     if not data:
                         continue
+                    data_lines += 1
+                    if data_lines > max_lines:
+                        raise _Cut(ResponseBound.TOO_MANY_LINES)
                     if data == "[DONE]":
                         break
                     chunk = json.loads(data)
@@ -218,7 +290,10 @@ class HttpxDriver:
                     if isinstance(usage, dict) and "completion_tokens" in usage:
                         generated = int(usage["completion_tokens"])
             error = None
-        except httpx.TimeoutException:
+        except _Cut as cut:
+            error = str(cut.bound)
+            self.cut[cut.bound] = self.cut.get(cut.bound, 0) + 1
+        except (httpx.TimeoutException, TimeoutError):
             error = "timeout"
         except httpx.HTTPError:
             error = "connection_error"
@@ -466,8 +541,16 @@ class VllmBenchDriver:
         stdout = self._proc.stdout if self._proc is not None else None
         if stdout is None:
             return
-        async for raw in stdout:
-            line = raw.decode(errors="replace").rstrip()
+        while True:
+            try:
+                raw = await stdout.readline()
+            except ValueError:
+                # A line past the stream's 64 KiB limit (a progress bar without newlines, a
+                # server's huge error echoed): its bytes are dropped, the reading goes on.
+                raw = b"[a line over 64 KiB, dropped]"
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip()[:MAX_LINE_BYTES]
             if self._t0 is None and BENCH_START_MARKER in line:
                 self._t0 = self._clock()
                 self._sending.set()

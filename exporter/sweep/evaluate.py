@@ -431,6 +431,28 @@ def early_stop(samples: Sequence[Sample], limits: Limits) -> str | None:
     return None
 
 
+def busy_unknown(snapshot: VllmSnapshot) -> str | None:
+    """Why a snapshot cannot tell whether the target is busy; None when it can.
+
+    Every engine must say how many requests run and wait: a gauge that is absent or was
+    dropped as impossible (NaN, infinite, negative) reads as "unknown", never as 0 (idle).
+    """
+    if not snapshot.engines:
+        return "it reports no engine"
+    lacking = [
+        e.engine
+        for e in snapshot.engines.values()
+        if e.requests_running is None or e.requests_waiting is None
+    ]
+    if not lacking:
+        return None
+    shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+    return (
+        f"engine {shown} reports no usable vllm:num_requests_running or "
+        "vllm:num_requests_waiting (absent, NaN or negative)"
+    )
+
+
 def traffic_seen(before: VllmSnapshot, after: VllmSnapshot, *, seconds: float) -> str | None:
     """Why the target looks busy, as a phrase for the refusal; None when it is quiet.
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from exporter.core.derive import next_sample
 from exporter.errors import HeadroomError
-from exporter.sweep.evaluate import Limits, StepResult, early_stop, evaluate_step
+from exporter.sweep.evaluate import Limits, StepResult, busy_unknown, early_stop, evaluate_step
 from exporter.sweep.knee import Knee, TargetCeiling, find_knee
 from exporter.sweep.plan import (
     Load,
@@ -259,6 +259,9 @@ class _Sweep:
 
 
 def _idle(snapshot: VllmSnapshot) -> bool:
+    """Nothing runs or waits; a gauge that cannot be read counts as busy (fail closed)."""
+    if busy_unknown(snapshot) is not None:
+        return False
     busy = 0.0
     for engine in snapshot.engines.values():
         busy += (engine.requests_running or 0.0) + (engine.requests_waiting or 0.0)

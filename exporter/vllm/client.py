@@ -8,12 +8,23 @@ expands to up to 64 MB before any size check can run (on loopback, compression o
 CPU anyway); a server that compresses though we asked for ``identity`` gets
 ``invalid_response``. Every failure becomes a :class:`~exporter.errors.SourceError` with a
 bounded ``reason`` that is safe as a label value.
+
+Fleet mode's clients are *pinned*: a probe target's host name is resolved and its addresses
+checked against the allowlist before any request (``exporter.service.fleet``), and a second
+resolution by httpx could answer otherwise (DNS rebinding: an allowed name that then leads to
+the cloud metadata service, or to an address the bearer token is not bound to). A pinned client
+connects only to the addresses of the :class:`Route` its probe checked (:func:`routed`), keeping
+the name in ``Host`` and as the TLS server name (SNI and certificate check), and sends the token
+only where that route allows it. Without a route it sends nothing. Redirects are never followed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +34,49 @@ from exporter.core.reasons import HttpReason
 from exporter.errors import SourceError
 
 if TYPE_CHECKING:
+    import ipaddress
+    from collections.abc import Iterator
+
     from pydantic import SecretStr
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a pinned client's requests may go: addresses checked, and whether the token may.
+
+    The addresses are tried in order (the next one only when connecting to one failed, before
+    anything was sent); every one of them passed the checks of the probe that made the route.
+    """
+
+    addresses: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]
+    send_token: bool
+
+
+_route: ContextVar[Route | None] = ContextVar("vllm_route", default=None)
+
+
+@contextmanager
+def routed(route: Route) -> Iterator[None]:
+    """Pinned clients used within this block (this task and the tasks it starts) use ``route``."""
+    token = _route.set(route)
+    try:
+        yield
+    finally:
+        _route.reset(token)
+
+
+def current_route() -> Route | None:
+    """The route pinned clients use here (:func:`routed`), or None outside any."""
+    return _route.get()
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One way to send a request: the URL connected to, its headers and httpx extensions."""
+
+    url: str
+    headers: dict[str, str]
+    extensions: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +115,12 @@ def _check_head(response: httpx.Response, path: str, max_bytes: int) -> None:
             "though only identity was accepted",
         )
     declared = response.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    if (
+        declared is not None
+        and declared.isascii()
+        and declared.isdigit()
+        and int(declared) > max_bytes
+    ):
         raise SourceError("too_large", f"GET {path} declares {declared} bytes > {max_bytes}")
 
 
@@ -77,6 +135,9 @@ def _status_reason(status: int) -> str:
     if 300 <= status < 400:
         return HttpReason.HTTP_3XX
     return HttpReason.INVALID_RESPONSE  # 1xx, or a 2xx other than 200
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class ResponseBudget:
@@ -115,8 +176,11 @@ class VllmClient:
         max_bytes: int,
         bearer_token: SecretStr | None = None,
         budget: ResponseBudget | None = None,
+        pinned: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: Connect only to the addresses of the current :class:`Route` (fleet mode).
+        self.pinned = pinned
         self._client = client
         self._timeout = timeout_seconds
         self._max_bytes = max_bytes
@@ -125,20 +189,57 @@ class VllmClient:
             "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
             "Accept-Encoding": "identity",
         }
-        if bearer_token is not None:
-            self._headers["Authorization"] = f"Bearer {bearer_token.get_secret_value()}"
+        self._authorization = (
+            f"Bearer {bearer_token.get_secret_value()}" if bearer_token is not None else None
+        )
+
+    def _attempts(self, path: str) -> list[_Attempt]:
+        """The requests that may carry ``GET path``: one, or one per address of the route."""
+        if not self.pinned:
+            headers = dict(self._headers)
+            if self._authorization is not None:
+                headers["Authorization"] = self._authorization
+            return [_Attempt(f"{self.base_url}{path}", headers, {})]
+        route = current_route()
+        if route is None or not route.addresses:
+            raise SourceError(
+                HttpReason.CONNECTION_ERROR,
+                f"GET {path}: no checked address to connect to (fleet mode connects only to "
+                "addresses checked against the allowlist)",
+            )
+        url = httpx.URL(self.base_url)
+        headers = dict(self._headers)
+        # The name the target was given by: what vLLM (or a proxy) and its certificate expect.
+        shown = f"[{url.host}]" if ":" in url.host else url.host
+        headers["Host"] = f"{shown}:{url.port}" if url.port is not None else shown
+        if route.send_token and self._authorization is not None:
+            headers["Authorization"] = self._authorization
+        extensions: dict[str, Any] = {}
+        if url.scheme == "https":
+            extensions["sni_hostname"] = url.host
+            # Connections are pooled by address: one verified for another name must not carry
+            # this name's requests.
+            headers["Connection"] = "close"
+        port = url.port or _DEFAULT_PORTS[url.scheme]
+        base_path = url.raw_path.decode("ascii").rstrip("/")
+        attempts = []
+        for address in route.addresses:
+            host = f"[{address}]" if address.version == 6 else str(address)
+            attempts.append(
+                _Attempt(f"{url.scheme}://{host}:{port}{base_path}{path}", headers, extensions)
+            )
+        return attempts
 
     async def _get(self, path: str, *, max_bytes: int) -> tuple[bytes, str]:
         """GET ``path``; return the body and its content type, or raise SourceError."""
-        url = f"{self.base_url}{path}"
         try:
+            attempts = self._attempts(path)
             async with asyncio.timeout(self._timeout):
-                async with self._client.stream(
-                    "GET", url, headers=self._headers, timeout=self._timeout
-                ) as response:
-                    _check_head(response, path, max_bytes)
-                    body = await self._read_body(response, path, max_bytes)
-                    return body, response.headers.get("content-type", "")
+                for attempt in attempts[:-1]:
+                    # Nothing was sent when connecting failed: the next checked address may do.
+                    with contextlib.suppress(httpx.ConnectError):
+                        return await self._send(attempt, path, max_bytes)
+                return await self._send(attempts[-1], path, max_bytes)
         except TimeoutError:
             raise SourceError(
                 "timeout", f"GET {path} took longer than {self._timeout:g}s"
@@ -150,6 +251,19 @@ class VllmClient:
             raise SourceError(reason, f"GET {path}: connection failed ({reason})") from None
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise SourceError("connection_error", f"GET {path}: {type(exc).__name__}") from None
+
+    async def _send(self, attempt: _Attempt, path: str, max_bytes: int) -> tuple[bytes, str]:
+        """One request as ``attempt`` says; the body and its content type, or raise."""
+        async with self._client.stream(
+            "GET",
+            attempt.url,
+            headers=attempt.headers,
+            timeout=self._timeout,
+            extensions=attempt.extensions,
+        ) as response:
+            _check_head(response, path, max_bytes)
+            body = await self._read_body(response, path, max_bytes)
+            return body, response.headers.get("content-type", "")
 
     async def _read_body(self, response: httpx.Response, path: str, max_bytes: int) -> bytes:
         """The body, bounded by ``max_bytes`` and by the shared budget, if any."""

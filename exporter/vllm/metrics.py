@@ -704,8 +704,9 @@ def _bool_label(sample: TextSample, name: str) -> bool | None:
 
 
 def _parse_float(text: str) -> float | None:
-    # Same rule as the text format's values: no "1_000", no non-ASCII digits.
-    if "_" in text or not text.isascii():
+    # Same rule as the text format's values: no "1_000", no non-ASCII digits, no control
+    # characters around the number ("1\x0c", which float() would read as 1).
+    if "_" in text or not text.isascii() or not text.isprintable():
         return None
     try:
         return float(text)
@@ -722,7 +723,8 @@ def _error(sample: TextSample, problem: str) -> ParseError:
 
 def _engine_order(engine: str) -> tuple[int, int, str]:
     # Data-parallel ranks are numbers: "10" after "9".
-    return (0, int(engine), "") if engine.isdigit() else (1, 0, engine)
+    # isdigit() alone admits "²" and "٣", which int() refuses or reads as another rank.
+    return (0, int(engine), "") if engine.isascii() and engine.isdigit() else (1, 0, engine)
 
 
 def _vllm_families(declared: frozenset[str], seen: set[str]) -> frozenset[str]:

@@ -7,11 +7,29 @@ other line costs one dictionary miss on its metric name. Only samples of wanted 
 tokenised, validated and returned.
 
 Format: the text exposition format 0.0.4, plus what is cheap of OpenMetrics (``# EOF``, ``# UNIT``
-and other comments are ignored, exemplars after ``#`` are skipped, float timestamps are
+and other comments are ignored, exemplars are checked and skipped, float timestamps are
 accepted). Lines end with ``\n`` (``\r\n`` too). Names in ``# HELP``/``# TYPE`` lines and sample
 names are matched literally; a sample named ``<family>_bucket``, ``_count``, ``_sum``, ``_total``
 or ``_created`` belongs to ``<family>`` (an exact name wins over a suffixed one, so the histogram
 ``vllm:iteration_tokens_total`` can be wanted as such).
+
+Strictness: where a value could be misread, a line of a wanted family is refused as the
+reference parsers (prometheus/common, client_python) refuse it: after the labels come a value,
+then only a timestamp and an exemplar (``# {labels} value [timestamp]``), each after a blank
+(``1#2`` is not a value); a number is ASCII, without ``_`` or control characters around it; an
+invalid UTF-8 byte anywhere in the line is an error, whatever the line's shape, so every label
+accepted can be written out again. The documented leniencies, none of which can change what a
+line reads as (docs/reliability.md, "The parser against the reference parsers"):
+
+- lines of other families are never looked at, malformed or not (Prometheus refuses the whole
+  scrape); their invalid bytes are skipped with them;
+- OpenMetrics exemplars after a 0.0.4 value are skipped (Prometheus's 0.0.4 parser refuses them,
+  client_python reads the exemplar's value as the timestamp); float timestamps are kept as
+  written;
+- ``\r\n`` line ends, a UTF-8 byte-order mark, blanks and tabs around the label set and its
+  ``=`` and ``,``, a trailing comma, no blank between ``}`` and the value;
+- ``# TYPE`` lines are checked only for wanted families, and neither their order nor the order
+  of samples is checked (the metrics layer refuses a series written twice).
 
 Errors: a malformed line of a wanted family raises :class:`~exporter.errors.ParseError` naming
 the line number and the problem. Malformed lines of other families are skipped unseen, as are
@@ -62,7 +80,14 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 _BLANKS = re.compile(r"[ \t]+")
 _NAME_END = re.compile(r"[ \t{]")
-_VALUE_AND_TIMESTAMP = re.compile(r"[ \t]*([^ \t]+)(?:[ \t]+([^ \t]+))?[ \t]*\Z")
+# What may follow the labels: a value, a timestamp, an OpenMetrics exemplar, each after a blank
+# (none needed after `}`), and nothing else: "1#2" is not a value, "1 2 3" has a token too many.
+# Possessive quantifiers: the token classes are disjoint, so nothing here ever backtracks.
+_TAIL = re.compile(
+    r"[ \t]*+([^ \t#]++)(?:[ \t]++([^ \t#]++))?+"
+    r'(?:[ \t]++#[ \t]++\{(?:[^"}]++|"(?:[^"\\]++|\\.)*+")*+\}[ \t]++([^ \t]++)'
+    r"(?:[ \t]++([^ \t]++))?+)?+[ \t]*+\Z"
+)
 
 _UNSEEN: tuple[str, ...] = ("\0",)  # not a label-name sequence: NUL is not a name character
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
@@ -158,7 +183,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     """
     if not isinstance(wanted, WantedFamilies):
         wanted = wanted_families(wanted)
-    text = _decode(payload)
+    text, clean = _decode(payload)
     if "\r" in text:
         text = text.replace("\r\n", "\n")
         if text.endswith("\r"):
@@ -219,6 +244,8 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 if len(line) > MAX_LINE_CHARS:
                     too_long += 1
                     continue
+                if not clean:
+                    _check_encodable(line, lineno, found)
                 labels, value, timestamp = _parse_sample_carefully(line, pos, lineno, found)
                 if len(samples) == room:
                     overflow += 1
@@ -226,7 +253,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 append(new_sample(TextSample, (*found, labels, value, timestamp, lineno)))
                 continue
             hit = found
-        if not line.isascii():
+        if not clean:
             _check_encodable(line, lineno, hit)
         # The plain form, with string methods only: `name{a="x",b="y"} value`, without escapes,
         # blanks in the label set, timestamp or exemplar: what vLLM writes. Anything else,
@@ -245,12 +272,13 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                     if len(label_sets) >= MAX_LABEL_SETS:
                         label_sets.clear()  # endless distinct series must not grow the memo
                     label_sets[label_text] = plain
-            # float() alone would also take "1_000", blanks and non-ASCII digits.
+            # float() alone would also take "1_000", non-ASCII digits and, around the number,
+            # control characters that are not blanks ("1\x0c"): the careful path names them.
             if (
                 plain is not None
-                and " " not in value_text
                 and "_" not in value_text
                 and value_text.isascii()
+                and value_text.isprintable()
             ):
                 try:
                     value = float(value_text)
@@ -270,6 +298,8 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             continue
         append(new_sample(TextSample, (*hit, labels, value, timestamp, lineno)))
 
+    if not clean:  # names of lines never read may hold invalid bytes: not remembered
+        declared = {name for name in declared if _encodable(name)}
     return Exposition(
         samples=tuple(samples),
         types=types,
@@ -332,19 +362,36 @@ def _plain_label_names(key: tuple[str, ...]) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def _decode(payload: str | bytes) -> str:
-    # Invalid bytes survive as lone surrogates: harmless in lines we skip, and an error in a
-    # wanted line (see _check_encodable), instead of failing the whole payload up front.
-    text = payload if isinstance(payload, str) else payload.decode("utf-8", "surrogateescape")
+def _decode(payload: str | bytes) -> tuple[str, bool]:
+    """The payload as text, and whether all of it is valid UTF-8 (then no line needs a check).
+
+    Invalid bytes survive as lone surrogates: harmless in lines we skip, and an error in every
+    line we read (see _check_encodable), instead of failing the whole payload up front. A str
+    payload may hold lone surrogates too: it is checked the same way.
+    """
+    if isinstance(payload, str):
+        text, clean = payload, payload.isascii() or _encodable(payload)
+    else:
+        try:
+            text, clean = payload.decode("utf-8"), True
+        except UnicodeDecodeError:
+            text, clean = payload.decode("utf-8", "surrogateescape"), False
     # A byte-order mark would glue itself to the first metric name and hide that line.
-    return text.removeprefix("\ufeff")
+    return text.removeprefix("\ufeff"), clean
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode, i.e. has no lone surrogate (what invalid bytes become)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_encodable(line: str, lineno: int, hit: tuple[str, str]) -> None:
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _error(lineno, hit, "not valid UTF-8", line) from None
+    if not line.isascii() and not _encodable(line):
+        raise _error(lineno, hit, "not valid UTF-8", line)
 
 
 def _split_name(line: str) -> tuple[str | None, int]:
@@ -398,17 +445,23 @@ def _parse_sample_carefully(
     labels: dict[str, str] = {}
     if line.startswith("{", pos):
         labels, pos = _parse_labels(line, pos + 1, lineno, hit)
-    rest = line[pos:]
-    exemplar = rest.find("#")
-    if exemplar != -1:  # OpenMetrics exemplar: "value [timestamp] # {labels} value"
-        rest = rest[:exemplar]
-    match = _VALUE_AND_TIMESTAMP.match(rest)
+    match = _TAIL.match(line, pos)
     if match is None:
-        problem = "missing value" if not rest.strip(" \t") else "expected 'value [timestamp]'"
+        rest = line[pos:]
+        if not rest.strip(" \t"):
+            raise _error(lineno, hit, "missing value", line)
+        problem = (
+            "expected 'value [timestamp]', then only an exemplar '# {labels} value', each after"
+            f" a blank; found {rest[:_EXCERPT_CHARS]!r}"
+        )
         raise _error(lineno, hit, problem, line)
-    value = _number(match.group(1), lineno, hit, "value", line)
-    ts_text = match.group(2)
+    value_text, ts_text, exemplar_value, exemplar_ts = match.groups()
+    value = _number(value_text, lineno, hit, "value", line)
     timestamp = None if ts_text is None else _number(ts_text, lineno, hit, "timestamp", line)
+    if exemplar_value is not None:  # an OpenMetrics exemplar: checked, not kept
+        _number(exemplar_value, lineno, hit, "exemplar value", line)
+        if exemplar_ts is not None:
+            _number(exemplar_ts, lineno, hit, "exemplar timestamp", line)
     return labels, value, timestamp
 
 
@@ -488,8 +541,9 @@ def _label_value(
 
 
 def _number(text: str, lineno: int, hit: tuple[str, str], what: str, line: str) -> float:
-    # float() alone would also take "1_000" and non-ASCII digits, which Prometheus rejects.
-    if "_" not in text and text.isascii():
+    # float() alone would also take "1_000", non-ASCII digits and control characters around
+    # the number ("1\x0c"), all of which Prometheus rejects.
+    if "_" not in text and text.isascii() and text.isprintable():
         try:
             return float(text)
         except ValueError:

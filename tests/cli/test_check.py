@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -99,6 +101,51 @@ def test_a_file_without_vllm_metrics_is_refused(
     other.write_text("# TYPE node_load1 gauge\nnode_load1 0.5\n")
     assert main(["check", str(other)]) == 2
     assert "no vLLM metrics" in capsys.readouterr().err
+
+
+def test_a_capture_of_vllm_series_none_of_which_check_reads_says_what_it_has_and_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A partial capture: the families found and those needed, never "no vllm: series"."""
+    partial = tmp_path / "partial.prom"
+    partial.write_text(
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf"} 3\n'
+        'vllm:iteration_tokens_total_count{engine="0"} 3\n'
+        'vllm:iteration_tokens_total_sum{engine="0"} 3\n'
+        'vllm:lora_requests_info{engine="0"} 1\n'
+    )
+    assert main(["check", str(partial)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no vllm: series" not in err
+    assert "has vllm: series (vllm:iteration_tokens_total, vllm:lora_requests_info)" in err
+    assert "vllm:cache_config_info, vllm:kv_cache_usage_perc" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "timeout", "message"),
+    [
+        ("/dev/zero", "30", "/dev/zero (a character device) is larger than 64 MiB"),
+        ("/dev/urandom", "30", "/dev/urandom (a character device) is larger than 64 MiB"),
+        ("fifo", "0.3", "is a FIFO with no writer for 0.3 s"),
+        ("directory", "0.3", "it is a directory"),
+    ],
+)
+def test_a_file_of_any_kind_is_read_within_the_cap_and_the_timeout(
+    kind: str, timeout: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Devices stop at 64 MiB, a FIFO with no writer at --timeout: one line, exit 2, no hang."""
+    path = tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)
+    source = str(path) if kind == "fifo" else str(tmp_path) if kind == "directory" else kind
+    started = time.monotonic()
+    assert main(["check", source, "--timeout", timeout]) == 2
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < float(timeout) + 2
+    assert err.count("\n") == 1, err
+    assert message in err
 
 
 def test_a_live_server_is_read_with_its_models_and_version(

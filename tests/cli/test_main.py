@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -50,6 +51,14 @@ def test_a_bad_setting_exits_2_with_one_line(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "HEADROOM_PORT" in err
+
+
+def test_serve_puts_back_the_signal_handlers_it_held_during_start_up() -> None:
+    """serve holds the signals from its first instant; in this process it puts ours back."""
+    sigs = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+    before = {sig: signal.getsignal(sig) for sig in sigs}
+    assert main(["serve", "--port", "abc"]) == 2
+    assert {sig: signal.getsignal(sig) for sig in sigs} == before
 
 
 def test_a_closed_pipe_is_not_a_traceback() -> None:

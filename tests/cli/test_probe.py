@@ -20,7 +20,7 @@ import pytest
 
 from exporter.cli.main import main
 from exporter.sim import Scenario, SimEngineConfig
-from exporter.testing.fakevllm import FakeVllm
+from exporter.testing.fakevllm import FakeVllm, VllmState, render_metrics
 from exporter.testing.processes import free_port
 from exporter.testing.simload import SimCompletionsServer
 from tests import paths
@@ -132,6 +132,47 @@ def test_rates_without_a_kv_capacity_are_refused_before_any_request(
         err = one_line_error(capsys, "--target", fake.url, *QUICK)
     assert "does not say its KV capacity (no vllm:cache_config_info)" in err
     assert "give --levels" in err
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("--lengths", "/dev/zero", "/dev/zero (a character device) is larger than 64 MiB"),
+        ("--shape-from", "fifo", "is a FIFO with no writer for 0.5 s"),
+        ("--lengths", "directory", "it is a directory"),
+    ],
+)
+def test_a_lengths_or_capture_file_of_any_kind_is_read_within_its_bounds(
+    case: tuple[str, str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sim: SimCompletionsServer,
+) -> None:
+    """--lengths and --shape-from FILE: at most 64 MiB within --timeout, one line, no load."""
+    flag, kind, message = case
+    source = {"/dev/zero": "/dev/zero", "directory": str(tmp_path)}.get(kind, str(tmp_path / "f"))
+    if kind == "fifo":
+        os.mkfifo(source)
+    argv = [a for a in QUICK if a not in ("--prompt-tokens", "100", "--output-tokens", "156")]
+    err = one_line_error(capsys, "--target", sim.url, *argv, "--timeout", "0.5", flag, source)
+    assert message in err
+
+
+@pytest.mark.parametrize("value", ["NaN", "-1"])
+def test_a_target_whose_busy_gauges_cannot_be_read_gets_no_load(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Running-requests gauge NaN or negative: busy or not is unknown, so nothing is sent."""
+    payload = render_metrics(VllmState()).replace(
+        b'vllm:num_requests_running{engine="0",model_name="tiny"} 2.0',
+        b'vllm:num_requests_running{engine="0",model_name="tiny"} ' + value.encode(),
+    )
+    with FakeVllm(payload=payload) as fake:
+        err = one_line_error(capsys, "--target", fake.url, *QUICK, "--levels", "1")
+        assert "/v1/completions" not in fake.counts.requests
+    assert "cannot tell whether" in err
+    assert "engine 0 reports no usable vllm:num_requests_running" in err
+    assert "--i-know-this-sends-load" in err
 
 
 def test_a_target_that_completes_no_request_ends_the_sweep_after_the_baseline(

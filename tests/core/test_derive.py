@@ -7,11 +7,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import (
+    COUNTER_CEILINGS_PER_SECOND,
+    Counted,
     EngineDerived,
     Sample,
     WindowSettings,
@@ -791,3 +793,123 @@ def test_a_restart_baseline_gives_the_same_evidence_as_the_whole_snapshot() -> N
         assert restart_evidence(restart_baseline(before), after) == restart_evidence(before, after)
     baseline = restart_baseline(before)
     assert all(e.cache_config is None and e.model_name is None for e in baseline.engines.values())
+
+
+# --- counters after a restart -----------------------------------------------------------------
+
+#: Wall-clock time of the first poll in these tests (the target's start times are near it).
+T0 = 1_800_000_000.0
+
+
+def walled(t: float, snapshot: VllmSnapshot) -> Sample:
+    """A sample polled ``t`` seconds after T0, with its wall-clock time."""
+    return Sample(t, snapshot, wall=T0 + t)
+
+
+def walled_chain(*samples: Sample) -> list[Sample]:
+    """Like :func:`chain`, keeping each sample's wall-clock time."""
+    out: list[Sample] = []
+    for sample in samples:
+        previous = out[-1] if out else None
+        out.append(next_sample(previous, sample.t, sample.snapshot, wall=sample.wall))
+    return out
+
+
+def preemption_rate(samples: list[Sample]) -> float | None:
+    """The one engine's preemptions per second over the rate window."""
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    return e.preemptions_per_second
+
+
+def test_a_restart_between_two_polls_counts_the_new_process_whole() -> None:
+    """Started 4 s after the first poll, 30 preemptions by the next (10 s later): 30 count."""
+    samples = walled_chain(
+        walled(0.0, snap(engine(preemptions=900), start=T0 - 3600)),
+        walled(10.0, snap(engine(preemptions=30), start=T0 + 4)),
+    )
+    assert preemption_rate(samples) == pytest.approx(3.0)
+
+
+def test_a_storm_of_new_start_times_with_huge_counters_yields_no_rate_at_all() -> None:
+    """Each poll a new start time (just before it) and 1e12 preemptions: nothing counts.
+
+    No process counts 1e12 in 5 s, so no interval counts it (before: 2e11 per second).
+    """
+    samples = walled_chain(
+        *(
+            walled(5.0 * i, snap(engine(preemptions=1e12 + i), start=T0 + 5.0 * i - 1))
+            for i in range(13)
+        )
+    )
+    assert all(s.restarted for s in samples[1:])
+    assert preemption_rate(samples) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("start", "why"),
+    [
+        (T0 + 10 + 3600, "started an hour after the poll that read it"),
+        (T0 - 3600, "already running an hour before the poll that read the other process"),
+        (1.0, "started in 1970, 'restarting' at every poll"),
+    ],
+)
+def test_a_start_time_no_restart_between_the_polls_could_have_counts_nothing(
+    start: float, why: str
+) -> None:
+    """A new process that did not start between the two polls counts nothing there: ``why``."""
+    samples = walled_chain(
+        walled(0.0, snap(engine(preemptions=900), start=T0 - 7200)),
+        walled(10.0, snap(engine(preemptions=5_000), start=start)),
+    )
+    assert samples[1].restarted
+    assert preemption_rate(samples) == 0.0, why
+
+
+def test_a_start_time_within_the_clock_skew_allowance_still_counts() -> None:
+    """Clocks 30 s apart (fleet mode reads other machines' start times): the restart counts."""
+    samples = walled_chain(
+        walled(0.0, snap(engine(preemptions=900), start=T0 - 7200)),
+        walled(10.0, snap(engine(preemptions=50), start=T0 + 10 + 30)),
+    )
+    assert preemption_rate(samples) == pytest.approx(5.0)
+
+
+def test_a_count_above_the_ceiling_for_the_time_between_polls_counts_nothing() -> None:
+    """The ceiling is per second between the polls: at it the count stands, above it not."""
+    ceiling = COUNTER_CEILINGS_PER_SECOND[Counted.PREEMPTIONS]
+    for count, rate in ((ceiling * 10, ceiling), (ceiling * 10 + 1, 0.0)):
+        samples = walled_chain(
+            walled(0.0, snap(engine(preemptions=900), start=T0 - 7200)),
+            walled(10.0, snap(engine(preemptions=count), start=T0 + 1)),
+        )
+        assert preemption_rate(samples) == pytest.approx(rate)
+
+
+def test_without_a_start_time_a_counter_reset_is_bounded_by_the_ceiling_too() -> None:
+    """Counters going down (no start time exposed) to 1e12 count nothing; to 20, 20."""
+    for count, rate in ((1e12, 0.0), (20.0, 2.0)):
+        samples = walled_chain(
+            Sample(0.0, VllmSnapshot(engines={"0": engine(preemptions=1e13)})),
+            Sample(10.0, VllmSnapshot(engines={"0": engine(preemptions=count)})),
+        )
+        assert samples[1].restarted
+        assert preemption_rate(samples) == pytest.approx(rate)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.floats(min_value=0, max_value=1e300),
+    start_offset=st.floats(min_value=-1e10, max_value=1e10),
+    elapsed=st.floats(min_value=0.01, max_value=WINDOWS.rate_seconds),
+)
+def test_a_restart_never_yields_a_rate_above_the_ceiling(
+    count: float, start_offset: float, elapsed: float
+) -> None:
+    """Whatever the new count and start time, the rate after a restart stays under the ceiling."""
+    samples = walled_chain(
+        walled(0.0, snap(engine(preemptions=1.0, finished=1), start=T0 - 7200)),
+        walled(elapsed, snap(engine(preemptions=count, finished=1), start=T0 + start_offset)),
+    )
+    rate = preemption_rate(samples)
+    assert rate is not None
+    assert rate <= COUNTER_CEILINGS_PER_SECOND[Counted.PREEMPTIONS] * (1 + 1e-9)

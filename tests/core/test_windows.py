@@ -151,3 +151,16 @@ def test_bucket_quantile_is_monotonic_in_q(counts: list[int], q1: float, q2: flo
         assert a is not None
         assert b is not None
         assert a <= b + 1e-9
+
+
+def test_window_increase_leaves_out_a_value_after_a_reset_that_is_not_counted() -> None:
+    """A reset whose new value no process could have counted adds nothing; the rest stands."""
+    values = [5.0, 1e12, 1e12 + 3]
+    resets = [False, True, False]
+    assert window_increase(values, resets, [True, False, True]) == 3.0
+    assert window_increase(values, resets, [True, True, True]) == 1e12 + 3
+
+
+def test_the_counted_flags_apply_only_after_a_reset() -> None:
+    """Without a reset, a False flag changes nothing: plain increases are always counted."""
+    assert window_increase([1.0, 4.0, 9.0], [False, False, False], [False, False, False]) == 8.0

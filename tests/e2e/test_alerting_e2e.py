@@ -16,13 +16,14 @@ Three changes to the rules, each one a Helm value makes:
   before the page does; the ticket route's ``group_wait`` of 5 minutes holds it until the page
   mutes it, and it resolves with the burst (no request running), before that wait ends.
 - The page's ``keep_firing_for`` is 30s instead of 5m, and the TTFT SLO page is disabled. The 5
-  minutes exist for that SLO page alone: they keep the preemption page active, so that its
-  inhibition mutes the SLO page while the SLO's 5-minute window still holds the burst's slow
-  first tokens. Here they only delayed the resolved notification by 5 minutes of CI time (the SLO
-  page was not raised on the development machine; on a slower one it could be, and would then
-  page a second time once a 30 s ``keep_firing_for`` ended). That muting is proven with the
-  shipped durations by promtool (``tests/test_alerts.py``, ``test_the_capacity_page_outlasts_``
-  ``the_slow_first_tokens_it_caused``) and the inhibit rule by amtool.
+  minutes exist for that SLO page alone: they keep the preemption page active, so that the SLO
+  page joins the model's open page group while the SLO's 5-minute window still holds the
+  burst's slow first tokens. Here they only delayed the resolved notification by 5 minutes of
+  CI time (the SLO page was not raised on the development machine; on a slower one it could be,
+  and would then page a second time once a 30 s ``keep_firing_for`` ended). That overlap is
+  proven with the shipped durations by promtool (``tests/test_alerts.py``,
+  ``test_the_capacity_page_outlasts_the_slow_first_tokens_it_caused``) and the grouping in a
+  real Alertmanager by ``tests/test_alertmanager.py``.
 
 The scenario, once for the module: idle, with three requests that never preempt (448 + 32 tokens) so
 that the sidecar knows a p95 context before the burst; a burst of 8 concurrent 128 + 352-token
@@ -32,16 +33,24 @@ work; the lower-severity alerts of the pod inhibited; resolved after the burst. 
 from the first preemption to the page at the webhook is printed (``-s``) and written in
 docs/alerting.md.
 
+A stalled engine, in the minutes the page takes to resolve (no extra CI time): as soon as the
+burst has drained, one request of 32 + 448 tokens (never preempts) starts, and once vLLM has
+generated a token of it its EngineCore process is stopped (SIGSTOP) while the API server keeps
+answering ``/health`` and ``/metrics``. VllmHeadroomEngineStalled must fire in Prometheus within
+3 minutes and reach the pager; then the engine resumes (SIGCONT) and the alert resolves. The
+engine is always resumed on the way out: the vLLM server is shared by the session.
+
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -49,16 +58,14 @@ import pytest
 import yaml
 
 from tests import paths
+from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
 from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
     BackgroundBurst,
-    ProcessGroup,
     PrometheusServer,
     ScrapeJob,
     VllmServer,
-    alertmanager_binary,
     burst,
-    free_port,
     loopback_client,
     sample_value,
     start_sidecar,
@@ -67,14 +74,11 @@ from tests.e2e.harness import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from pathlib import Path
 
 T = TypeVar("T")
 
 ROOT = paths.REPO
 CHART = ROOT / "helm" / "vllm-headroom"
-EXAMPLE = ROOT / "alerts" / "alertmanager" / "vllm-headroom.yml"
-RUNBOOKS = ROOT / "docs" / "runbooks"
 DASHBOARDS = ROOT / "dashboards"
 
 RELEASE, NAMESPACE, POD = "e2e", "llm", "llm-0"
@@ -87,78 +91,17 @@ SCRAPE_S = 5.0
 BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 BURST_SECONDS = 120.0
 SLO_PAGE_ALERT = "VllmHeadroomTtftBudgetBurn"
+STALL_ALERT = "VllmHeadroomEngineStalled"
+#: The request that is in flight when the engine stops: 480 tokens, alone, never preempts.
+STALL_REQUEST = {"concurrency": 1, "prompt_tokens": 32, "output_tokens": 448}
+#: The acceptance: a stalled engine pages within 3 minutes (Prometheus firing).
+STALL_PAGE_S = 180.0
 #: The page's keep_firing_for here (5 minutes in the shipped rules; see the module docstring).
 KEEP_FIRING_S = 30.0
 #: After the burst: the sustained branch holds while the 2m rate stays up (2 minutes), the
 #: page's keep_firing_for, then the page route's group_interval (1m) before the resolved
 #: notification, plus slack for a slow machine.
 RESOLVE_TIMEOUT_S = 420.0
-
-
-# ------------------------------------------------------------------- the webhook receiver
-
-
-@dataclass(frozen=True, slots=True)
-class Notification:
-    """One POST from Alertmanager: where, when (monotonic) and its JSON body."""
-
-    path: str
-    t: float
-    body: dict[str, Any]
-
-    def alerts(self, status: str) -> list[dict[str, Any]]:
-        """The alerts of the notification with this status (firing or resolved)."""
-        return [a for a in self.body["alerts"] if a["status"] == status]
-
-
-class Receiver:
-    """Webhook receiver (``POST /page``, ``POST /ticket``) and the runbooks (``GET /runbooks``)."""
-
-    def __init__(self) -> None:
-        self.notifications: list[Notification] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length))
-                with receiver.lock:
-                    receiver.notifications.append(Notification(self.path, time.monotonic(), body))
-                self.send_response(200)
-                self.end_headers()
-
-            def do_GET(self) -> None:
-                name = self.path.removeprefix("/runbooks/")
-                page = RUNBOOKS / name
-                if self.path.startswith("/runbooks/") and "/" not in name and page.is_file():
-                    data = page.read_bytes()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/markdown")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def received(self, path: str) -> list[Notification]:
-        """The notifications POSTed to ``path`` so far."""
-        with self.lock:
-            return [n for n in self.notifications if n.path == path]
-
-    def stop(self) -> None:
-        """Stop serving."""
-        self.server.shutdown()
-        self.server.server_close()
 
 
 # ------------------------------------------------------------------------- the servers
@@ -175,50 +118,6 @@ class LabelledJob(ScrapeJob):
         config = ScrapeJob.to_config(self)
         config["static_configs"][0]["labels"] = dict(self.labels)
         return config
-
-
-class AlertmanagerServer:
-    """Debian's Alertmanager on loopback, no gossip port, with the given configuration."""
-
-    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.config_path = workdir / "alertmanager.yml"
-        self.config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
-        self.group = ProcessGroup(
-            [
-                str(alertmanager_binary()),
-                f"--config.file={self.config_path}",
-                f"--storage.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--cluster.listen-address=",
-            ],
-            log_path=workdir / "alertmanager.log",
-        )
-        self.client = loopback_client(f"http://127.0.0.1:{self.port}")
-
-    def start(self) -> None:
-        """Start it and wait until it is ready."""
-        self.group.start()
-        wait_until(self._ready, timeout_s=30.0, what=f"Alertmanager on port {self.port}")
-
-    def _ready(self) -> bool:
-        try:
-            return self.client.get("/-/ready", timeout=2.0).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Every alert it holds, silenced and inhibited ones included (``/api/v2/alerts``)."""
-        response = self.client.get("/api/v2/alerts", timeout=10.0)
-        response.raise_for_status()
-        alerts: list[dict[str, Any]] = response.json()
-        return alerts
-
-    def stop(self) -> None:
-        """Stop it."""
-        self.client.close()
-        self.group.stop()
 
 
 def render_rules(helm: Path, receiver_url: str, workdir: Path) -> Path:
@@ -267,17 +166,27 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
-def example_config(receiver_url: str) -> dict[str, Any]:
-    """The shipped example with its receivers pointed at this test's webhook receiver."""
-    config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    paths_by_receiver = {"vllm-headroom-page": "/page", "vllm-headroom-ticket": "/ticket"}
-    for receiver in config["receivers"]:
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = receiver_url + paths_by_receiver[receiver["name"]]
-    return config
-
-
 # ------------------------------------------------------------------------- the scenario
+
+
+@dataclass(slots=True)
+class Stall:
+    """The stalled-engine phase: what was seen, when (monotonic seconds)."""
+
+    stopped: float = 0.0
+    #: vLLM's running + waiting requests when the engine was stopped (its frozen gauges).
+    held_requests: float = 0.0
+    #: /health status codes the API server answered while the engine was stopped.
+    health_while_stopped: set[int] = field(default_factory=set)
+    fired: float | None = None
+    fired_labels: dict[str, str] = field(default_factory=dict)
+    paged: float | None = None
+    resumed: float | None = None
+    resolved: float | None = None
+    #: The stall alert's states in Prometheus before the engine was stopped (idle, the burst).
+    before_stop: set[str] = field(default_factory=set)
+    #: Whether the request held by the stopped engine completed after it resumed.
+    request_completed: bool = False
 
 
 @dataclass(slots=True)
@@ -297,6 +206,9 @@ class Incident:
     firing_in_prometheus: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Every state each alert had in Prometheus during the incident (pending, firing).
     states_in_prometheus: dict[str, set[str]] = field(default_factory=dict)
+    #: The stalled engine: when it was stopped, when its alert fired in Prometheus and reached
+    #: the pager, when it was resumed and when the alert left Prometheus (monotonic seconds).
+    stall: Stall = field(default_factory=Stall)
     #: Looks that vLLM, Prometheus or Alertmanager did not answer in time (skipped, not fatal).
     missed_looks: list[str] = field(default_factory=list)
 
@@ -309,6 +221,119 @@ class Incident:
     def spike_to_webhook_s(self) -> float:
         """Seconds from the first preemption seen on vLLM to the page at the webhook."""
         return self.first_page.t - self.first_preemption
+
+
+def engine_core_pid(vllm: VllmServer) -> int:
+    """The pid of vLLM's EngineCore process, in the API server's process group.
+
+    vLLM titles it ``VLLM::EngineCore`` (setproctitle), which shows in its ``cmdline``.
+    """
+    leader = vllm.pid
+    assert leader is not None, "vLLM is not running"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != leader:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+        if b"EngineCore" in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no EngineCore process in vLLM's process group {leader}")
+
+
+class StalledEngine:
+    """Stop vLLM's engine mid-request, watch the stall page fire, resume it, watch it resolve."""
+
+    def __init__(self, vllm: VllmServer, stall: Stall) -> None:
+        self.vllm = vllm
+        self.stall = stall
+        self.pid: int | None = None
+        self.load: BackgroundBurst | None = None
+
+    def _sample(self, name: str) -> float:
+        return sample_value(self.vllm.metrics_text(), name) or 0.0
+
+    def _wait_for_tokens_beyond(self, before: float) -> None:
+        wait_until(
+            lambda: self._sample("vllm:generation_tokens_total") > before,
+            timeout_s=60.0,
+            what="the first tokens of the request the engine will hold",
+            interval_s=0.1,
+        )
+
+    def stop(self) -> None:
+        """Start one request and stop the engine (SIGSTOP) once it has generated a token of it.
+
+        Should the request finish between the token seen and the signal (vLLM then holds no
+        request), resume, let it complete and try again, up to three times.
+        """
+        self.pid = engine_core_pid(self.vllm)
+        for _ in range(3):
+            before = self._sample("vllm:generation_tokens_total")
+            self.load = BackgroundBurst(
+                self.vllm.base_url, REFERENCE_MODEL_NAME, count=1, **STALL_REQUEST
+            )
+            self._wait_for_tokens_beyond(before)
+            os.kill(self.pid, signal.SIGSTOP)
+            self.stall.stopped = time.monotonic()
+            text = self.vllm.metrics_text()
+            self.stall.held_requests = (sample_value(text, "vllm:num_requests_running") or 0.0) + (
+                sample_value(text, "vllm:num_requests_waiting") or 0.0
+            )
+            if self.stall.held_requests > 0:
+                break
+            os.kill(self.pid, signal.SIGCONT)
+            with self.load:
+                self.load.result(timeout_s=120.0)
+        with loopback_client(self.vllm.base_url) as client:
+            self.stall.health_while_stopped.add(client.get("/health", timeout=10.0).status_code)
+
+    def watch(self, prometheus: PrometheusServer, receiver: Receiver) -> None:
+        """One look: fired in Prometheus, paged, resumed once paged, resolved in Prometheus."""
+        stall, now = self.stall, time.monotonic()
+        states = {
+            a["state"]: a["labels"]
+            for a in prometheus.alerts()
+            if a["labels"]["alertname"] == STALL_ALERT
+        }
+        if stall.fired is None and "firing" in states:
+            stall.fired, stall.fired_labels = now, dict(states["firing"])
+        if stall.paged is None:
+            paged = [
+                n.t
+                for n in receiver.received("/page")
+                if any(a["labels"]["alertname"] == STALL_ALERT for a in n.alerts("firing"))
+            ]
+            stall.paged = paged[0] if paged else None
+        # Resume once paged, or past the 3 minutes and a page route's group_interval: the
+        # assertions say what was missing; vLLM is shared and must not stay stopped.
+        if stall.paged is not None or now - stall.stopped > STALL_PAGE_S + 60.0:
+            self.resume()
+        if stall.resumed is not None and stall.resolved is None and not states:
+            stall.resolved = now
+
+    def resume(self) -> None:
+        """SIGCONT the engine (once), so that the held request completes."""
+        if self.pid is not None and self.stall.resumed is None:
+            os.kill(self.pid, signal.SIGCONT)
+            self.stall.resumed = time.monotonic()
+
+    def done(self) -> bool:
+        """Resumed and resolved, or given up (resumed without the alert ever firing)."""
+        return self.stall.resolved is not None or (
+            self.stall.resumed is not None and self.stall.fired is None
+        )
+
+    def finish(self) -> None:
+        """Resume if still stopped, and wait for the held request."""
+        self.resume()
+        if self.load is not None:
+            with self.load:
+                self.stall.request_completed = len(self.load.result(timeout_s=120.0)) == 1
+            self.load = None
 
 
 def _preemptions(vllm: VllmServer) -> float:
@@ -352,7 +377,8 @@ def _watch(
         return
     for alert in held:
         name = alert["labels"]["alertname"]
-        if name != PAGE_ALERT and alert["labels"].get("pod") in {POD, None}:
+        # The stalled engine is an incident of its own, paged (its phase overlaps this wait).
+        if name not in {PAGE_ALERT, STALL_ALERT} and alert["labels"].get("pod") in {POD, None}:
             incident.others_in_alertmanager.setdefault(name, set()).add(alert["status"]["state"])
 
 
@@ -373,6 +399,7 @@ def _run_incident(
         poll_interval_s=3,
         model=vllm.model_dir,
     )
+    stalled = StalledEngine(vllm, incident.stall)
     try:
         alertmanager.start()
         rules = render_rules(helm, receiver.url, workdir)
@@ -418,17 +445,32 @@ def _run_incident(
                 time.sleep(0.5 if not incident.first_preemption else 2.0)
             load.result(timeout_s=300.0)
         incident.burst_end = time.monotonic()
+        incident.stall.before_stop = set(incident.states_in_prometheus.get(STALL_ALERT, set()))
+        stalled.stop()
 
         def resolved() -> bool:
             _look(incident, "alerts", lambda: _watch(incident, receiver, alertmanager, prometheus))
-            return any(n.alerts("resolved") for n in receiver.received("/page"))
+            _look(incident, "stall", lambda: stalled.watch(prometheus, receiver))
+            if incident.resolved_at is None and any(
+                a["labels"]["alertname"] == PAGE_ALERT
+                for n in receiver.received("/page")
+                for a in n.alerts("resolved")
+            ):
+                incident.resolved_at = time.monotonic()
+            return incident.resolved_at is not None and stalled.done()
 
-        wait_until(resolved, timeout_s=RESOLVE_TIMEOUT_S, what="the page resolved", interval_s=2.0)
-        incident.resolved_at = time.monotonic()
+        wait_until(
+            resolved,
+            timeout_s=RESOLVE_TIMEOUT_S,
+            what="the page resolved, the stalled engine paged and resolved",
+            interval_s=2.0,
+        )
+        stalled.finish()
         incident.page_notifications = receiver.received("/page")
         incident.ticket_notifications = receiver.received("/ticket")
         yield incident
     finally:
+        stalled.resume()
         sidecar.stop()
         alertmanager.stop()
         receiver.stop()
@@ -455,7 +497,8 @@ def test_one_page_reaches_the_pager_for_the_incident(incident: Incident) -> None
     pages = incident.page_notifications
     assert pages, "no page reached the webhook"
     assert {n.body["groupKey"] for n in pages} == {pages[0].body["groupKey"]}
-    alerts = [a for n in pages for a in n.body["alerts"]]
+    # The stalled engine later in the run is the same model's: its page joins the same group.
+    alerts = [a for n in pages for a in n.body["alerts"] if a["labels"]["alertname"] != STALL_ALERT]
     assert {a["labels"]["alertname"] for a in alerts} == {PAGE_ALERT}
     assert {a["fingerprint"] for a in alerts} == {alerts[0]["fingerprint"]}
     assert incident.first_page.t >= incident.first_preemption > incident.burst_start
@@ -514,7 +557,11 @@ def test_the_lower_severity_alerts_of_the_pod_are_inhibited(incident: Incident) 
 
 def test_the_page_resolves_after_the_burst(incident: Incident) -> None:
     """A resolved notification for the page follows the burst's end."""
-    resolved = [n for n in incident.page_notifications if n.alerts("resolved")]
+    resolved = [
+        n
+        for n in incident.page_notifications
+        if any(a["labels"]["alertname"] == PAGE_ALERT for a in n.alerts("resolved"))
+    ]
     assert resolved
     assert resolved[0].t > incident.burst_end
     assert incident.resolved_at is not None
@@ -522,3 +569,32 @@ def test_the_page_resolves_after_the_burst(incident: Incident) -> None:
         f"\nresolved: {resolved[0].t - incident.burst_end:.0f} s after the burst ended"
         f" (keep_firing_for {KEEP_FIRING_S:g} s)"
     )
+
+
+def test_a_stalled_engine_pages_within_3_minutes(incident: Incident) -> None:
+    """EngineCore stopped mid-request, the API server still answering: the page fires in 3 min."""
+    stall = incident.stall
+    assert stall.before_stop == set(), "the stall alert was raised before the engine stopped"
+    assert stall.held_requests > 0, "the request finished before the engine stopped"
+    assert stall.health_while_stopped == {200}
+    assert stall.fired is not None, "VllmHeadroomEngineStalled never fired"
+    assert stall.fired_labels["pod"] == POD
+    assert stall.fired_labels["model_name"] == REFERENCE_MODEL_NAME
+    assert stall.fired_labels["severity"] == "critical"
+    assert stall.paged is not None, "the stall page never reached the pager"
+    print(
+        f"\nstall-to-firing: {stall.fired - stall.stopped:.0f} s from SIGSTOP to firing in "
+        f"Prometheus, {stall.paged - stall.stopped:.0f} s to the page at the webhook"
+        f" ({SCRAPE_S:g} s scrape and evaluation intervals)"
+    )
+    assert stall.fired - stall.stopped < STALL_PAGE_S
+
+
+def test_the_stall_page_resolves_when_the_engine_resumes(incident: Incident) -> None:
+    """After SIGCONT the held request completes and the alert leaves Prometheus."""
+    stall = incident.stall
+    assert stall.resumed is not None
+    assert stall.resolved is not None, "VllmHeadroomEngineStalled still active after SIGCONT"
+    assert stall.resolved > stall.resumed
+    assert stall.request_completed
+    print(f"\nstall resolved: {stall.resolved - stall.resumed:.0f} s after SIGCONT")

@@ -6,11 +6,14 @@ import os
 from typing import TYPE_CHECKING
 
 import pytest
+import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.cli.logsetup import configure_logging
 from exporter.core.reasons import VisibilityState
 from exporter.errors import UsageError
+from exporter.gpu import visibility as visibility_module
 from exporter.gpu.memory import split_snapshot
 from exporter.gpu.model import ALL_GPUS, GpuSelector, IndexSelector, MigIndexSelector, UuidSelector
 from exporter.gpu.recording import RecordedGpuReader
@@ -31,6 +34,7 @@ from exporter.gpu.visibility import (
     scan_processes,
     vllm_process_tree,
 )
+from exporter.service.launch import ProcessLaunchSource
 from tests import paths
 
 if TYPE_CHECKING:
@@ -507,3 +511,65 @@ def make_process(
     (directory / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
     (directory / "stat").write_bytes(f"{pid} (x) S {ppid} 0 0 0\n".encode())
     (directory / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in environ.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Nothing but the named facts: vLLM's secrets never reach what the sidecar keeps or logs
+# --------------------------------------------------------------------------------------------
+
+#: What vLLM's process may hold that the sidecar must never keep, log or show.
+SECRETS = ("hf_SECRET_FROM_ENVIRON", "sk-SECRET-FROM-ENVIRON", "sk-SECRET-ON-THE-COMMAND-LINE")
+
+
+def vllm_with_secrets(root: Path, *, visible: str = UUID_A) -> Path:
+    """A fake /proc whose vLLM has HF_TOKEN and VLLM_API_KEY in its environment, a key in argv."""
+    make_process(
+        root,
+        40,
+        1,
+        ["vllm", "serve", "m", "--api-key", SECRETS[2], "--max-num-seqs", "8"],
+        environ={
+            "HF_TOKEN": SECRETS[0],
+            "VLLM_API_KEY": SECRETS[1],
+            NVIDIA_VISIBLE_DEVICES: visible,
+        },
+    )
+    return root
+
+
+@pytest.mark.parametrize("visible", [UUID_A, "all", "not-a-gpu", ""])
+def test_vllms_secrets_never_reach_what_the_sidecar_keeps(tmp_path: Path, visible: str) -> None:
+    """Whatever vLLM's GPU list says, the visibility and the flags kept name no secret of it."""
+    proc = vllm_with_secrets(tmp_path, visible=visible)
+    visibility = discover_gpu_visibility(proc_root=proc, self_pid=1)
+    flags = ProcessLaunchSource(proc, "http://127.0.0.1:8000").read()
+    assert flags is not None
+    assert flags.max_num_seqs == 8
+    kept = f"{visibility!r} {visibility.detail} {flags!r}"
+    assert not [secret for secret in SECRETS if secret in kept]
+
+
+def test_a_crash_while_reading_vllms_environment_logs_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A traceback from the frame holding vLLM's raw environ shows no local: no HF_TOKEN in logs."""
+    proc = vllm_with_secrets(tmp_path)
+
+    def crash(raw: bytes) -> str:
+        raise ValueError("undecodable")
+
+    monkeypatch.setattr(visibility_module, "_decode", crash)
+    for fmt in ("json", "console"):
+        configure_logging(fmt=fmt)
+        try:
+            log = structlog.get_logger()
+            try:
+                read_visibility_environ(proc, 40)
+            except ValueError:
+                log.exception("gpu_discovery_crashed")
+        finally:
+            structlog.reset_defaults()
+        logged = capsys.readouterr().err
+        assert "gpu_discovery_crashed" in logged
+        assert "read_visibility_environ" in logged, "the traceback itself is kept"
+        assert not [secret for secret in SECRETS if secret in logged], fmt

@@ -10,9 +10,12 @@ a sample also through the real ``vllm-headroom serve`` process.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -22,7 +25,7 @@ from exporter.cli.main import main
 from exporter.service.settings import FLAGS, Settings, env_name
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Callable
 
 #: What every case starts from: valid, local, no GPU (a case overrides its own setting).
 BASE_ENV = {
@@ -86,6 +89,7 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("model", {"HEADROOM_MODEL": ""}, "is empty"),
     ("hf_home", {"HEADROOM_HF_HOME": ""}, "is empty"),
     ("hf_home", {"HEADROOM_HF_HOME": "/etc/hostname"}, "is a file, not a directory"),
+    ("model_roots", {"HEADROOM_MODEL_ROOTS": "models"}, "is not an absolute path"),
     ("model_overrides", {"HEADROOM_MODEL_OVERRIDES": "{not json"}, "JSON expected"),
     ("model_overrides", {"HEADROOM_MODEL_OVERRIDES": "[8]"}, "valid dictionary"),
     ("model_overrides", {"HEADROOM_MODEL_OVERRIDES": '{"kv_heads": 8}'}, "known fields:"),
@@ -267,3 +271,168 @@ def test_the_real_process_exits_2_with_one_line(
     assert result.returncode == 2
     assert result.stdout == ""
     assert_one_line(result.stderr, names=(setting,), fragment=fragment)
+
+
+# ------------------------------------------------------------------ hostile values, every setting
+
+#: Values no setting may hold, each given to EVERY setting (a new setting is covered by itself).
+HOSTILE_VALUES: dict[str, str] = {
+    "100 kB": "a" * 100_000,
+    "70 kB host": "http://" + "a." * 35_000 + "a:8000",
+    "nested JSON": "[" * 5_000 + "]" * 5_000,
+    "nested JSON object": '{"a":' * 1_000 + "1" + "}" * 1_000,
+}
+HOSTILE_CASES = [(s, kind) for s in Settings.model_fields for kind in HOSTILE_VALUES]
+
+
+@pytest.mark.parametrize(
+    ("setting", "kind"), HOSTILE_CASES, ids=[f"{s}-{k}" for s, k in HOSTILE_CASES]
+)
+def test_a_hostile_value_of_any_setting_is_one_line_within_a_second(
+    setting: str, kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Huge, huge-host or deeply nested: exit 2 in under a second, one short line, every setting."""
+    for name, value in BASE_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(env_name(setting), HOSTILE_VALUES[kind])
+    started = time.monotonic()
+    code = run_main(["serve"])
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 2
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    assert_one_line(err, names=(setting,), fragment="")
+    assert len(err) < 1_000, f"{len(err)} characters"
+
+
+def test_a_hostile_value_in_the_dotenv_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same bounds hold for a value read from .env (the working directory's)."""
+    (tmp_path / ".env").write_text(f"HEADROOM_MODEL_OVERRIDES={'[' * 5000}\n")
+    assert run_main(["serve"]) == 2
+    assert_one_line(capsys.readouterr().err, names=("model_overrides",), fragment="nests")
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _not_utf8(path: Path) -> None:
+    path.write_bytes(b"HEADROOM_PORT=\xff\xfe\n")
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _huge(path: Path) -> None:
+    with path.open("wb") as handle:
+        handle.truncate(64 * 2**20)
+
+
+#: Files that cannot be a .env or a secret file, and a fragment of the error line.
+BAD_FILES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "fifo": (_fifo, "it is a FIFO; give a regular file"),
+    "not-utf8": (_not_utf8, "is not UTF-8 text"),
+    "directory": (_directory, "it is a directory"),
+    "huge": (_huge, "is larger than 1 MiB"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_FILES)
+def test_a_dotenv_that_is_no_text_file_is_one_line_within_a_second(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """.env as a FIFO (start-up used to hang), non-UTF-8 (a traceback), a directory, 64 MiB."""
+    make, fragment = BAD_FILES[kind]
+    make(tmp_path / ".env")
+    started = time.monotonic()
+    assert run_main(["serve"]) == 2
+    assert time.monotonic() - started < 1.0
+    assert_one_line(capsys.readouterr().err, names=(".env",), fragment=fragment)
+
+
+@pytest.mark.parametrize("kind", BAD_FILES)
+def test_a_secret_file_that_is_no_text_file_is_one_line_within_a_second(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A secret file of a setting that is a FIFO, not UTF-8, a directory or huge: one line."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    make, fragment = BAD_FILES[kind]
+    make(secrets / "HEADROOM_BEARER_TOKEN")
+    started = time.monotonic()
+    assert run_main(["serve", "--secrets-dir", str(secrets)]) == 2
+    assert time.monotonic() - started < 1.0
+    assert_one_line(capsys.readouterr().err, names=("HEADROOM_BEARER_TOKEN",), fragment=fragment)
+
+
+def test_an_encrypted_tls_key_is_refused_without_asking_for_a_passphrase(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenSSL would prompt on the terminal for an encrypted key; the exporter never asks."""
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-keyout", str(key), "-out",
+         str(cert), "-days", "1", "-subj", "/CN=x", "-passout", "pass:secret"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    for name, value in BASE_ENV.items():
+        monkeypatch.setenv(name, value)
+    code = run_main(["serve", "--tls-cert-file", str(cert), "--tls-key-file", str(key)])
+    assert code == 2
+    assert_one_line(capsys.readouterr().err, names=("tls_key_file",), fragment="encrypted")
+
+
+def test_a_tls_file_that_is_a_fifo_is_refused_without_waiting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenSSL would wait on a FIFO for a writer; the exporter refuses it by its kind."""
+    fifo = tmp_path / "k.pem"
+    os.mkfifo(fifo)
+    for name, value in BASE_ENV.items():
+        monkeypatch.setenv(name, value)
+    code = run_main(["serve", "--tls-cert-file", str(fifo), "--tls-key-file", str(fifo)])
+    assert code == 2
+    assert_one_line(capsys.readouterr().err, names=("tls_cert_file",), fragment="regular file")
+
+
+def _sighup_ignored(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(
+        next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+    )
+    return bool(ignored & (1 << (signal.SIGHUP - 1)))
+
+
+def test_sighup_during_start_up_is_ignored_as_after_it(tmp_path: Path) -> None:
+    """A SIGHUP while serve is still starting (importing, checking settings) does not kill it."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve"],
+        env={**clean, **BASE_ENV, "HEADROOM_LOG_FORMAT": "json"},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not _sighup_ignored(process.pid):  # as soon as main() runs, before the loop
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        process.send_signal(signal.SIGHUP)
+        assert process.stdout is not None
+        for line in process.stdout:
+            if b'"listening"' in line:
+                break
+        assert process.poll() is None, "SIGHUP killed serve during start-up"
+        process.send_signal(signal.SIGHUP)
+        time.sleep(0.2)
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        code = process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+    assert code == 0

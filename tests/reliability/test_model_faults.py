@@ -20,13 +20,14 @@ import shutil
 import time
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
 from exporter.core.views import PredictionView, TargetInfo, TargetView
 from exporter.sizing.predictor import ModelPredictor
 from exporter.testing.fakevllm import FakeVllm, VllmState
-from exporter.testing.processes import ExporterProcess, Scrape
+from exporter.testing.processes import ExporterProcess, ExporterThread, Scrape
 from tests import paths
 
 from .harness import mock_vllm_poller
@@ -225,3 +226,48 @@ def test_a_corrupt_safetensors_index_costs_the_weights_figure_only(tmp_path: Pat
     (directory / "model.safetensors.index.json").write_text('{"metadata": {"total_si')
     predictor = ModelPredictor(model=str(directory))
     assert predictor.load(TargetInfo(model_id="acme-private-7b")) is None
+
+
+def _model_lines(body: str, root: str) -> list[str]:
+    """The lines of a /probe answer about the model (the root itself replaced by ROOT).
+
+    Durations are left out: they differ from one read to the next whatever was read.
+    """
+    words = ("prediction", "model_config", "predicted")
+    return sorted(
+        line.replace(root, "ROOT")
+        for line in body.splitlines()
+        if not line.startswith("#")
+        and any(word in line for word in words)
+        and "_duration_seconds" not in line
+    )
+
+
+def test_probe_answers_reveal_nothing_about_the_exporters_files(tmp_path: Path) -> None:
+    """A target's root of a real model, a 512 MiB file, a FIFO, /dev/zero or nothing: one answer.
+
+    Fleet mode, no model_roots: the answer comes at once (no FIFO waited on, nothing read) and
+    says the same about every root.
+    """
+    model = tmp_path / "model"
+    shutil.copytree(TINY_LLAMA, model)
+    gguf = tmp_path / "model.gguf"
+    with gguf.open("wb") as handle:
+        handle.truncate(512 * 2**20)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    roots = [str(model), str(gguf), str(fifo), "/dev/zero", str(tmp_path / "absent")]
+    answers = []
+    settings = {"mode": "fleet", "probe_allowlist": "127.0.0.0/8", "gpu_memory_bytes": 80 * 2**30}
+    with ExporterThread(settings) as running:
+        for root in roots:
+            with FakeVllm(state=VllmState(model="acme-private-7b", root=root)) as fake:
+                started = time.monotonic()
+                answer = httpx.get(f"{running.url}/probe", params={"target": fake.url}, timeout=10)
+                assert time.monotonic() - started < 3
+                assert answer.status_code == 200
+                answers.append(_model_lines(answer.text, root))
+    assert answers[0], "the answer says why there is no prediction"
+    for lines in answers[1:]:
+        assert set(lines) ^ set(answers[0]) == set()
+    assert 'headroom_prediction_state{state="model_not_found"} 1.0' in answers[0]

@@ -113,3 +113,71 @@ def test_ipv6_entries_with_ports_use_brackets() -> None:
     allow = parse_allowlist(["[fd00::1]:8000"])
     assert is_allowed(parse_target("http://[fd00::1]:8000"), allow)[0]
     assert not is_allowed(parse_target("http://[fd00::1]:9000"), allow)[0]
+
+
+#: Twelve spellings of one target, [::1] on port 80: each must name the same target.
+LOOPBACK_V6_SPELLINGS = (
+    "[::1]",
+    "[::1]:80",
+    "http://[::1]",
+    "http://[::1]:80/",
+    "HTTP://[::1]:080",
+    "http://[0:0:0:0:0:0:0:1]",
+    "http://[::0001]:80",
+    "http://[0::1]",
+    "http://[0000:0000::1]",
+    "http://[::0:1]:80",
+    "http://[0:0::0:0:1]",
+    "[0:0:0:0:0:0:0:0001]:80",
+)
+
+
+@pytest.mark.parametrize("spelling", LOOPBACK_V6_SPELLINGS)
+def test_every_spelling_of_an_address_is_one_target(spelling: str) -> None:
+    """Address forms, case, leading zeros and the default port written or not: one identity."""
+    target = parse_target(spelling)
+    assert (target.url, target.host, target.port) == ("http://[::1]:80", "::1", 80)
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["vllm.svc:8000", "VLLM.svc:8000", "http://Vllm.Svc.:8000", "http://vllm.svc.:8000/"],
+)
+def test_a_name_in_any_case_with_or_without_its_trailing_dot_is_one_target(spelling: str) -> None:
+    """``vllm.svc``, ``VLLM.svc`` and ``vllm.svc.`` are one target (DNS names ignore case)."""
+    assert parse_target(spelling).url == "http://vllm.svc:8000"
+
+
+def test_https_default_port_written_or_not_is_one_target() -> None:
+    """https://h and https://h:443 are one target; http://h:443 is another (another scheme)."""
+    assert parse_target("https://vllm.svc").url == parse_target("https://vllm.svc:443").url
+    assert parse_target("http://vllm.svc:443").url == "http://vllm.svc:443"
+
+
+def test_an_ipv4_mapped_address_is_its_ipv4_target_and_still_never_probed_if_forbidden() -> None:
+    """[::ffff:10.0.0.1] is 10.0.0.1; [::ffff:169.254.169.254] is the metadata address."""
+    assert parse_target("http://[::ffff:10.0.0.1]:8000").url == "http://10.0.0.1:8000"
+    metadata = parse_target("http://[::ffff:169.254.169.254]")
+    assert is_allowed(metadata, parse_allowlist(["0.0.0.0/0", "::/0"])) == (
+        False,
+        "forbidden_address",
+    )
+
+
+def test_an_ipv4_mapped_allowlist_address_allows_its_ipv4_target() -> None:
+    """An entry ``::ffff:10.0.0.1`` allows the target 10.0.0.1 (one address, one spelling)."""
+    allow = parse_allowlist(["::ffff:10.0.0.1"])
+    assert is_allowed(parse_target("10.0.0.1:8000"), allow) == (True, "allowed")
+
+
+def test_an_address_with_a_zone_is_refused_naming_the_zone() -> None:
+    """``[::1%25eth0]`` would be another spelling per zone: refused, saying why."""
+    with pytest.raises(AllowlistError, match="has a zone"):
+        parse_target("http://[::1%25eth0]:8000")
+
+
+@pytest.mark.parametrize("port", ["²", "٨٠٠٠", "8\u0660"])
+def test_an_entry_port_of_non_ascii_digits_is_refused_not_a_crash(port: str) -> None:
+    """Digits Python's int() reads (superscripts, Arabic-Indic) are not ports: a clear error."""
+    with pytest.raises(AllowlistError, match="port must be a number"):
+        parse_entry(f"10.0.0.1:{port}")

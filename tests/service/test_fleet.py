@@ -15,9 +15,11 @@ from exporter.core.views import TargetView
 from exporter.service.allowlist import parse_allowlist
 from exporter.service.fleet import Fleet, Refusal, Ticket
 from exporter.service.resolver import BoundedResolver
+from exporter.vllm.client import Route, current_route
+from tests.service.test_allowlist import LOOPBACK_V6_SPELLINGS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterator
 
     from exporter.service.allowlist import IPAddress, ProbeTarget
 
@@ -38,31 +40,35 @@ class Clock:
 
 
 class FakePoller:
-    """A poller that returns a bare view of its target, or never answers when ``hangs``."""
+    """A poller that returns a bare view of its target, or never answers when ``hangs``.
 
-    def __init__(self, target: ProbeTarget, addresses: Sequence[IPAddress], *, hangs: bool) -> None:
+    It records the route each poll ran within: where a pinned client would have connected.
+    """
+
+    def __init__(self, target: ProbeTarget, *, hangs: bool) -> None:
         self.target = target
-        self.addresses = tuple(addresses)
         self.hangs = hangs
         self.polls = 0
+        self.routes: list[Route | None] = []
 
     async def poll_once(self) -> TargetView:
-        """Count the poll and answer (or wait forever)."""
+        """Count the poll, note its route and answer (or wait forever)."""
         self.polls += 1
+        self.routes.append(current_route())
         if self.hangs:
             await asyncio.Event().wait()
         return TargetView(target=self.target.url)
 
 
 class Pollers:
-    """The injected ``make_poller``: records every poller it makes, with its addresses."""
+    """The injected ``make_poller``: records every poller it makes."""
 
     def __init__(self, *, hangs: bool = False) -> None:
         self.hangs = hangs
         self.made: list[FakePoller] = []
 
-    def __call__(self, target: ProbeTarget, addresses: Sequence[IPAddress]) -> FakePoller:
-        poller = FakePoller(target, addresses, hangs=self.hangs)
+    def __call__(self, target: ProbeTarget) -> FakePoller:
+        poller = FakePoller(target, hangs=self.hangs)
         self.made.append(poller)
         return poller
 
@@ -121,6 +127,7 @@ def make_fleet() -> Iterator[MakeFleet]:
         clock: Clock | None = None,
         max_targets: int = 10,
         ttl_seconds: float = 600.0,
+        token_targets: tuple[str, ...] = (),
         **limits: int,
     ) -> Fleet:
         fleet = Fleet(
@@ -129,6 +136,7 @@ def make_fleet() -> Iterator[MakeFleet]:
             max_targets=max_targets,
             ttl_seconds=ttl_seconds,
             resolver=resolver or BoundedResolver(resolve=resolve or Resolve()),
+            token_targets=parse_allowlist(token_targets),
             clock=clock or Clock(),
             **limits,
         )
@@ -311,17 +319,99 @@ def test_a_name_entry_cannot_admit_a_name_resolving_to_a_forbidden_address(
     assert outcome(probe(fleet, "vllm.svc:8000")) is ProbeOutcome.DENIED_FORBIDDEN_ADDRESS
 
 
-def test_make_poller_receives_the_addresses_the_name_resolved_to(make_fleet: MakeFleet) -> None:
-    """The poller of a name is made with the target and the addresses that were checked."""
+def test_the_poll_runs_within_a_route_of_exactly_the_addresses_checked(
+    make_fleet: MakeFleet,
+) -> None:
+    """A name's poll is pinned to the addresses it resolved to; a literal's to itself."""
     pollers = Pollers()
     resolve = Resolve({"vllm.svc": ["10.0.0.5", "10.9.9.9"]})
-    probe(make_fleet(pollers=pollers, resolve=resolve), "vllm.svc:8000")
+    fleet = make_fleet(pollers=pollers, resolve=resolve)
+    probe(fleet, "vllm.svc:8000")
+    probe(fleet, "10.1.2.3:8000")
+    named, literal = pollers.made
+    assert named.target.url == "http://vllm.svc:8000"
+    assert named.routes == [Route(addresses=(ip("10.0.0.5"), ip("10.9.9.9")), send_token=False)]
+    assert literal.routes == [Route(addresses=(ip("10.1.2.3"),), send_token=False)]
+    assert current_route() is None, "the route leaked out of the probe"
+
+
+def ip(text: str) -> IPAddress:
+    """An address from its text."""
+    return ipaddress.ip_address(text)
+
+
+def rebinding(answers: list[list[str]]) -> Callable[[str], list[IPAddress]]:
+    """A blocking lookup whose answer changes at each call (the last one stays)."""
+    calls = iter(answers)
+    last: list[str] = []
+
+    def resolve(_host: str) -> list[IPAddress]:
+        nonlocal last
+        last = next(calls, last)
+        return [ip(a) for a in last]
+
+    return resolve
+
+
+def test_each_probe_checks_and_pins_the_answer_of_its_own_lookup(make_fleet: MakeFleet) -> None:
+    """When the name's answer changes between probes, each probe's route is its own answer.
+
+    The second answer leads to the metadata address: that probe is denied and never polled.
+    """
+    pollers = Pollers()
+    lookups = rebinding([["10.0.0.1"], ["10.0.0.2"], ["169.254.169.254"]])
+    resolver = BoundedResolver(resolve=lookups, ttl_seconds=0.0)
+    fleet = make_fleet(pollers=pollers, resolver=resolver)
+    probe(fleet, "vllm.svc:8000")
+    probe(fleet, "vllm.svc:8000")
+    denied = probe(fleet, "vllm.svc:8000")
+    assert outcome(denied) is ProbeOutcome.DENIED_FORBIDDEN_ADDRESS
     (made,) = pollers.made
-    assert made.target.url == "http://vllm.svc:8000"
-    assert made.addresses == (
-        ipaddress.ip_address("10.0.0.5"),
-        ipaddress.ip_address("10.9.9.9"),
+    assert [r.addresses if r else None for r in made.routes] == [
+        (ip("10.0.0.1"),),
+        (ip("10.0.0.2"),),
+    ]
+
+
+def test_the_token_goes_only_with_probes_whose_checked_addresses_are_bound_to_it(
+    make_fleet: MakeFleet,
+) -> None:
+    """Bound to 10.0.0.1: the first probe may send it; after the name moves to 10.0.0.2, not.
+
+    The decision is the probe's, for its addresses, never the target's first one.
+    """
+    pollers = Pollers()
+    lookups = rebinding([["10.0.0.1"], ["10.0.0.2"], ["10.0.0.1", "10.0.0.2"]])
+    resolver = BoundedResolver(resolve=lookups, ttl_seconds=0.0)
+    fleet = make_fleet(pollers=pollers, resolver=resolver, token_targets=("10.0.0.1",))
+    for _ in range(3):
+        probe(fleet, "vllm.svc:8000")
+    (made,) = pollers.made
+    assert [r.send_token if r else None for r in made.routes] == [True, False, False]
+
+
+def test_a_name_bound_to_the_token_sends_it_to_the_addresses_it_was_checked_at(
+    make_fleet: MakeFleet,
+) -> None:
+    """A name entry binds the token to what the name resolves to when probed, pinned there."""
+    pollers = Pollers()
+    fleet = make_fleet(
+        pollers=pollers,
+        resolve=Resolve({"vllm.svc": ["10.0.0.7"]}),
+        token_targets=("vllm.svc",),
     )
+    probe(fleet, "vllm.svc:8000")
+    assert pollers.made[0].routes == [Route(addresses=(ip("10.0.0.7"),), send_token=True)]
+
+
+def test_an_ipv4_mapped_answer_is_checked_and_pinned_as_its_ipv4_address(
+    make_fleet: MakeFleet,
+) -> None:
+    """A lookup answering ``::ffff:10.0.0.3`` is the IPv4 address 10.0.0.3, allowed by 10/8."""
+    pollers = Pollers()
+    fleet = make_fleet(pollers=pollers, resolve=Resolve({"vllm.svc": ["::ffff:10.0.0.3"]}))
+    assert outcome(probe(fleet, "vllm.svc:8000")) is ProbeOutcome.OK
+    assert pollers.made[0].routes[0] == Route(addresses=(ip("10.0.0.3"),), send_token=False)
 
 
 def test_a_probe_is_throttled_when_every_name_lookup_is_busy(
@@ -489,3 +579,20 @@ def test_leaving_twice_gives_back_one_place_only(make_fleet: MakeFleet) -> None:
     ticket(fleet, "10.0.0.2:8000", "192.0.2.2")
     refused = refusal(fleet.enter("10.0.0.3:8000", "192.0.2.3"))
     assert refused.outcome is ProbeOutcome.THROTTLED
+
+
+def test_twelve_spellings_of_one_address_share_its_limit_and_its_poller(
+    make_fleet: MakeFleet,
+) -> None:
+    """With max_per_target=4, the 12 spellings of [::1] get 4 places, then one poller."""
+    pollers = Pollers()
+    fleet = make_fleet(allow=("::1",), pollers=pollers, max_per_target=4)
+    entered = [fleet.enter(spelling, CLIENT) for spelling in LOOPBACK_V6_SPELLINGS]
+    assert sum(isinstance(e, Ticket) for e in entered) == 4
+    for admitted in entered:
+        if isinstance(admitted, Ticket):
+            fleet.leave(admitted)
+    for spelling in LOOPBACK_V6_SPELLINGS:
+        probe(fleet, spelling)
+    assert pollers.urls == ["http://[::1]:80"]
+    assert pollers.made[0].polls == len(LOOPBACK_V6_SPELLINGS)

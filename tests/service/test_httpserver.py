@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from exporter.service import httpserver
 from exporter.service.httpserver import (
     MAX_CONNECTIONS,
     ExporterServer,
@@ -340,3 +341,72 @@ def test_a_request_head_waiting_in_a_socket_is_seen_without_reading_or_waiting(
         assert time.monotonic() - started < 5.0, "waited for data instead of peeking"
         if sent:
             assert server_side.recv(65536) == sent
+
+
+@pytest.mark.parametrize("line_bytes", [70_000, 1_000_000])
+def test_a_request_line_past_the_head_bound_is_answered_431(
+    serve: Callable[..., httpx.Client], line_bytes: int
+) -> None:
+    """A 70 kB (or 1 MB) request line: 431 as documented, not a bare close or a reset."""
+    client = serve(make_app())
+    host, port = client.base_url.host, client.base_url.port
+    assert port is not None
+    with socket.create_connection((host, port), timeout=5) as conn:
+        path = "/" + "a" * line_bytes
+        with contextlib.suppress(OSError):  # the server stops reading after its bound
+            conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 431") or answer.startswith(b"HTTP/1.1 431"), answer[:80]
+
+
+def _big_metrics_app(megabytes: int) -> HeadroomApp:
+    """An app whose /metrics answer is ``megabytes`` long: more than loopback buffers hold."""
+    registry = CollectorRegistry(auto_describe=False)
+    Gauge("big_value", "x" * (megabytes * 1_000_000), registry=registry).set(1.0)
+    return HeadroomApp(registry=registry, ready=lambda: (True, ""), landing=lambda: "")
+
+
+def _slow_reader(address: tuple[str, int]) -> socket.socket:
+    """A client that asks for /metrics whole, then never reads (a tiny receive buffer)."""
+    reader = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.settimeout(10)
+    reader.connect(address)
+    reader.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    return reader
+
+
+def test_slow_readers_holding_every_slot_give_way_to_a_scraper(
+    serve: Callable[..., httpx.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections stuck writing to clients that do not read are evicted for a new scraper."""
+    monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 0.2)
+    client = serve(_big_metrics_app(8), max_connections=2)
+    address = (str(client.base_url.host), int(client.base_url.port or 0))
+    readers = [_slow_reader(address) for _ in range(2)]
+    try:
+        time.sleep(0.5)  # both answers under way and stalled for longer than the threshold
+        started = time.monotonic()
+        response = client.get("/-/healthy")
+        assert response.status_code == 200
+        assert time.monotonic() - started < 2.0
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def test_an_answer_not_read_within_the_write_deadline_frees_its_slot(
+    serve: Callable[..., httpx.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that does not read its answer holds its slot only until the write deadline."""
+    monkeypatch.setattr(httpserver, "RESPONSE_WRITE_SECONDS", 0.5)
+    monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 100.0)  # no eviction: the deadline
+    client = serve(_big_metrics_app(8), max_connections=1)
+    address = (str(client.base_url.host), int(client.base_url.port or 0))
+    with _slow_reader(address):
+        time.sleep(0.3)
+        assert client.get("/-/healthy").status_code == 503  # the slot is taken meanwhile
+        time.sleep(0.5)  # past the deadline: its answer is dropped, its slot freed
+        assert client.get("/-/healthy").status_code == 200

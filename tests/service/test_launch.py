@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -122,8 +123,10 @@ def test_the_command_line_overrides_the_config_file(tmp_path: Path) -> None:
         ("max-num-seqs: [1, 2\n", "not YAML"),
         ("- max-num-seqs\n- 4\n", "not a mapping of flags"),
         ("# " + "x" * (MAX_CONFIG_BYTES + 10), "larger than"),
+        ("fifo", "cannot read it"),
+        ("[" * 5000, "not YAML"),
     ],
-    ids=["unreadable", "not-yaml", "a-list", "too-large"],
+    ids=["unreadable", "not-yaml", "a-list", "too-large", "a-fifo", "nested"],
 )
 def test_a_config_file_that_cannot_be_used_is_reported_not_guessed(
     tmp_path: Path, content: str | None, problem: str
@@ -131,7 +134,10 @@ def test_a_config_file_that_cannot_be_used_is_reported_not_guessed(
     """The command line's flags still count; the problem is kept for the log line."""
     argv = ["vllm", "serve", "m", "--config", "/v.yaml", "--tensor-parallel-size", "2"]
     proc = fake_proc(tmp_path / "proc", {10: (1, argv)})
-    if content is not None:
+    if content == "fifo":  # would block the read for ever
+        (proc / "10" / "root").mkdir()
+        os.mkfifo(proc / "10" / "root" / "v.yaml")
+    elif content is not None:
         (proc / "10" / "root").mkdir()
         (proc / "10" / "root" / "v.yaml").write_text(content)
     flags = ProcessLaunchSource(proc, "http://127.0.0.1:8000").read()

@@ -48,6 +48,15 @@ def test_comma_separated_lists_come_from_the_environment(monkeypatch: pytest.Mon
     assert load_settings().gpus == ["GPU-a", "GPU-b"]
 
 
+def test_model_roots_come_from_the_environment_and_default_to_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No directory is allowed unless named; HEADROOM_MODEL_ROOTS=/a,/b names two."""
+    assert load_settings().model_roots == []
+    monkeypatch.setenv("HEADROOM_MODEL_ROOTS", "/models, /mnt/weights")
+    assert [str(p) for p in load_settings().model_roots] == ["/models", "/mnt/weights"]
+
+
 def test_the_bearer_token_comes_from_the_secrets_directory(tmp_path: Path) -> None:
     """A file named like the variable in the secrets directory sets the token, kept secret."""
     secrets = tmp_path / "secrets"
@@ -68,6 +77,7 @@ def test_the_bearer_token_comes_from_the_secrets_directory(tmp_path: Path) -> No
         ({"mode": "cluster"}, "invalid setting mode (HEADROOM_MODE)"),
         ({"probe_allowlist": "http://x"}, "without a scheme"),
         ({"tls_cert_file": "/x.pem"}, "tls_cert_file and tls_key_file must be set together"),
+        ({"model_roots": "models"}, "model_roots (HEADROOM_MODEL_ROOTS): 'models' is not an abs"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_setting(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -42,7 +45,7 @@ def snapshot(cache: CacheConfig) -> VllmSnapshot:
 
 def test_the_tiny_cpu_model_predicts_exactly_the_pool_vllm_reported() -> None:
     """The real 0.32 capture's 1 MiB pool of the tiny model is 1,024 tokens, predicted exactly."""
-    predictor = ModelPredictor()
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
     info = TargetInfo("tiny", str(CONFIGS / "tiny-llama"), 512, "0.32.0")
     assert predictor.load(info) is None
     snap = parse_vllm_metrics((CAPTURES / "vllm-0.32.0-cpu-idle.prom").read_bytes())
@@ -55,7 +58,7 @@ def test_the_tiny_cpu_model_predicts_exactly_the_pool_vllm_reported() -> None:
 
 def test_llama_8b_on_an_h100_uses_vllms_own_utilization_and_block_size() -> None:
     """Llama 3.1 8B at utilization 0.9 on an H100: 128 KiB per token, ~52 GiB budget."""
-    predictor = ModelPredictor()
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
     info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
     assert predictor.load(info) is None
     cache = CacheConfig(gpu_memory_utilization=0.9, block_size=16, cache_dtype="auto")
@@ -71,7 +74,7 @@ def test_llama_8b_on_an_h100_uses_vllms_own_utilization_and_block_size() -> None
 
 def test_fp8_kv_cache_from_cache_config_doubles_the_predicted_tokens() -> None:
     """cache_dtype fp8 halves bytes per token, so the same budget holds twice the tokens."""
-    predictor = ModelPredictor()
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
     info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
     predictor.load(info)
     auto = predictor.predict(snapshot(CacheConfig(0, 16, cache_dtype="auto")), info, (h100(),))
@@ -84,7 +87,7 @@ def test_fp8_kv_cache_from_cache_config_doubles_the_predicted_tokens() -> None:
 
 def test_tensor_parallelism_follows_the_number_of_gpus_vllm_sees() -> None:
     """Two GPUs visible to vLLM mean TP 2: half the KV heads per GPU."""
-    predictor = ModelPredictor()
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
     info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
     predictor.load(info)
     cache = CacheConfig(gpu_memory_utilization=0.9, block_size=16)
@@ -117,7 +120,7 @@ def test_an_unknown_model_leaves_the_prediction_missing_with_a_reason(tmp_path: 
 def test_a_corrupt_config_is_reported_as_invalid(tmp_path: Path) -> None:
     """A model directory with a broken config.json: state model_config_invalid."""
     (tmp_path / "config.json").write_text("{not json")
-    predictor = ModelPredictor()
+    predictor = ModelPredictor(model_roots=(tmp_path,))
     failure = predictor.load(TargetInfo("m", str(tmp_path), 4096))
     assert failure is not None
     assert failure.reason == "model_config_invalid"
@@ -125,7 +128,7 @@ def test_a_corrupt_config_is_reported_as_invalid(tmp_path: Path) -> None:
 
 def test_without_gpu_memory_the_prediction_says_so() -> None:
     """Fleet mode without NVML or gpu_memory_bytes cannot size a GPU budget."""
-    predictor = ModelPredictor()
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
     info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192)
     predictor.load(info)
     prediction = predictor.predict(snapshot(CacheConfig(block_size=16)), info, ())
@@ -135,7 +138,7 @@ def test_without_gpu_memory_the_prediction_says_so() -> None:
 
 def test_overrides_replace_config_fields_and_bad_ones_are_refused() -> None:
     """model_overrides changes the architecture; an unknown field is a one-line error."""
-    predictor = ModelPredictor(overrides={"num_kv_heads": 32})
+    predictor = ModelPredictor(overrides={"num_kv_heads": 32}, model_roots=(CONFIGS,))
     info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192)
     predictor.load(info)
     cache = CacheConfig(block_size=16, gpu_memory_utilization=0.9)
@@ -145,3 +148,78 @@ def test_overrides_replace_config_fields_and_bad_ones_are_refused() -> None:
         ModelPredictor(overrides={"kv_heads": 8})
     with pytest.raises(UsageError, match="positive integer"):
         ModelPredictor(overrides={"num_layers": "32"})
+
+
+def test_a_root_outside_model_roots_is_not_read_and_the_message_does_not_depend_on_it(
+    tmp_path: Path,
+) -> None:
+    """An existing model, a FIFO, /dev/zero, nothing at all: the same words, nothing opened."""
+    model = tmp_path / "model"
+    shutil.copytree(CONFIGS / "tiny-llama", model)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opened, it would wait for a writer for 10 s
+    messages = set()
+    started = time.monotonic()
+    for root in (str(model), str(fifo), "/dev/zero", str(tmp_path / "absent")):
+        failure = ModelPredictor().load(TargetInfo("acme-private-7b", root, 4096))
+        assert failure is not None
+        assert failure.reason == "model_not_found"
+        messages.add(str(failure).replace(root, "ROOT"))
+    assert time.monotonic() - started < 2
+    assert len(messages) == 1, messages
+    assert "model_roots" in messages.pop()
+
+
+def test_a_root_outside_model_roots_still_finds_a_catalogue_model_by_name() -> None:
+    """vLLM's served id in the catalogue: the prediction comes without opening the path."""
+    info = TargetInfo("meta-llama/Llama-3.1-8B-Instruct", "/models/llama", 8192)
+    assert ModelPredictor().load(info) is None
+
+
+def test_a_large_file_as_root_inside_model_roots_is_refused_by_its_size(tmp_path: Path) -> None:
+    """A 512 MiB GGUF file (sparse) as root: refused at 1 MiB, in one line, not read."""
+    gguf = tmp_path / "model.gguf"
+    with gguf.open("wb") as handle:
+        handle.truncate(512 * 2**20)
+    failure = ModelPredictor(model_roots=(tmp_path,)).load(TargetInfo("m", str(gguf), 4096))
+    assert failure is not None
+    assert failure.reason == "model_config_invalid"
+    assert "is larger than 1 MiB" in str(failure)
+    assert "\n" not in str(failure)
+
+
+def test_a_config_link_leading_outside_model_roots_is_not_followed(tmp_path: Path) -> None:
+    """config.json inside the allowed directory, a link to a file outside: refused, unread."""
+    allowed = tmp_path / "models"
+    (allowed / "m").mkdir(parents=True)
+    outside = tmp_path / "outside.json"
+    outside.write_text((CONFIGS / "tiny-llama" / "config.json").read_text())
+    (allowed / "m" / "config.json").symlink_to(outside)
+    failure = ModelPredictor(model_roots=(allowed,)).load(TargetInfo("m", str(allowed / "m"), 512))
+    assert failure is not None
+    assert "leads outside model_roots" in str(failure)
+
+
+def test_a_config_link_inside_model_roots_is_followed(tmp_path: Path) -> None:
+    """The Hugging Face cache links snapshots to blobs: inside the allowed directory, read."""
+    allowed = tmp_path / "models"
+    (allowed / "blobs").mkdir(parents=True)
+    (allowed / "snapshot").mkdir()
+    blob = allowed / "blobs" / "abc"
+    blob.write_text((CONFIGS / "tiny-llama" / "config.json").read_text())
+    (allowed / "snapshot" / "config.json").symlink_to(blob)
+    info = TargetInfo("m", str(allowed / "snapshot"), 512)
+    assert ModelPredictor(model_roots=(allowed,)).load(info) is None
+
+
+def test_a_hub_id_root_is_never_read_as_a_local_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``org/name`` that is also a directory under the working directory: not opened there."""
+    (tmp_path / "acme" / "private").mkdir(parents=True)
+    shutil.copy(CONFIGS / "tiny-llama" / "config.json", tmp_path / "acme" / "private")
+    monkeypatch.chdir(tmp_path)
+    predictor = ModelPredictor(hf_home=tmp_path / "hf")
+    failure = predictor.load(TargetInfo("acme/private", "acme/private", 512))
+    assert failure is not None
+    assert failure.reason == "model_not_found"

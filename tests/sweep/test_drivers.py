@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,11 +17,16 @@ import pytest
 from exporter.sim import Scenario, SimEngineConfig
 from exporter.sweep.drivers import (
     BENCH_SNIPPET,
+    BENCH_START_MARKER,
     TRACE_CHUNK,
     HttpxDriver,
+    ResponseBound,
+    VllmBenchDriver,
     bench_arguments,
+    bounded_lines,
     completion_body,
     prompt_token_ids,
+    response_bytes_limit,
     results_from_bench,
     trace_lines,
 )
@@ -27,7 +35,7 @@ from exporter.sweep.shape import RequestShape
 from exporter.testing.simload import SimCompletionsServer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import AsyncIterator, Iterator, Sequence
 
     from exporter.sweep.evaluate import RequestResult
 
@@ -188,3 +196,156 @@ def test_vllms_results_are_placed_on_our_clock() -> None:
     assert ok.ok
     assert failed.start_s == 10.5
     assert failed.error == "bench_error"
+
+
+class EndlessServer:
+    """A loopback server that answers every request with an endless body of one kind.
+
+    ``kind``: ``429`` (an error status whose body never ends), ``lines`` (valid SSE data lines
+    for ever), ``blank`` (empty lines for ever), ``one_line`` (a line that never ends),
+    ``trickle`` (a byte a while, for ever).
+    ``sent`` counts the body bytes the client accepted before it hung up.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.sent = 0
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            status = "429 Too Many Requests" if self.kind == "429" else "200 OK"
+            conn.sendall(
+                f"HTTP/1.1 {status}\r\ncontent-type: text/event-stream\r\n"
+                "transfer-encoding: chunked\r\n\r\n".encode()
+            )
+            piece = {
+                "429": b"slow down " * 1000,
+                "lines": b'data: {"choices": [{"text": "x"}]}\n\n' * 100,
+                "one_line": b"x" * 8192,
+                "blank": b"\n" * 8192,
+                "trickle": b"\n",
+            }[self.kind]
+            chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+            try:
+                while not self._stop.is_set():
+                    conn.sendall(chunk)
+                    self.sent += len(piece)
+                    if self.kind == "trickle":
+                        time.sleep(0.05)
+            except OSError:
+                return  # the client hung up: what we want
+
+    def __enter__(self) -> EndlessServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+def one_request(url: str, *, timeout_s: float = 30.0) -> tuple[RequestResult, HttpxDriver]:
+    """One request of SHAPE through the built-in driver (request timeout ``timeout_s``)."""
+
+    async def go() -> tuple[RequestResult, HttpxDriver]:
+        async with httpx.AsyncClient(trust_env=False) as http:
+            driver = HttpxDriver(
+                url, MODEL, client=http, clock=time.monotonic, request_timeout_s=timeout_s
+            )
+            await driver.start(Load(Mode.CONCURRENCY, 1), [SHAPE], offsets=None)
+            while not driver.sending_done:
+                await asyncio.sleep(0.01)
+            [result] = await driver.finish(drain_s=timeout_s + 5, abort=asyncio.Event())
+            return result, driver
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        ("429", "http_429"),
+        ("lines", "response_too_many_lines"),
+        ("blank", "response_too_large"),
+        ("one_line", "response_line_too_long"),
+    ],
+)
+def test_an_endless_response_is_cut_at_its_bound_and_counted(kind: str, error: str) -> None:
+    """A 429 that never ends, endless lines, an endless line: read up to a bound, then dropped."""
+    started = time.monotonic()
+    with EndlessServer(kind) as server:
+        result, driver = one_request(server.url)
+    assert time.monotonic() - started < 10
+    assert result.error == error
+    # What the server got into the socket: the bound plus the kernel's buffers, not gigabytes.
+    assert server.sent < response_bytes_limit(SHAPE.output_tokens) + 16 * 2**20
+    if error != "http_429":
+        assert driver.cut == {ResponseBound(error): 1}
+
+
+def test_a_response_that_trickles_for_ever_ends_at_the_request_timeout() -> None:
+    """A byte every 50 ms never trips a per-read timeout: the request's own deadline ends it."""
+    started = time.monotonic()
+    with EndlessServer("trickle") as server:
+        result, _ = one_request(server.url, timeout_s=0.5)
+    assert result.error == "timeout"
+    assert time.monotonic() - started < 5
+
+
+def test_bounded_lines_splits_a_stream_into_lines_across_chunks() -> None:
+    """Lines come out whole, whatever the chunks, when the stream is within its bounds."""
+
+    async def lines() -> list[str]:
+        async def chunks() -> AsyncIterator[bytes]:
+            for piece in (b"a\nb", b"c\r\n", b"d"):
+                yield piece
+
+        return [line async for line in bounded_lines(chunks(), max_bytes=1024)]
+
+    assert asyncio.run(lines()) == ["a", "bc", "d"]
+
+
+def test_vllm_clients_output_line_past_the_stream_limit_is_dropped_not_fatal(
+    tmp_path: Path,
+) -> None:
+    """A 200 kB line from vLLM's client (past asyncio's 64 KiB): dropped, later lines still read."""
+    script = f"import sys; sys.stdout.write('x' * 200_000 + '\\n{BENCH_START_MARKER}\\n')"
+
+    async def go() -> VllmBenchDriver:
+        driver = VllmBenchDriver(
+            python=sys.executable,
+            base_url="http://127.0.0.1:9",
+            model=MODEL,
+            tokenizer="t",
+            workdir=tmp_path,
+            clock=time.monotonic,
+        )
+        driver._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+        )
+        await driver._read_output()
+        await driver._proc.wait()
+        return driver
+
+    driver = asyncio.run(go())
+    assert driver.tail[-1] == BENCH_START_MARKER
+    assert set(driver.tail[:-1]) == {"[a line over 64 KiB, dropped]"}

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.server
+import ipaddress
 import json
 import socket
+import ssl
+import subprocess
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,11 +21,11 @@ from pydantic import SecretStr
 from exporter.core.reasons import HttpReason
 from exporter.errors import SourceError
 from exporter.testing.fakevllm import CHUNK_BYTES, FakeVllm, Fault, VllmState, render_models
-from exporter.vllm.client import ModelsInfo, VllmClient, parse_models
+from exporter.vllm.client import ModelsInfo, Route, VllmClient, parse_models, routed
 from tests import paths
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
 AFTER_LOAD = (paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
 HTTP_REASONS = {reason.value for reason in HttpReason}
@@ -463,3 +468,197 @@ def test_a_version_answer_without_a_version_string_is_an_invalid_response(
     """No "version", an empty one, a number, or no object at all: invalid_response."""
     body = json.dumps(document).encode()
     assert failure(answering(200, body), "fetch_version") == "invalid_response"
+
+
+# --- pinned clients (fleet mode) -------------------------------------------------------------
+
+
+def pinned_fetch(
+    source: httpx.AsyncBaseTransport | None,
+    route: Route | None,
+    *,
+    base_url: str = "http://vllm.svc:8000",
+    token: str | None = "tok",  # noqa: S107 - a test token
+) -> Any:
+    """``fetch_metrics`` through a pinned client within ``route`` (none: outside any route)."""
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=source) as http:
+            client = VllmClient(
+                base_url,
+                client=http,
+                timeout_seconds=2,
+                max_bytes=1 << 20,
+                bearer_token=SecretStr(token) if token is not None else None,
+                pinned=True,
+            )
+            if route is None:
+                return await client.fetch_metrics()
+            with routed(route):
+                return await client.fetch_metrics()
+
+    return asyncio.run(go())
+
+
+def recording(seen: list[httpx.Request]) -> httpx.MockTransport:
+    """A server that records every request and answers vLLM's metrics."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+
+    return transport(handle)
+
+
+def address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address from its text."""
+    return ipaddress.ip_address(text)
+
+
+def test_a_pinned_client_connects_to_the_routes_address_and_keeps_the_name_as_host() -> None:
+    """The request goes to 10.0.0.5, its Host header still says vllm.svc:8000."""
+    seen: list[httpx.Request] = []
+    pinned_fetch(recording(seen), Route((address("10.0.0.5"),), send_token=False))
+    (request,) = seen
+    assert str(request.url) == "http://10.0.0.5:8000/metrics"
+    assert request.headers["host"] == "vllm.svc:8000"
+
+
+def test_a_pinned_client_outside_any_route_sends_nothing() -> None:
+    """Without a checked address there is nowhere it may connect: connection_error, no request."""
+    seen: list[httpx.Request] = []
+    with pytest.raises(SourceError, match="no checked address") as caught:
+        pinned_fetch(recording(seen), None)
+    assert caught.value.reason == HttpReason.CONNECTION_ERROR
+    assert seen == []
+
+
+@pytest.mark.parametrize("send_token", [True, False])
+def test_a_pinned_client_sends_the_token_only_where_the_route_allows(send_token: bool) -> None:
+    """The token configured goes with the request only when the route says the address may."""
+    seen: list[httpx.Request] = []
+    pinned_fetch(recording(seen), Route((address("10.0.0.5"),), send_token=send_token))
+    sent = seen[0].headers.get("authorization")
+    assert sent == ("Bearer tok" if send_token else None)
+
+
+def test_https_keeps_the_name_for_tls_and_never_reuses_a_connection_across_names() -> None:
+    """SNI and the certificate check use the name; the connection closes after the answer."""
+    seen: list[httpx.Request] = []
+    route = Route((address("fd00::5"),), send_token=True)
+    pinned_fetch(recording(seen), route, base_url="https://vllm.svc:8443")
+    (request,) = seen
+    assert str(request.url) == "https://[fd00::5]:8443/metrics"
+    assert request.extensions["sni_hostname"] == "vllm.svc"
+    assert request.headers["host"] == "vllm.svc:8443"
+    assert request.headers["connection"] == "close"
+
+
+def test_when_connecting_to_one_checked_address_fails_the_next_one_is_tried() -> None:
+    """A refused first address (nothing sent) falls back to the second; never to another."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.host == "10.0.0.1":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, content=AFTER_LOAD, headers=TEXT)
+
+    route = Route((address("10.0.0.1"), address("10.0.0.2")), send_token=False)
+    assert pinned_fetch(transport(handle), route) == AFTER_LOAD
+    assert [r.url.host for r in seen] == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_a_pinned_client_reaches_a_real_server_by_an_unresolvable_name() -> None:
+    """Over a socket: ``rebind.invalid`` is never resolved; the route's 127.0.0.1 answers."""
+    with FakeVllm() as vllm:
+        route = Route((address("127.0.0.1"),), send_token=False)
+        body = pinned_fetch(None, route, base_url=f"http://rebind.invalid:{vllm.port}")
+    assert b"vllm:" in body
+
+
+def test_a_redirect_is_never_followed_even_when_pinned() -> None:
+    """A 302 to the metadata address is http_3xx: no second request is made."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(302, headers={"location": "http://169.254.169.254/metrics"})
+
+    with pytest.raises(SourceError) as caught:
+        pinned_fetch(transport(handle), Route((address("10.0.0.5"),), send_token=True))
+    assert caught.value.reason == HttpReason.HTTP_3XX
+    assert len(seen) == 1
+
+
+@pytest.fixture(scope="module")
+def tls_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, ssl.SSLContext]]:
+    """A TLS server on 127.0.0.1 certified for vllm.test only: (port, a context trusting it)."""
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=vllm.test",
+            "-addext", "subjectAltName=DNS:vllm.test", "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", TEXT["content-type"])
+            self.send_header("Content-Length", str(len(AFTER_LOAD)))
+            self.end_headers()
+            self.wfile.write(AFTER_LOAD)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    serving.load_cert_chain(cert, key)
+    server.socket = serving.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    trusting = ssl.create_default_context(cafile=str(cert))
+    try:
+        yield int(server.server_address[1]), trusting
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def tls_fetch(port: int, context: ssl.SSLContext, name: str) -> bytes:
+    """``fetch_metrics`` of ``https://<name>:<port>`` pinned to 127.0.0.1, trusting ``context``."""
+
+    async def go() -> bytes:
+        async with httpx.AsyncClient(verify=context) as http:
+            client = VllmClient(
+                f"https://{name}:{port}",
+                client=http,
+                timeout_seconds=5,
+                max_bytes=1 << 20,
+                pinned=True,
+            )
+            with routed(Route((address("127.0.0.1"),), send_token=False)):
+                return await client.fetch_metrics()
+
+    return asyncio.run(go())
+
+
+def test_a_pinned_https_client_verifies_the_certificate_against_the_name(
+    tls_vllm: tuple[int, ssl.SSLContext],
+) -> None:
+    """Pinned to 127.0.0.1, the certificate is checked against the name, not the address.
+
+    It passes for vllm.test, and fails for another name pinned to the same address.
+    """
+    port, context = tls_vllm
+    assert tls_fetch(port, context, "vllm.test") == AFTER_LOAD
+    with pytest.raises(SourceError) as caught:
+        tls_fetch(port, context, "other.test")
+    assert caught.value.reason == HttpReason.CONNECTION_ERROR

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.vllm.coverage import NEEDED, missing_families
+from exporter.vllm.coverage import NEEDED, missing_families, unusable_reason
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
@@ -38,3 +38,24 @@ def test_every_need_says_what_it_is_for() -> None:
     for needed in NEEDED:
         assert needed.family.startswith("vllm:")
         assert needed.needed_for
+
+
+def test_a_payload_without_vllm_series_is_said_to_have_none() -> None:
+    """Another exporter's payload: no vllm: series at all."""
+    reason = unusable_reason(b"node_load1 0.5\n", ())
+    assert reason is not None
+    assert "no vllm: series" in reason
+
+
+def test_vllm_series_none_of_them_needed_are_listed_with_the_needed_families() -> None:
+    """Sample lines the parser skips are still named, histogram samples under their family."""
+    payload = b'vllm:lora_requests_info{engine="0"} 1\nvllm:x_bucket{le="1"} 1\n'
+    reason = unusable_reason(payload, {"vllm:x"})
+    assert reason is not None
+    assert reason.startswith("has vllm: series (vllm:lora_requests_info, vllm:x) but none")
+    assert "vllm:request_success_total" in reason
+
+
+def test_a_payload_with_one_needed_family_is_usable() -> None:
+    """One needed family is enough for some figures: no refusal."""
+    assert unusable_reason(b"", {"vllm:num_requests_running"}) is None

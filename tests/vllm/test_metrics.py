@@ -441,6 +441,8 @@ def test_a_broken_histogram_raises_naming_its_first_line(lines: list[str], probl
     [
         ('vllm:request_prompt_tokens_bucket{engine="0"} 1', "without an 'le' label"),
         ('vllm:request_prompt_tokens_bucket{le="ten"} 1', "le='ten' is not a number"),
+        ('vllm:request_prompt_tokens_bucket{le="1\x0c"} 1', "le='1\\x0c' is not a number"),
+        ('vllm:cache_config_info{num_gpu_blocks="8\x0b"} 1', "is not a number"),
         ('vllm:cache_config_info{num_gpu_blocks="many"} 1', "num_gpu_blocks='many'"),
         ('vllm:cache_config_info{block_size="16.5"} 1', "is not an integer"),
         ('vllm:cache_config_info{gpu_memory_utilization="inf"} 1', "is not a number"),
@@ -452,6 +454,22 @@ def test_a_malformed_series_we_read_raises_naming_its_line(line: str, problem: s
     with pytest.raises(ParseError, match=r"^line 2: ") as caught:
         parse_vllm_metrics(f"vllm:num_requests_running 1\n{line}\n")
     assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b' vllm:num_requests_running{engine="0",model_name="\xff"} 1',
+        b'vllm:num_requests_running {engine="0",model_name="\xff"} 1',
+        b'vllm:num_requests_running{engine="\xfe",model_name="m"} 1',
+    ],
+)
+def test_a_label_that_is_not_utf8_is_refused_in_one_line(line: bytes) -> None:
+    """An invalid byte in a series we read is a one-line ParseError, never a label we export."""
+    with pytest.raises(ParseError, match=r"^line 1: .*not valid UTF-8") as caught:
+        parse_vllm_metrics(line + b"\n")
+    assert "\n" not in str(caught.value)
+    str(caught.value).encode("utf-8")  # the message itself can be logged
 
 
 def test_cache_config_values_are_python_str_of_their_fields() -> None:

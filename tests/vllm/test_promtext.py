@@ -221,6 +221,15 @@ MALFORMED = [
     pytest.param('a{x="1"} \u0661', "not a number", id="non-ascii-digit"),
     pytest.param('a{x="1"} 1 2 3', "expected 'value [timestamp]'", id="extra-token"),
     pytest.param('a{x="1"} 1 soon', "timestamp", id="bad-timestamp"),
+    pytest.param('a{x="1"} 1#2', "found ' 1#2'", id="hash-glued-to-value"),
+    pytest.param("a 1#2", "found '1#2'", id="hash-glued-to-label-less-value"),
+    pytest.param('a{x="1"} 1 2#3', "found ' 1 2#3'", id="hash-glued-to-timestamp"),
+    pytest.param("a 1 #2", "found '1 #2'", id="comment-that-is-no-exemplar"),
+    pytest.param('a{x="1"} 1 # {t="x"}', "exemplar", id="exemplar-without-value"),
+    pytest.param('a{x="1"} 1 # {t="x"} z', "exemplar value 'z'", id="bad-exemplar-value"),
+    pytest.param('a{x="1"} 1\x0c', "value '1\\x0c' is not a number", id="form-feed-after-value"),
+    pytest.param("a \x0b1", "is not a number", id="vertical-tab-before-value"),
+    pytest.param('a{x="1"} 1 2\x0c', "timestamp", id="form-feed-after-timestamp"),
     pytest.param('a{x="1" 1', "expected ',' or '}'", id="unclosed-label-set"),
     pytest.param('a{x="1', "no closing quote", id="unterminated-value"),
     pytest.param("a{x=1} 1", "not quoted", id="unquoted-value"),
@@ -258,6 +267,33 @@ def test_invalid_utf8_fails_only_in_a_wanted_line() -> None:
     assert _flat(parse_exposition(payload, ["a"])) == [("a", {}, 2.0, None)]
     with pytest.raises(ParseError, match=r"^line 1: .*not valid UTF-8"):
         parse_exposition(payload, ["b"])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(b'a{x="\xff"} 1', id="plain"),
+        pytest.param(b'a{x="\xff",y="\\n"} 1', id="escapes"),
+        pytest.param(b' a{x="\xff"} 1', id="leading-blank"),
+        pytest.param(b'a {x="\xff"} 1', id="blank-before-labels"),
+        pytest.param(b'a{x="1"} 1 # {t="\xff"} 1', id="in-an-exemplar"),
+        pytest.param(b"a 1 # {} 1\xff", id="after-an-exemplar"),
+        pytest.param(b'a{x="1"} 1\na{x="\xff"} 1', id="second-line-of-a-run"),
+    ],
+)
+def test_invalid_utf8_is_refused_on_every_path_of_a_wanted_line(line: bytes) -> None:
+    """Whichever way a wanted line is read, an invalid byte in it is refused, never kept."""
+    with pytest.raises(ParseError, match=r"^line \d: .*not valid UTF-8"):
+        parse_exposition(line + b"\n", ["a"])
+    surrogates = line.decode("utf-8", "surrogateescape") + "\n"  # the same, as a str payload
+    with pytest.raises(ParseError, match="not valid UTF-8"):
+        parse_exposition(surrogates, ["a"])
+
+
+def test_names_of_lines_never_read_keep_no_invalid_bytes() -> None:
+    """A HELP or TYPE line of another family with an invalid byte leaves no name behind."""
+    payload = b"# HELP vllm:\xff x\n# TYPE vllm:\xfe gauge\n# TYPE vllm:ok gauge\na 1\n"
+    assert parse_exposition(payload, ["a"]).declared == {"vllm:ok"}
 
 
 HOSTILE_LINES = [
@@ -424,3 +460,77 @@ def test_samples_past_the_cap_are_counted_not_kept() -> None:
     assert len(exposition.samples) == 10
     assert exposition.overflow == 990
     assert parse_exposition(text, ["vllm:x"]).overflow == 0
+
+
+# --- agreement with prometheus_client's parser line by line, on generated and mutated lines ---
+
+# Characters a mutation inserts or substitutes: the format's own punctuation, digits and number
+# letters, blanks and the whitespace that is not a blank, non-ASCII digits and a lone surrogate
+# (what an invalid byte becomes).
+_MUTATIONS = [*' \t#{}",=\\_.eE+-019naIf:', "\x0b", "\x0c", "\x1f", "\r", "\xa0", "\u0661", "²"]
+_MUTATIONS.append("\udcff")
+
+
+@st.composite
+def _mutated_lines(draw: st.DrawFn) -> str:
+    """A well-formed sample line of family `m_a` (maybe with an exemplar), then a few edits."""
+    name = draw(st.sampled_from(["m_a", "m_a_total", "m_a_bucket", "m_a_sum"]))
+    labels = draw(st.dictionaries(_LABEL_NAMES, _LABEL_VALUES, max_size=3))
+    line = _sample_line(name, labels, draw(_VALUES), draw(_TIMESTAMPS), braces=draw(st.booleans()))
+    if draw(st.booleans()):
+        line += ' # {trace_id="ab"} 0.5'
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        where = draw(st.integers(min_value=0, max_value=len(line)))
+        edit = draw(st.sampled_from(["insert", "delete", "replace"]))
+        char = draw(st.sampled_from(_MUTATIONS))
+        if edit == "insert":
+            line = line[:where] + char + line[where:]
+        elif edit == "delete":
+            line = line[:where] + line[where + 1 :]
+        else:
+            line = line[:where] + char + line[where + 1 :]
+    return line
+
+
+def _peer_line(line: str) -> tuple[str, dict[str, str], float] | None:
+    """prometheus_client's reading of one line: its one sample, or None when it refuses it."""
+    try:
+        samples = [s for f in text_string_to_metric_families(line + "\n") for s in f.samples]
+    except Exception:  # noqa: BLE001 - the peer refuses with ValueError, IndexError, ...
+        return None
+    if len(samples) != 1:
+        return None
+    (sample,) = samples
+    return sample.name, sample.labels, float(sample.value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_mutated_lines())
+def test_where_both_parsers_accept_a_line_they_read_it_the_same(line: str) -> None:
+    """A line both we and prometheus_client accept has the same name, labels and value in both."""
+    try:
+        ours = parse_exposition(line + "\n", ["m_a"]).samples
+    except ParseError:
+        ours = ()
+    raw = (line + "\n").encode("utf-8", "surrogateescape")
+    try:
+        from_bytes = parse_exposition(raw, ["m_a"]).samples
+    except ParseError:
+        from_bytes = ()
+    assert [s[:3] for s in ours] == [s[:3] for s in from_bytes]  # str or bytes: one reading
+    for sample in ours:
+        # Whatever we accept can be written again: no lone surrogate from an invalid byte.
+        assert all(_encodable(k) and _encodable(v) for k, v in sample.labels.items())
+    peer = _peer_line(line)
+    if ours and peer is not None:
+        (sample,) = ours
+        assert (sample.name, dict(sample.labels)) == peer[:2]
+        assert _same_value(sample.value, peer[2])
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

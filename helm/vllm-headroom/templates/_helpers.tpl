@@ -67,6 +67,26 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/*
+The port vLLM listens on in its pod: vllm.port (shape vllm), else the port of sidecar.target,
+the URL the sidecar polls vLLM at from inside the pod (its scheme's default when it names none).
+*/}}
+{{- define "vllm-headroom.vllmPort" -}}
+{{- if eq .Values.shape "vllm" -}}
+{{- .Values.vllm.port | int -}}
+{{- else -}}
+{{- $url := urlParse (toString .Values.sidecar.target) -}}
+{{- $port := regexFind ":[0-9]+$" $url.host | trimPrefix ":" -}}
+{{- if not (and (has $url.scheme (list "http" "https")) $url.hostname) -}}
+{{- fail (printf "sidecar.target %q is not an http(s) URL: give vLLM's URL from inside the pod, e.g. http://127.0.0.1:8000" (toString .Values.sidecar.target)) -}}
+{{- else if not $port -}}
+{{- ternary 443 80 (eq $url.scheme "https") -}}
+{{- else -}}
+{{- $port | int -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* repository:tag or repository@digest of an image block. */}}
 {{- define "vllm-headroom.imageRef" -}}
 {{- $image := index . 0 -}}
@@ -195,18 +215,22 @@ line naming the value and the fix.
 {{- fail (printf "vllm.podDisruptionBudget would allow no eviction at all with %d replica(s), and every node drain would hang: use maxUnavailable: 1 (or a minAvailable below %s)" (int $fewest) $fewestFrom) -}}
 {{- end -}}
 {{- end -}}
-{{- if eq (include "vllm-headroom.gpuDiscovery" $) "process" -}}
 {{- $vllmUid := include "vllm-headroom.effectiveUid" (list $v.vllm.securityContext $v.podSecurityContext) -}}
 {{- $sidecarUid := include "vllm-headroom.effectiveUid" (list $v.exporter.securityContext $v.podSecurityContext) -}}
-{{- if ne $vllmUid $sidecarUid -}}
-{{- fail (printf "gpu.discovery=process needs vLLM and the sidecar under one UID (the sidecar reads vLLM's environment), but vLLM runs as %s and the sidecar as %s: align vllm.securityContext/exporter.securityContext runAsUser, or use gpu.discovery=uuids" $vllmUid $sidecarUid) -}}
-{{- end -}}
+{{- if or (eq $vllmUid $sidecarUid) (eq $sidecarUid "0") -}}
+{{- fail (printf "exporter.securityContext.runAsUser (%s) must be a non-root UID other than vLLM's (%s): in the shared process namespace one UID would let the sidecar read vLLM's environment (HF_TOKEN, VLLM_API_KEY) in /proc/<pid>/environ; keep the default 65533" $sidecarUid $vllmUid) -}}
 {{- end -}}
 {{- end -}}
 {{- $a := $v.autoscaling -}}
 {{- if ne $a.kind "none" -}}
-{{- if ne $v.shape "vllm" -}}
-{{- fail (printf "autoscaling.kind=%s needs shape=vllm: the chart scales only the vLLM Deployment it creates (another owner's replicas are that owner's to scale; docs/kubernetes.md, \"Autoscaling on headroom\")" $a.kind) -}}
+{{- if eq $v.shape "fleet" -}}
+{{- fail (printf "autoscaling.kind=%s does not fit shape=fleet: it scales the vLLM workload whose pods carry the sidecar (shape vllm, or shape sidecar with sidecar.workload)" $a.kind) -}}
+{{- end -}}
+{{- if and (eq $v.shape "sidecar") (not $v.sidecar.workload.name) -}}
+{{- fail (printf "autoscaling.kind=%s with shape=sidecar needs sidecar.workload.name: the Deployment (or LeaderWorkerSet) the deployer scales, e.g. llama3-predictor for KServe's InferenceService llama3 (docs/kubernetes.md, \"Recipes\")" $a.kind) -}}
+{{- end -}}
+{{- if and (eq $v.shape "sidecar") (ne (include "vllm-headroom.workloadApiVersion" $v.sidecar.workload.kind) $v.sidecar.workload.apiVersion) -}}
+{{- fail (printf "sidecar.workload: kind %s has apiVersion %s, not %s" $v.sidecar.workload.kind (include "vllm-headroom.workloadApiVersion" $v.sidecar.workload.kind) $v.sidecar.workload.apiVersion) -}}
 {{- end -}}
 {{- if lt (int $a.maxReplicas) (max 1 (int $a.minReplicas)) -}}
 {{- fail (printf "autoscaling.maxReplicas (%d) is below autoscaling.minReplicas (%d): raise maxReplicas" (int $a.maxReplicas) (int $a.minReplicas)) -}}
@@ -221,12 +245,24 @@ line naming the value and the fix.
 {{- end -}}
 {{- end -}}
 {{- if eq $v.shape "sidecar" -}}
+{{- $pdb := $v.sidecar.podDisruptionBudget -}}
+{{- if $pdb.enabled -}}
+{{- $fewest := ternary (max 1 (int $v.autoscaling.minReplicas)) 1 (ne $v.autoscaling.kind "none") -}}
+{{- $problem := include "vllm-headroom.pdbProblem" (list $pdb $fewest) -}}
+{{- if $problem -}}
+{{- fail (printf "sidecar.podDisruptionBudget: %s" $problem) -}}
+{{- end -}}
+{{- end -}}
 {{- if not $v.sidecar.podSelector -}}
 {{- fail "sidecar.podSelector is required with shape=sidecar: the labels of the vLLM pods you add the sidecar to (the PodMonitor and NetworkPolicy select them)" -}}
 {{- end -}}
+{{- $_ := include "vllm-headroom.vllmPort" $ -}}
 {{- if $v.serviceMonitor.enabled -}}
 {{- fail "serviceMonitor.enabled=true does not fit shape=sidecar: another chart's Service has no port for the sidecar; use podMonitor.enabled=true" -}}
 {{- end -}}
+{{- end -}}
+{{- if eq $v.gpu.discovery "process" -}}
+{{- fail "gpu.discovery=process is no longer offered: it gave the sidecar NVML on every GPU of the node (NVIDIA_VISIBLE_DEVICES=all, which runbook VllmHeadroomGpuForeignMemory forbids on vLLM nodes) and vLLM's environment; use gpu.discovery=none (the default; GPU memory from dcgm-exporter, exporter.settings.gpu_memory_bytes for sizing) or gpu.discovery=uuids with vLLM's GPU UUIDs (docs/kubernetes.md, \"Which GPUs the sidecar watches\")" -}}
 {{- end -}}
 {{- if and (ne $v.shape "fleet") (eq (include "vllm-headroom.gpuDiscovery" $) "uuids") (not $v.gpu.uuids) -}}
 {{- fail "gpu.discovery=uuids needs gpu.uuids: the GPU UUIDs (GPU-... or MIG-...) vLLM uses, as nvidia-smi -L lists them" -}}
@@ -254,6 +290,44 @@ line naming the value and the fix.
 {{- if and (ne $v.fleet.discovery.kind "none") (not $v.fleet.discovery.podSelector) -}}
 {{- fail (printf "fleet.discovery.podSelector is required with fleet.discovery.kind=%s: the labels of the vLLM pods to probe" $v.fleet.discovery.kind) -}}
 {{- end -}}
+{{- end -}}
+{{- $np := $v.networkPolicy -}}
+{{- if $np.enabled -}}
+{{- if and (eq $v.shape "sidecar") (not (kindIs "slice" $np.extraIngress)) -}}
+{{- fail "networkPolicy.enabled=true with shape=sidecar needs networkPolicy.extraIngress: the chart admits vLLM's port (sidecar.target's) and cannot know what else the owner's pods serve (a proxy, KV transfer peers; helm/examples/ has each deployer's); set it to their ingress rules, or [] when vLLM's port is all" -}}
+{{- end -}}
+{{- range $i, $rule := $np.extraIngress -}}
+{{- $opensExporter := not $rule.ports -}}
+{{- range $rule.ports -}}
+{{- if or (not .port) (eq (toString .port) (toString $v.exporter.port)) (eq (toString .port) "headroom") (and .endPort (le (int .port) (int $v.exporter.port)) (ge (int .endPort) (int $v.exporter.port))) -}}
+{{- $opensExporter = true -}}
+{{- end -}}
+{{- end -}}
+{{- if and $opensExporter (not $rule.from) (not $np.vllmFrom) -}}
+{{- fail (printf "networkPolicy.extraIngress[%d] admits everyone to every port or to the exporter's (%v), which the policy exists to restrict: give it ports without %v, or from (the peers that use it)" $i $v.exporter.port $v.exporter.port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $monitored := list -}}
+{{- if $v.podMonitor.enabled -}}{{- $monitored = append $monitored (list "podMonitor" "PodMonitor" $v.podMonitor.labels) -}}{{- end -}}
+{{- if $v.serviceMonitor.enabled -}}{{- $monitored = append $monitored (list "serviceMonitor" "ServiceMonitor" $v.serviceMonitor.labels) -}}{{- end -}}
+{{- if $v.prometheusRule.enabled -}}{{- $monitored = append $monitored (list "prometheusRule" "PrometheusRule" $v.prometheusRule.labels) -}}{{- end -}}
+{{- if and (ne $v.shape "fleet") (eq $v.autoscaling.kind "hpa") -}}{{- $monitored = append $monitored (list "prometheusRule" "PrometheusRule of autoscaling.kind=hpa (the replicas the HPA reads)" $v.prometheusRule.labels) -}}{{- end -}}
+{{- if and (eq $v.shape "fleet") (ne $v.fleet.discovery.kind "none") -}}{{- $monitored = append $monitored (list "fleet.discovery" $v.fleet.discovery.kind $v.fleet.discovery.labels) -}}{{- end -}}
+{{- range $monitored -}}
+{{- if not (index . 2) -}}
+{{- fail (printf "%s.labels is empty, so a Prometheus that selects by label never loads the %s: set %s.labels.release=<your kube-prometheus-stack's Helm release name> (what a default kube-prometheus-stack selects), or the labels your Prometheus selects" (index . 0) (index . 1) (index . 0)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.podMonitor.enabled $v.serviceMonitor.enabled -}}
+{{- fail "podMonitor.enabled and serviceMonitor.enabled are both true: Prometheus would scrape every target twice and the alerts would see every series twice; keep one" -}}
+{{- end -}}
+{{- if and $v.vllmMetrics.enabled $v.vllmMetrics.job -}}
+{{- fail (printf "vllmMetrics.job=%s names another scrape of vLLM's /metrics, but vllmMetrics.enabled=true scrapes it as well (every series twice): set vllmMetrics.enabled=false" $v.vllmMetrics.job) -}}
+{{- end -}}
+{{- $scoped := and $v.prometheusRule.enabled (eq ($v.prometheusRule.scope | default "release") "release") (not $v.prometheusRule.selector) -}}
+{{- if and $scoped (not $v.vllmMetrics.enabled) (not $v.vllmMetrics.job) -}}
+{{- fail "vllmMetrics.enabled=false needs vllmMetrics.job: the preemption, KV and SLO alerts read vLLM's /metrics, and this release's rules read only its own jobs; name the job label of the scrape that reads vLLM (or set prometheusRule.selector)" -}}
 {{- end -}}
 {{- end -}}
 
@@ -304,6 +378,55 @@ checkov.io/skip{{ add1 $i }}: {{ $skip | quote }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+Why a PodDisruptionBudget (list $pdb $fewestReplicas) is refused, or "" when it is fine: shape
+sidecar's check (the chart does not know the deployer's replicas: 1 unless autoscaled).
+*/}}
+{{- define "vllm-headroom.pdbProblem" -}}
+{{- $pdb := index . 0 -}}
+{{- $fewest := index . 1 -}}
+{{- $min := include "vllm-headroom.isSet" $pdb.minAvailable -}}
+{{- $max := include "vllm-headroom.isSet" $pdb.maxUnavailable -}}
+{{- if and $min $max -}}
+set either minAvailable or maxUnavailable, not both (set the other to null)
+{{- else if not (or $min $max) -}}
+enabled=true needs maxUnavailable (e.g. 1) or minAvailable
+{{- else if $max -}}
+{{- if has (toString $pdb.maxUnavailable) (list "0" "0%") -}}
+maxUnavailable 0 would allow no eviction at all, and every node drain would hang: use maxUnavailable: 1
+{{- end -}}
+{{- else if hasSuffix "%" (toString $pdb.minAvailable) -}}
+{{- if eq (toString $pdb.minAvailable) "100%" -}}
+minAvailable 100% would allow no eviction at all, and every node drain would hang: use maxUnavailable: 1
+{{- end -}}
+{{- else if ge (int $pdb.minAvailable) (int $fewest) -}}
+minAvailable {{ $pdb.minAvailable }} would allow no eviction with {{ $fewest }} replica(s), and every node drain would hang: use maxUnavailable: 1
+{{- end -}}
+{{- end -}}
+
+{{/* The apiVersion of a workload kind autoscaling may target. */}}
+{{- define "vllm-headroom.workloadApiVersion" -}}
+{{- ternary "leaderworkerset.x-k8s.io/v1" "apps/v1" (eq . "LeaderWorkerSet") -}}
+{{- end -}}
+
+{{/*
+The workload autoscaling scales, as JSON: apiVersion, kind, name, and pods (a PromQL regex of its
+pods' names). Shape vllm: the chart's Deployment; shape sidecar: sidecar.workload.
+*/}}
+{{- define "vllm-headroom.autoscaling.workload" -}}
+{{- $w := dict "apiVersion" "apps/v1" "kind" "Deployment" "name" (include "vllm-headroom.fullname" .) -}}
+{{- if eq .Values.shape "sidecar" -}}
+{{- $w = pick .Values.sidecar.workload "apiVersion" "kind" "name" -}}
+{{- end -}}
+{{- $pods := printf "%s-[a-z0-9]+-[a-z0-9]+" $w.name -}}
+{{- if eq $w.kind "StatefulSet" -}}
+{{- $pods = printf "%s-[0-9]+" $w.name -}}
+{{- else if eq $w.kind "LeaderWorkerSet" -}}
+{{- $pods = printf "%s-[0-9]+(-[0-9]+)?" $w.name -}}
+{{- end -}}
+{{- toJson (merge (dict "pods" $pods) $w) -}}
+{{- end -}}
+
 {{/* "true" when a value is given: not null and not the empty string. */}}
 {{- define "vllm-headroom.isSet" -}}
 {{- if and (not (kindIs "invalid" .)) (ne (toString .) "") -}}true{{- end -}}
@@ -345,7 +468,7 @@ headroom"; tests/test_autoscaling.py evaluates it with promtool.
 {{- $root := index . 0 -}}
 {{- $gated := index . 1 -}}
 {{- $a := $root.Values.autoscaling -}}
-{{- $pods := printf "%s-[a-z0-9]+-[a-z0-9]+" (include "vllm-headroom.fullname" $root) -}}
+{{- $pods := (include "vllm-headroom.autoscaling.workload" $root | fromJson).pods -}}
 {{- $sel := printf "{namespace=%q,pod=~%q}" $root.Release.Namespace $pods -}}
 {{- $sum := "sum by (namespace, model_name)" -}}
 {{- $ceiling := printf "%s (headroom_p95_ceiling_sequences%s)" $sum $sel -}}

@@ -5,7 +5,8 @@ identical, scripts/sync_chart_files.py) with prometheusRule's values applied str
 - a threshold's value replaces the expr of its recording rule headroom:threshold:<name> (group
   vllm-headroom-thresholds) with vector(<value>);
 - scope release (the default): every series selector of every expr gets this release's
-  matchers. What Prometheus scrapes (vllm:*, headroom_*, process_*, up) gets the selector (this
+  matchers. What Prometheus scrapes (vllm:*, headroom_*, process_*, vLLM's http_requests_total,
+  up) gets the selector (this
   release's scrape jobs); what the rules record (headroom:*:*, thresholds included) gets
   headroom_release="<namespace>/<fullname>", a label every recording rule and alert of the
   release carries. The annotations query recorded series by $labels.headroom_release.
@@ -31,12 +32,19 @@ the scope) and compares, and runs two releases side by side under promtool.
 {{- printf "%s/%s" .Release.Namespace (include "vllm-headroom.fullname" .) -}}
 {{- end -}}
 
-{{/* The matchers of the series this release's rules read. */}}
+{{/*
+The matchers of the series this release's rules read: prometheusRule.selector, else this
+release's jobs, the exporter's and vLLM's. vLLM's is the chart's own monitors' job, or, with
+vllmMetrics.enabled=false, vllmMetrics.job: the existing scrape of vLLM's /metrics.
+*/}}
 {{- define "vllm-headroom.rules.selector" -}}
 {{- if .Values.prometheusRule.selector -}}
 {{- .Values.prometheusRule.selector -}}
 {{- else -}}
 {{- $jobs := printf "%s/%s-(vllm|exporter)" .Release.Namespace (include "vllm-headroom.fullname" .) | replace "." "\\." -}}
+{{- if not .Values.vllmMetrics.enabled -}}
+{{- $jobs = printf "%s|%s" (include "vllm-headroom.job.exporter" . | regexQuoteMeta) (regexQuoteMeta .Values.vllmMetrics.job) -}}
+{{- end -}}
 {{- if eq .Values.shape "fleet" -}}
 {{- printf "job=~%q" $jobs -}}
 {{- else -}}
@@ -54,7 +62,7 @@ consumes the character after a name, which may come before the next name.
 {{- define "vllm-headroom.rules.scope" -}}
 {{- $expr := index . 0 -}}
 {{- $before := "(^|[^A-Za-z0-9_:\"])" -}}
-{{- $raw := "(vllm:[A-Za-z0-9_:]+|headroom_[A-Za-z0-9_]+|process_[A-Za-z0-9_]+|up)" -}}
+{{- $raw := "(vllm:[A-Za-z0-9_:]+|headroom_[A-Za-z0-9_]+|process_[A-Za-z0-9_]+|http_requests_total|up)" -}}
 {{- $rec := "(headroom:[A-Za-z0-9_]+:[A-Za-z0-9_]+)" -}}
 {{- $after := "([^A-Za-z0-9_:{]|$)" -}}
 {{- $e := regexReplaceAll (printf "%s%s\\{" $before $raw) $expr "${1}${2}{__HEADROOM_RAW__," -}}

@@ -2,33 +2,25 @@
 The vllm-headroom sidecar: one definition for the vllm shape's pod and for the patch that adds the
 sidecar to another chart's pods (shape sidecar). Each template takes the chart's root context.
 
-GPU visibility (docs/kubernetes.md, "Which GPUs the sidecar watches"):
-- gpu.discovery=process: the pod shares its process namespace; the sidecar reads vLLM's
-  NVIDIA_VISIBLE_DEVICES (the GPU UUIDs the device plugin gave vLLM) from /proc/<pid>/environ
-  and watches exactly those. For NVML to open them, the NVIDIA container runtime injects the
-  driver's utility libraries and the GPU device nodes into the sidecar
-  (NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=utility: NVML, no CUDA); the sidecar
-  requests no nvidia.com/gpu, so the scheduler counts none for it. If vLLM's list cannot be read
-  (another UID, vLLM not found, vLLM sees "all"), HEADROOM_GPU_DISCOVERY=auto reads no GPU at all.
-- gpu.discovery=uuids: the sidecar is given and watches exactly gpu.uuids.
-- gpu.discovery=none: NVIDIA_VISIBLE_DEVICES=void (the runtime injects nothing), no GPU metrics.
+What the sidecar can reach of vLLM (docs/kubernetes.md, "What the sidecar can read of vLLM"):
+the pod shares its process namespace, so that the sidecar reads vLLM's command line
+(/proc/<pid>/cmdline: --max-num-seqs and the other scheduler flags, parsed by name) and vLLM's
+PIDs. The sidecar runs under a UID of its own (65533, not vLLM's 65532 nor root), so the kernel
+refuses it vLLM's /proc/<pid>/environ, root, cwd and fd: no HF_TOKEN, no VLLM_API_KEY, no
+mounted secret of vLLM's. The chart refuses one UID for both in shape vllm.
+
+GPU visibility (docs/kubernetes.md, "Which GPUs the sidecar watches"; the runbook
+VllmHeadroomGpuForeignMemory: never NVIDIA_VISIBLE_DEVICES=all on vLLM nodes):
+- gpu.discovery=none (the default): NVIDIA_VISIBLE_DEVICES=void, the runtime injects no GPU and
+  no driver library; no NVML figures (GPU memory from exporter.settings.gpu_memory_bytes for
+  the sizing model, used memory from dcgm-exporter).
+- gpu.discovery=uuids: the sidecar is given and watches exactly gpu.uuids (NVML only).
+- gpu.discovery=process: refused (it needed NVIDIA_VISIBLE_DEVICES=all and vLLM's environment).
 */}}
 
-{{/*
-The GPU discovery in effect: gpu.discovery, or when it is empty the one that works with the shape:
-process in shape vllm (the chart runs vLLM under the sidecar's UID), none in shape sidecar
-(another chart's vLLM usually runs as root, whose environment a non-root sidecar cannot read).
-*/}}
+{{/* The GPU discovery in effect: gpu.discovery, none when empty. */}}
 {{- define "vllm-headroom.gpuDiscovery" -}}
-{{- if .Values.gpu.discovery -}}
-{{- .Values.gpu.discovery -}}
-{{- else -}}
-{{- ternary "process" "none" (eq .Values.shape "vllm") -}}
-{{- end -}}
-{{- end -}}
-
-{{- define "vllm-headroom.sidecar.sharesProcesses" -}}
-{{- if has (include "vllm-headroom.gpuDiscovery" .) (list "process" "uuids") -}}true{{- end -}}
+{{- .Values.gpu.discovery | default "none" -}}
 {{- end -}}
 
 {{- define "vllm-headroom.sidecar.target" -}}
@@ -63,16 +55,7 @@ process in shape vllm (the chart runs vLLM under the sidecar's UID), none in sha
       containerName: vllm-headroom
       resource: limits.memory
 {{- $discovery := include "vllm-headroom.gpuDiscovery" . }}
-{{- if eq $discovery "process" }}
-- name: HEADROOM_GPU_DISCOVERY
-  value: auto
-- name: HEADROOM_PROC_ROOT
-  value: /proc
-- name: NVIDIA_VISIBLE_DEVICES
-  value: all
-- name: NVIDIA_DRIVER_CAPABILITIES
-  value: {{ .Values.gpu.driverCapabilities | quote }}
-{{- else if eq $discovery "uuids" }}
+{{- if eq $discovery "uuids" }}
 - name: HEADROOM_GPU_DISCOVERY
   value: settings
 - name: HEADROOM_GPUS
@@ -94,7 +77,14 @@ process in shape vllm (the chart runs vLLM under the sidecar's UID), none in sha
   value: {{ .Values.vllm.model | quote }}
 - name: HEADROOM_HF_HOME
   value: {{ printf "%s/huggingface" (trimSuffix "/" .Values.vllm.modelVolume.mountPath) | quote }}
+- name: HEADROOM_MODEL_ROOTS
+  value: {{ .Values.vllm.modelVolume.mountPath | quote }}
 {{- else }}
+{{- if .Values.sidecar.modelVolume.name }}
+{{- /* vLLM's /v1/models root is read only inside the mounted model volume. */}}
+- name: HEADROOM_MODEL_ROOTS
+  value: {{ .Values.sidecar.modelVolume.mountPath | quote }}
+{{- end }}
 {{- with .Values.sidecar.model }}
 - name: HEADROOM_MODEL
   value: {{ . | quote }}
