@@ -89,10 +89,13 @@ def test_what_a_window_really_holds_stays_near_its_bytes(case: heavy.Heavy) -> N
 
 
 def test_a_window_of_heavy_samples_stays_within_its_bytes() -> None:
-    """Long label values every poll: the oldest samples go, counted, the bytes stay bounded."""
-    window = Window(max_bytes=256 * KIB)
-    _fill(window, heavy.long_split_labels(engines=2, values=8), 40)
-    assert window.bytes <= 256 * KIB
+    """256 moving buckets every poll: the oldest samples go, counted, the bytes stay bounded.
+
+    (Long split-label values no longer fill a window: the parser keeps 1,024 characters of them.)
+    """
+    window = Window(max_bytes=1024 * KIB)
+    _fill(window, heavy.moving_buckets(engines=2), 40)
+    assert window.bytes <= 1024 * KIB
     assert MIN_SAMPLES < len(window) < 40
     assert window.evictions[EvictionReason.TARGET_BUDGET] == 40 - len(window)
 
@@ -113,7 +116,7 @@ def test_the_biggest_window_gives_up_samples_and_a_small_healthy_one_none() -> N
     )
     for scrape in range(30):
         _fill(healthy, _healthy(), 1, start=scrape)
-        _fill(hostile, heavy.long_split_labels(engines=2, values=8), 1, start=scrape)
+        _fill(hostile, heavy.moving_buckets(engines=2), 1, start=scrape)
     assert budget.used_bytes <= 512 * KIB
     assert len(healthy) == 30
     assert healthy.evictions.total() == 0
@@ -150,7 +153,7 @@ def test_many_heavy_windows_of_two_samples_give_up_whole_windows_not_the_healthy
     budget = MemoryBudget(limit_bytes=512 * KIB)
     healthy = Window(max_bytes=2**30, budget=budget)
     hostile = [Window(max_bytes=2**30, budget=budget) for _ in range(6)]
-    case = heavy.long_split_labels(engines=2, values=32)
+    case = heavy.moving_buckets(engines=2)
     for scrape in range(2):
         _fill(healthy, _healthy(), 1, start=scrape)
         for window in hostile:
