@@ -1121,7 +1121,13 @@ def test_the_sidecar_cannot_read_vllms_environment(helm: Path) -> None:
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # vLLM's secrets are in vLLM's environment only; the sidecar has its token as a file.
     assert {"HF_TOKEN", "VLLM_API_KEY"} <= {e["name"] for e in vllm["env"]}
-    assert not [e for e in sidecar["env"] if "valueFrom" in e]
+    # Only its own memory limit comes from elsewhere (the downward API, no secret).
+    assert all(
+        set(e["valueFrom"]) == {"resourceFieldRef"}
+        and e["valueFrom"]["resourceFieldRef"]["containerName"] == sidecar["name"]
+        for e in sidecar["env"]
+        if "valueFrom" in e
+    )
 
 
 @pytest.mark.e2e
