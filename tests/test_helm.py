@@ -82,6 +82,7 @@ CHART_OWNED_SETTINGS = frozenset(
         "probe_allowlist",
         "log_level",
         "log_format",
+        "memory_limit_bytes",  # the container's memory limit, through the downward API
     }
 )
 
@@ -1120,7 +1121,13 @@ def test_the_sidecar_cannot_read_vllms_environment(helm: Path) -> None:
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # vLLM's secrets are in vLLM's environment only; the sidecar has its token as a file.
     assert {"HF_TOKEN", "VLLM_API_KEY"} <= {e["name"] for e in vllm["env"]}
-    assert not [e for e in sidecar["env"] if "valueFrom" in e]
+    # Only its own memory limit comes from elsewhere (the downward API, no secret).
+    assert all(
+        set(e["valueFrom"]) == {"resourceFieldRef"}
+        and e["valueFrom"]["resourceFieldRef"]["containerName"] == sidecar["name"]
+        for e in sidecar["env"]
+        if "valueFrom" in e
+    )
 
 
 @pytest.mark.e2e
@@ -2153,3 +2160,18 @@ def test_wheel_installed_alone_runs(wheel: Path, tmp_path: Path) -> None:
     first, _, rest = run.stdout.partition("\n")
     assert Path(first).is_relative_to(target)
     assert json.loads(rest)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("values", "sets"), EVERY_SHAPE)
+def test_the_memory_limit_setting_is_the_container_s_own_limit(
+    helm: Path, values: tuple[Path, ...], sets: tuple[str, ...]
+) -> None:
+    """Every shape passes the exporter container's memory limit as memory_limit_bytes."""
+    shape, manifests = rendered_shape(helm, values, sets)
+    exporter = container(exporter_pod(shape, manifests), "vllm-headroom")
+    env = {entry["name"]: entry for entry in exporter["env"]}
+    assert env["HEADROOM_MEMORY_LIMIT_BYTES"]["valueFrom"]["resourceFieldRef"] == {
+        "containerName": "vllm-headroom",
+        "resource": "limits.memory",
+    }

@@ -440,7 +440,13 @@ def test_the_sidecar_reaches_no_secret_and_no_gpu_of_vllms(
     assert sidecar["securityContext"]["runAsNonRoot"] is True
     assert sidecar["securityContext"]["allowPrivilegeEscalation"] is False
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert not [e for e in sidecar.get("env", []) if "valueFrom" in e]
+    # Only its own memory limit comes from elsewhere (the downward API, no secret).
+    assert all(
+        set(e["valueFrom"]) == {"resourceFieldRef"}
+        and e["valueFrom"]["resourceFieldRef"]["containerName"] == sidecar["name"]
+        for e in sidecar.get("env", [])
+        if "valueFrom" in e
+    )
     # The runbook VllmHeadroomGpuForeignMemory: never NVIDIA_VISIBLE_DEVICES=all on vLLM nodes.
     assert env["HEADROOM_GPU_DISCOVERY"] == "none"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"

@@ -37,11 +37,12 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.reasons import Limit
+from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 from exporter.core.windows import (
     BucketCounts,
     histogram_increase,
@@ -52,7 +53,6 @@ from exporter.core.windows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 
 #: The quantiles of context length we derive.
 CONTEXT_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
@@ -303,6 +303,33 @@ def restart_evidence(previous: VllmSnapshot, current: VllmSnapshot) -> RestartEv
     return None
 
 
+def restart_baseline(snapshot: VllmSnapshot) -> VllmSnapshot:
+    """Only what :func:`restart_evidence` reads: the start time and each engine's counters.
+
+    Kept between polls for every target, so it must not hold what a target chose to send
+    (label values, buckets): a histogram keeps only its count.
+    """
+    engines = {
+        name: EngineMetrics(
+            engine=name,
+            preemptions_total=engine.preemptions_total,
+            requests_finished_total=engine.requests_finished_total,
+            prompt_tokens_total=engine.prompt_tokens_total,
+            generation_tokens_total=engine.generation_tokens_total,
+            prompt_tokens=_count_only(engine.prompt_tokens),
+            generation_tokens=_count_only(engine.generation_tokens),
+        )
+        for name, engine in snapshot.engines.items()
+    }
+    return VllmSnapshot(
+        engines=engines, process_start_time_seconds=snapshot.process_start_time_seconds
+    )
+
+
+def _count_only(histogram: Histogram | None) -> Histogram | None:
+    return Histogram((), (), histogram.count, 0.0) if histogram is not None else None
+
+
 def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
     """Whether vLLM restarted between two consecutive snapshots (any evidence)."""
     return restart_evidence(previous, current) is not None
@@ -391,18 +418,36 @@ def _counted(
 def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> VllmSnapshot:
     """``snapshot`` without what no derivation reads, sharing unchanged parts with ``previous``.
 
-    The latency histograms are left out (no derivation reads them); the ``cache_config_info``
-    facts, the family names and the histograms' bucket bounds are the previous sample's
-    objects when equal, so that a window of samples holds one copy of them.
+    The latency histograms, the family names (any ``# HELP`` line adds one), the counts of
+    dropped samples and the ``cache_config_info`` labels verbatim are left out: no derivation
+    reads them, and a target that changes them every poll would grow every sample. The
+    ``cache_config_info`` facts, model names, split-label keys and the histograms' bucket
+    bounds are the previous sample's objects when equal, so that a window holds one copy of
+    them (:mod:`exporter.core.footprint` counts on it).
     """
     engines: dict[str, EngineMetrics] = {}
     for name, engine in snapshot.engines.items():
         old = previous.engines.get(name) if previous is not None else None
         config = engine.cache_config
+        if config is not None and config.labels:
+            config = replace(config, labels=_NO_LABELS)
         if old is not None and config is not None and config == old.cache_config:
             config = old.cache_config
+        model_name = engine.model_name
+        if old is not None and model_name == old.model_name:
+            model_name = old.model_name
         engines[name] = replace(
             engine,
+            engine=old.engine if old is not None else name,
+            model_name=model_name,
+            requests_waiting_by_reason=_shared_keys(
+                engine.requests_waiting_by_reason, old.requests_waiting_by_reason if old else None
+            ),
+            sleep_state=_shared_keys(engine.sleep_state, old.sleep_state if old else None),
+            prompt_tokens_cached_by_source=_shared_keys(
+                engine.prompt_tokens_cached_by_source,
+                old.prompt_tokens_cached_by_source if old else None,
+            ),
             prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
             generation_tokens=_shared_bounds(
                 engine.generation_tokens, old.generation_tokens if old else None
@@ -416,10 +461,25 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             request_queue_time=None,
             cache_config=config,
         )
-    families = snapshot.families
-    if previous is not None and families == previous.families:
-        families = previous.families
-    return replace(snapshot, engines=engines, families=families)
+    return replace(snapshot, engines=engines, families=frozenset(), dropped=_NO_LABELS)
+
+
+#: The one empty mapping lean samples share (never written: snapshots are read-only).
+_NO_LABELS: Mapping[str, Any] = MappingProxyType({})
+
+
+def _shared_keys(
+    values: Mapping[str, float], old: Mapping[str, float] | None
+) -> Mapping[str, float]:
+    """``values``, or ``old`` when equal; keys equal to ``old``'s are its str objects."""
+    if not values:
+        return _NO_LABELS
+    if old is None:
+        return values
+    if values == old:
+        return old
+    keys = {key: key for key in old}
+    return {keys.get(key, key): value for key, value in values.items()}
 
 
 def _shared_bounds(histogram: Histogram | None, old: Histogram | None) -> Histogram | None:

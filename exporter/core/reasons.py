@@ -120,6 +120,15 @@ class DropReason(StrEnum):
     UNEXPECTED_SERIES = "unexpected_series"
 
 
+class EvictionReason(StrEnum):
+    """``headroom_window_evictions_total{reason}``: why a window gave up samples for memory."""
+
+    #: The target's own window was over its share of the windows' memory.
+    TARGET_BUDGET = "target_budget"
+    #: All the windows of the process were over their budget and this one was the biggest.
+    PROCESS_BUDGET = "process_budget"
+
+
 class GpuErrorReason(StrEnum):
     """Why one GPU (or one call on it) failed."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.core.reasons import DropReason, PredictionState, Source
+from exporter.core.reasons import DropReason, EvictionReason, PredictionState, Source
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -102,11 +102,18 @@ class TargetView:
     window_samples: int = 0
     #: Samples of the latest payload the parser left out, by reason.
     dropped: Mapping[str, int] = field(default_factory=dict)
+    #: Window samples given up for memory since the poller started, by reason.
+    window_evictions: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def dropped_samples(self) -> dict[str, int]:
         """Samples left out by every reason the parser has, from 0."""
         return {**dict.fromkeys(DropReason, 0), **self.dropped}
+
+    @property
+    def window_evictions_total(self) -> dict[str, int]:
+        """Window samples given up for memory by every reason, from 0."""
+        return {**dict.fromkeys(EvictionReason, 0), **self.window_evictions}
 
     @property
     def admission_rejections_per_second(self) -> float | None:

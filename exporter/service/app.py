@@ -44,6 +44,7 @@ from exporter.service.httpserver import (
     tls_context,
 )
 from exporter.service.launch import ProcessLaunchSource
+from exporter.service.memory import MemoryBudget
 from exporter.service.poller import PollSettings, TargetPoller, Workers
 from exporter.service.resolver import BoundedResolver, system_resolve
 from exporter.service.settings import GpuDiscovery, Mode, Settings, env_name
@@ -123,11 +124,20 @@ MODEL_RETRY_POLLS = 6
 #: Window samples (per engine) a sidecar keeps at most: 64 engines of 256 samples.
 SIDECAR_ENGINE_SAMPLES = 64 * 256
 #: Window samples (per engine) fleet mode keeps for all its targets together, shared out
-#: evenly over probe_max_targets (at least 16 each): about 2 KB each, so the windows of the
-#: worst case hold some 100 MB (docs/reliability.md).
+#: evenly over probe_max_targets (at least 16 each); whatever each weighs, all the windows
+#: together hold at most window_memory_bytes (docs/derivations.md, "What the window holds").
 FLEET_ENGINE_SAMPLES = 48 * 1024
+#: Share of ``memory_limit_bytes`` all the windows' samples may hold together: the rest is
+#: the interpreter and its libraries (about 50 MiB), the /metrics answers being read and the
+#: one being parsed (docs/reliability.md).
+WINDOW_MEMORY_SHARE = 4
 #: Bytes of /metrics answers fleet mode reads at once, whatever the number of probes.
 FLEET_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+def window_memory_bytes(settings: Settings) -> int:
+    """Bytes all the windows of the process may hold together (and one window alone)."""
+    return settings.memory_limit_bytes // WINDOW_MEMORY_SHARE
 
 
 def _poll_settings(settings: Settings) -> PollSettings:
@@ -147,6 +157,7 @@ def _poll_settings(settings: Settings) -> PollSettings:
         model_retry_seconds=settings.poll_interval_seconds * MODEL_RETRY_POLLS,
         gpu_timeout_seconds=settings.poll_timeout_seconds,
         max_engine_samples=engine_samples,
+        max_window_bytes=window_memory_bytes(settings),
         max_num_seqs=settings.max_num_seqs,
         gpu_memory_bytes=settings.gpu_memory_bytes,
         tensor_parallel=settings.tensor_parallel_size,
@@ -336,6 +347,7 @@ def _poller_factory(
     budget = None
     if settings.mode is Mode.FLEET:
         budget = ResponseBudget(max(FLEET_RESPONSE_BYTES, settings.max_response_bytes))
+    memory = MemoryBudget(window_memory_bytes(settings))
 
     def make_poller(url: str, token: SecretStr | None) -> TargetPoller:
         client = VllmClient(
@@ -356,6 +368,7 @@ def _poller_factory(
             launch=launch_for(settings, url),
             settings=_poll_settings(settings),
             workers=workers,
+            memory=memory,
         )
 
     return make_poller

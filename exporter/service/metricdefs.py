@@ -704,6 +704,18 @@ _DEFS: tuple[MetricDef, ...] = (
         row=Row.TARGET,
         field="window_samples",
     ),
+    MetricDef(
+        "headroom_window_evictions_total",
+        Kind.COUNTER,
+        "Window samples of the target given up for memory, by reason: target_budget (its "
+        "window was over the per-target share), process_budget (all windows were over "
+        "memory_limit_bytes' share and this one was the biggest); oldest first, never below "
+        "two samples.",
+        ("reason",),
+        source="the poller",
+        row=Row.TARGET,
+        field="window_evictions_total",
+    ),
     # --- The exporter itself ----------------------------------------------------------------
     MetricDef(
         "headroom_build_info",

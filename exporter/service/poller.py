@@ -27,11 +27,13 @@ from exporter.core.derive import (
     WindowSettings,
     derive_target,
     next_sample,
+    restart_baseline,
     restart_evidence,
 )
 from exporter.core.reasons import HttpReason, Source
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
 from exporter.errors import ParseError, SourceError
+from exporter.service.memory import MemoryBudget, Window
 from exporter.sizing.limits import LimitInputs, resolve_running_limit
 
 if TYPE_CHECKING:
@@ -147,6 +149,9 @@ class PollSettings:
     #: adding one, so memory is bounded whatever the poll rate (fleet probes come when
     #: Prometheus, or anyone, asks).
     max_engine_samples: int = 64 * 256
+    #: Most bytes the window may hold (as :mod:`exporter.core.footprint` estimates them):
+    #: heavy samples (long label values, many buckets, many engines) mean fewer of them.
+    max_window_bytes: int = 64 * 2**20
     #: Counters that go down twice within this many seconds, without a new process start
     #: time, mark a broken target rather than a restart storm: no figures until they stop.
     counter_reset_seconds: float = 60.0
@@ -172,6 +177,7 @@ class TargetPoller:
         launch: LaunchSource | None = None,
         settings: PollSettings | None = None,
         workers: Workers | None = None,
+        memory: MemoryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -188,7 +194,9 @@ class TargetPoller:
         self._settings = settings or PollSettings()
         self._clock = clock
         self._wall = wall_clock
-        self._window: deque[Sample] = deque()
+        #: The samples, bounded by ``max_window_bytes`` and by ``memory``, the budget of all
+        #: the windows of the process.
+        self._window = Window(max_bytes=self._settings.max_window_bytes, budget=memory)
         #: The latest payload parsed, even while the target is refused (to compare the next).
         self._last_snapshot: VllmSnapshot | None = None
         #: When counters went down without a new start time, within counter_reset_seconds.
@@ -355,19 +363,7 @@ class TargetPoller:
         keep = max(span, windows.context_reach_seconds)
         engines = max(1, len(sample.snapshot.engines))
         capacity = max(2, self._settings.max_engine_samples // engines)
-        spacing = span / capacity
-        window = self._window
-        if len(window) >= 2 and sample.t - window[-2].t < spacing:
-            # Too close to the one before the latest: the new sample replaces the latest, and
-            # carries a restart seen by either.
-            latest = window.pop()
-            sample = replace(sample, restarted=sample.restarted or latest.restarted)
-        window.append(sample)
-        # Keep one sample older than the window: the baseline of the first increase.
-        while len(window) >= 2 and window[1].t < sample.t - keep:
-            window.popleft()
-        while len(window) > capacity:
-            window.popleft()
+        self._window.add(sample, spacing=span / capacity, keep_seconds=keep, capacity=capacity)
 
     def _counters_inconsistent(self, now: float, snapshot: VllmSnapshot) -> bool:
         """Whether the target's counters are not one vLLM's, lately (see PollSettings).
@@ -376,7 +372,9 @@ class TargetPoller:
         the same start time), or counters going down twice within the span where no start
         time is exposed.
         """
-        previous, self._last_snapshot = self._last_snapshot, snapshot
+        previous = self._last_snapshot
+        # Its counters only: a whole snapshot may hold every name its payload declared.
+        self._last_snapshot = restart_baseline(snapshot)
         evidence = restart_evidence(previous, snapshot) if previous is not None else None
         span = self._settings.counter_reset_seconds
         if evidence is RestartEvidence.COUNTERS:
@@ -475,9 +473,7 @@ class TargetPoller:
         self._record("vllm_metrics", started, None)
         self._ready = True
 
-        sample = next_sample(
-            self._window[-1] if self._window else None, now, snapshot, wall=self._wall()
-        )
+        sample = next_sample(self._window.latest, now, snapshot, wall=self._wall())
         if sample.restarted:
             self._restarts += 1
             self._needs_discovery = True
@@ -496,7 +492,7 @@ class TargetPoller:
             else PredictionView(state="model_not_found", message="no predictor configured")
         )
         derived = derive_target(
-            list(self._window),
+            self._window.samples,
             windows=self._settings.windows,
             predicted_capacity_tokens=prediction.capacity_tokens,
             max_model_len=self._info.max_model_len,
@@ -513,6 +509,7 @@ class TargetPoller:
             restarts_total=self._restarts,
             window_samples=len(self._window),
             dropped=snapshot.dropped,
+            window_evictions=dict(self._window.evictions),
         )
         if snapshot.dropped_samples and not previous_dropped:
             log.warning("target_series_dropped", target=self.target, dropped=dict(snapshot.dropped))
@@ -534,6 +531,7 @@ class TargetPoller:
             gpus=gpus,
             sources={name: h.view() for name, h in self._health.items()},
             window_samples=len(self._window),
+            window_evictions=dict(self._window.evictions),
         )
         return self._view
 

@@ -119,6 +119,15 @@ class Settings(BaseSettings):
         le=1024 * 1024 * 1024,
         description="Largest /metrics payload read from vLLM; larger ones fail the poll.",
     )
+    memory_limit_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=32 * 1024 * 1024,
+        le=1024**4,
+        description=(
+            "The exporter's memory limit (the chart passes its container's limit): a quarter "
+            "of it bounds all the windows' samples together, the biggest window evicted first."
+        ),
+    )
     context_window_seconds: WindowSeconds = Field(
         default=600.0, description="Requests finished within this window make up the p95 context."
     )

@@ -140,6 +140,9 @@ class CardinalityLimits:
     max_cache_config_labels: int = 256
     #: Longest label value kept (a served model name is at most a path of a hundred or so).
     max_label_value_chars: int = 512
+    #: Characters of split-label values kept per engine, all families together (vLLM's own
+    #: words are short: ``capacity``, ``device``...): every sample of a window keeps them.
+    max_split_label_chars: int = 1024
     #: Samples of the families read, per payload (64 engines of vLLM 0.32 write about 11,000):
     #: past it the rest are counted, not parsed, so memory stays bounded whatever is sent.
     max_samples: int = 32_768
@@ -184,6 +187,8 @@ class _EngineParts:
     series: dict[str, Mapping[str, str]] = field(default_factory=dict)
     #: Values of the split label seen, per counter (bounded by ``max_split_values``).
     splits: dict[str, set[str]] = field(default_factory=dict)
+    #: Characters of the split values kept, all families (bounded by ``max_split_label_chars``).
+    split_chars: int = 0
     #: What was read already (a field, or a field and split value): a second time is a
     #: series written twice.
     written: set[str | tuple[str, str]] = field(default_factory=set)
@@ -452,9 +457,10 @@ def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLim
     _once(parts, (target, value), sample)
     if split:
         values = parts.splits.setdefault(target, set())
-        if value not in values and len(values) >= limits.max_split_values:
-            return DropReason.TOO_MANY_SERIES
-        values.add(value)
+        if value not in values:
+            if _split_full(parts, len(values), value, limits):
+                return DropReason.TOO_MANY_SERIES
+            values.add(value)
     reason = _valid(sample.value)
     if reason is not None:
         parts.invalid.add(target)
@@ -492,12 +498,22 @@ def _add_split_gauge(
         return DropReason.LABEL_TOO_LONG
     _once(parts, (sample.family, value), sample)
     values = parts.split_values.setdefault(target, {})
-    if value not in values and len(values) >= limits.max_split_values:
+    if value not in values and _split_full(parts, len(values), value, limits):
         return DropReason.TOO_MANY_SERIES
     invalid = _valid(sample.value)
     if invalid is None:
         values[value] = sample.value
     return invalid
+
+
+def _split_full(parts: _EngineParts, count: int, value: str, limits: CardinalityLimits) -> bool:
+    """Whether a new split value is past a cap (else its characters are counted in)."""
+    if count >= limits.max_split_values:
+        return True
+    if parts.split_chars + len(value) > limits.max_split_label_chars:
+        return True
+    parts.split_chars += len(value)
+    return False
 
 
 def _add_cache_config(

@@ -20,10 +20,13 @@ from exporter.core.derive import (
     derive_target,
     detect_restart,
     next_sample,
+    restart_baseline,
+    restart_evidence,
     sequences_that_fit,
 )
 from exporter.core.reasons import Limit, MaxNumSeqsSource
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
+from exporter.testing.fakevllm import VllmState, render_metrics
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
@@ -772,6 +775,24 @@ def test_a_new_max_model_len_computes_the_context_figures_at_once() -> None:
     capped = derive_target(samples, windows=WINDOWS, previous=before, max_model_len=512)
     assert kept.engines[0].context is before.engines[0].context
     assert computed_at(capped.engines[0]) == 300.0
+
+
+def test_a_restart_baseline_gives_the_same_evidence_as_the_whole_snapshot() -> None:
+    """Counters only, no labels nor buckets: every restart verdict is the whole snapshot's."""
+
+    def parsed(**state: object) -> VllmSnapshot:
+        return parse_vllm_metrics(render_metrics(VllmState(engines=2, **state)))  # type: ignore[arg-type]
+
+    before = parsed()
+    for after in (
+        parsed(finished=20),  # counters up: no restart
+        parsed(finished=2),  # counters down, same start time: impossible
+        parsed(start_time=1_795_952_200.0, finished=2),  # a new process
+        parsed(start_time=1_795_952_000.0),  # the start time went back
+    ):
+        assert restart_evidence(restart_baseline(before), after) == restart_evidence(before, after)
+    baseline = restart_baseline(before)
+    assert all(e.cache_config is None and e.model_name is None for e in baseline.engines.values())
 
 
 # --- counters after a restart -----------------------------------------------------------------

@@ -559,6 +559,22 @@ def test_cache_config_labels_past_the_cap_are_dropped_but_still_read() -> None:
     assert snapshot.dropped_samples == 2
 
 
+def test_long_split_values_are_kept_up_to_a_total_per_engine() -> None:
+    """500-character waiting reasons and cache sources: two fit an engine's 1,024, the rest go."""
+    long = [f"{i}".ljust(500, "x") for i in range(8)]
+    text = "".join(
+        f'vllm:num_requests_waiting_by_reason{{engine="0",reason="{r}"}} 1\n' for r in long[:4]
+    ) + "".join(
+        f'vllm:prompt_tokens_cached_by_source_total{{engine="0",source="{r}"}} 1\n'
+        for r in long[4:]
+    )
+    snapshot = parse_vllm_metrics(text)
+    engine = snapshot.engines["0"]
+    assert list(engine.requests_waiting_by_reason) == long[:2]
+    assert engine.prompt_tokens_cached_by_source == {}
+    assert snapshot.dropped == {"too_many_series": 6}
+
+
 def test_thousands_of_engines_stay_bounded_by_default() -> None:
     """A hostile payload with 5,000 engines keeps 64 of them and counts the rest."""
     text = "".join(f'vllm:num_requests_running{{engine="{e}"}} 1\n' for e in range(5000))

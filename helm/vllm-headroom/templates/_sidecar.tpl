@@ -48,6 +48,12 @@ VllmHeadroomGpuForeignMemory: never NVIDIA_VISIBLE_DEVICES=all on vLLM nodes):
   value: {{ .Values.exporter.logLevel | quote }}
 - name: HEADROOM_LOG_FORMAT
   value: json
+# The windows' memory budget follows the container's limit (a quarter of it).
+- name: HEADROOM_MEMORY_LIMIT_BYTES
+  valueFrom:
+    resourceFieldRef:
+      containerName: vllm-headroom
+      resource: limits.memory
 {{- $discovery := include "vllm-headroom.gpuDiscovery" . }}
 {{- if eq $discovery "uuids" }}
 - name: HEADROOM_GPU_DISCOVERY

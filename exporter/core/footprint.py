@@ -1,0 +1,96 @@
+"""What one window sample costs in memory: an estimate from its shape, without measuring.
+
+The poller bounds every window, and all windows together, in bytes (:mod:`exporter.service.
+memory`): a count of samples bounds nothing when a target's label values, bucket counts or
+engines are chosen by whoever answers. Measuring real sizes (``sys.getsizeof`` over every
+object) would cost more than the parse; this walks the few fields a lean sample holds and adds
+CPython's sizes. Objects shared with the previous sample (bucket bounds, ``cache_config_info``
+facts, unchanged model names and split-label keys, see
+:func:`~exporter.core.derive.window_snapshot`) are held once and counted once.
+``tests/core/test_footprint.py`` checks the estimate against tracemalloc.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
+
+# CPython 3.11, 64-bit: sizes of the objects a sample is made of.
+_FLOAT: Final = 24
+_STR: Final = 49  # an ASCII str's header; one byte a character (4 for other text, at worst)
+_TUPLE: Final = 40  # plus a pointer an item
+_DICT: Final = 64  # empty; an entry costs a slot, its hash and its pointers
+_DICT_ENTRY: Final = 48
+#: A Sample, its VllmSnapshot (slots) and the engines dict's header.
+_SAMPLE: Final = 56 + 96 + _DICT + 2 * _DICT
+#: An EngineMetrics (27 slots) and its place in the engines dict.
+_ENGINE: Final = 16 + 8 * 27 + _DICT_ENTRY
+#: A Histogram (4 slots) and its count and sum.
+_HISTOGRAM: Final = 48 + 2 * _FLOAT
+#: A CacheConfig (10 slots), its numbers and its (empty in a window) labels.
+_CACHE_CONFIG: Final = 96 + 6 * _FLOAT + _DICT
+
+
+def text_bytes(text: str) -> int:
+    """Memory of one str: ASCII one byte a character, anything else counted at four."""
+    return _STR + (len(text) if text.isascii() else 4 * len(text))
+
+
+def sample_bytes(snapshot: VllmSnapshot, previous: VllmSnapshot | None = None) -> int:
+    """Estimated bytes a window sample of ``snapshot`` holds beyond what ``previous`` shares."""
+    total = _SAMPLE + _DICT_ENTRY * len(snapshot.dropped)
+    for name, engine in snapshot.engines.items():
+        old = previous.engines.get(name) if previous is not None else None
+        total += _engine_bytes(engine, old)
+        if old is None or old.engine is not engine.engine:
+            total += text_bytes(name)
+    return total
+
+
+def _engine_bytes(engine: EngineMetrics, old: EngineMetrics | None) -> int:
+    total = _ENGINE + _FLOAT * 10  # the scalar gauges and counters, most of them set
+    if engine.model_name is not None and (old is None or old.model_name is not engine.model_name):
+        total += text_bytes(engine.model_name)
+    for mapping, old_mapping in (
+        (engine.requests_waiting_by_reason, old.requests_waiting_by_reason if old else None),
+        (engine.sleep_state, old.sleep_state if old else None),
+        (
+            engine.prompt_tokens_cached_by_source,
+            old.prompt_tokens_cached_by_source if old else None,
+        ),
+    ):
+        total += _mapping_bytes(mapping, old_mapping)
+    for histogram, old_histogram in (
+        (engine.prompt_tokens, old.prompt_tokens if old else None),
+        (engine.generation_tokens, old.generation_tokens if old else None),
+        (engine.request_params_n, old.request_params_n if old else None),
+    ):
+        total += _histogram_bytes(histogram, old_histogram)
+    config = engine.cache_config
+    if config is not None and (old is None or old.cache_config is not config):
+        total += _CACHE_CONFIG + sum(
+            text_bytes(k) + text_bytes(v) + _DICT_ENTRY for k, v in config.labels.items()
+        )
+    return total
+
+
+def _mapping_bytes(mapping: Mapping[str, float], old: Mapping[str, float] | None) -> int:
+    if mapping is old:
+        return 0
+    total = _DICT + (_DICT_ENTRY + _FLOAT) * len(mapping)
+    shared = {id(key) for key in old} if old else set()
+    return total + sum(text_bytes(key) for key in mapping if id(key) not in shared)
+
+
+def _histogram_bytes(histogram: Histogram | None, old: Histogram | None) -> int:
+    if histogram is None or histogram is old:
+        return 0
+    buckets = len(histogram.cumulative)
+    total = _HISTOGRAM + _TUPLE + (8 + _FLOAT) * buckets
+    if old is None or histogram.bounds is not old.bounds:
+        total += _TUPLE + (8 + _FLOAT) * len(histogram.bounds)
+    return total

@@ -1,0 +1,146 @@
+"""The windows' memory: each target's samples, bounded in bytes, and one budget for them all.
+
+A window held hundreds of samples whatever they weighed: a target that sends long label values,
+many moving buckets or changing ``cache_config_info`` labels made each sample heavy, and fleet
+mode multiplied that by every target. Here each :class:`Window` knows what its samples cost
+(:func:`~exporter.core.footprint.sample_bytes`) and one :class:`MemoryBudget` holds all the
+windows of the process to a total derived from the memory limit (``memory_limit_bytes``).
+When the total is over, the biggest window gives up its oldest sample first, down to two
+samples (a rate needs two); when every window is down to two, the biggest other window than the
+one just added to gives up its last ones (its target starts again at its next poll, like a new
+one). A small healthy target loses nothing while a bigger one is over, and every sample given
+up is counted by reason (``headroom_window_evictions_total``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter, deque
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from exporter.core.footprint import sample_bytes
+from exporter.core.reasons import EvictionReason
+
+if TYPE_CHECKING:
+    from exporter.core.derive import Sample
+
+#: Fewest samples a window keeps whatever the budget: the rates need two.
+MIN_SAMPLES = 2
+
+
+class MemoryBudget:
+    """Bytes all the windows of the process may hold together (one per exporter).
+
+    Windows register themselves; a window dropped with its poller (fleet mode forgets stale
+    targets) leaves the budget with it.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._windows: weakref.WeakSet[Window] = weakref.WeakSet()
+
+    def register(self, window: Window) -> None:
+        """Count ``window`` in the total from now on."""
+        self._windows.add(window)
+
+    @property
+    def used_bytes(self) -> int:
+        """What all the windows hold now, as estimated."""
+        return sum(window.bytes for window in self._windows)
+
+    def reclaim(self, requester: Window) -> None:
+        """Evict oldest samples, biggest window first, until the total fits.
+
+        Windows give up samples down to two first; then whole windows, the biggest first,
+        except ``requester`` (its latest sample is being derived from).
+        """
+        windows = list(self._windows)
+        excess = sum(window.bytes for window in windows) - self.limit_bytes
+        while excess > 0:
+            donors = [window for window in windows if len(window) > MIN_SAMPLES]
+            if not donors:
+                donors = [window for window in windows if window and window is not requester]
+            if not donors:
+                return
+            biggest = max(donors, key=lambda window: window.bytes)
+            excess -= biggest.evict_oldest(EvictionReason.PROCESS_BUDGET)
+
+
+class Window:
+    """One target's samples in time order, with what each costs, bounded in count and bytes."""
+
+    def __init__(self, *, max_bytes: int, budget: MemoryBudget | None = None) -> None:
+        self.max_bytes = max_bytes
+        self._budget = budget
+        self._samples: deque[Sample] = deque()
+        self._sizes: deque[int] = deque()
+        self.bytes = 0
+        #: Samples given up for memory, by reason (an EvictionReason); never reset.
+        self.evictions: Counter[str] = Counter()
+        if budget is not None:
+            budget.register(self)
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __bool__(self) -> bool:
+        return bool(self._samples)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The samples, oldest first (a copy)."""
+        return list(self._samples)
+
+    @property
+    def latest(self) -> Sample | None:
+        """The newest sample, if any."""
+        return self._samples[-1] if self._samples else None
+
+    def clear(self) -> None:
+        """Forget every sample (not an eviction: nothing in them is to be trusted)."""
+        self._samples.clear()
+        self._sizes.clear()
+        self.bytes = 0
+
+    def add(self, sample: Sample, *, spacing: float, keep_seconds: float, capacity: int) -> None:
+        """Add ``sample``; bounded by age, by count through ``spacing``, and by bytes.
+
+        A sample closer than ``spacing`` to the one before the latest replaces the latest
+        (carrying a restart seen by either). One sample older than ``keep_seconds`` stays: the
+        baseline of the first increase.
+        """
+        samples = self._samples
+        if len(samples) >= MIN_SAMPLES and sample.t - samples[-2].t < spacing:
+            latest = samples.pop()
+            self.bytes -= self._sizes.pop()
+            sample = replace(sample, restarted=sample.restarted or latest.restarted)
+        previous = samples[-1].snapshot if samples else None
+        size = sample_bytes(sample.snapshot, previous)
+        samples.append(sample)
+        self._sizes.append(size)
+        self.bytes += size
+        while len(samples) >= MIN_SAMPLES and samples[1].t < sample.t - keep_seconds:
+            self._pop_oldest()
+        while len(samples) > capacity:
+            self._pop_oldest()
+        while len(samples) > MIN_SAMPLES and self.bytes > self.max_bytes:
+            self.evict_oldest(EvictionReason.TARGET_BUDGET)
+        if self._budget is not None:
+            self._budget.reclaim(self)
+
+    def evict_oldest(self, reason: EvictionReason) -> int:
+        """Give up the oldest sample for memory, counted under ``reason``; the bytes freed."""
+        self.evictions[reason] += 1
+        return self._pop_oldest()
+
+    def _pop_oldest(self) -> int:
+        self._samples.popleft()
+        freed = self._sizes.popleft()
+        # The next sample was estimated as sharing with the one gone: count it whole now.
+        if self._samples:
+            whole = sample_bytes(self._samples[0].snapshot)
+            freed -= whole - self._sizes[0]
+            self._sizes[0] = whole
+        self.bytes -= freed
+        return freed
