@@ -82,11 +82,13 @@ _BLANKS = re.compile(r"[ \t]+")
 _NAME_END = re.compile(r"[ \t{]")
 # What may follow the labels: a value, a timestamp, an OpenMetrics exemplar, each after a blank
 # (none needed after `}`), and nothing else: "1#2" is not a value, "1 2 3" has a token too many.
-# Possessive quantifiers: the token classes are disjoint, so nothing here ever backtracks.
+# Each repeated piece is one character of a class disjoint from what may follow it (or one whole
+# quoted string), so a line has one parse and a failing match backtracks linearly. No possessive
+# quantifiers: Python 3.11.2 (Debian 12's) mis-matches some of them (an exemplar after a value).
 _TAIL = re.compile(
-    r"[ \t]*+([^ \t#]++)(?:[ \t]++([^ \t#]++))?+"
-    r'(?:[ \t]++#[ \t]++\{(?:[^"}]++|"(?:[^"\\]++|\\.)*+")*+\}[ \t]++([^ \t]++)'
-    r"(?:[ \t]++([^ \t]++))?+)?+[ \t]*+\Z"
+    r"[ \t]*([^ \t#]+)(?:[ \t]+([^ \t#]+))?"
+    r'(?:[ \t]+#[ \t]+\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\}[ \t]+([^ \t]+)'
+    r"(?:[ \t]+([^ \t]+))?)?[ \t]*\Z"
 )
 
 _UNSEEN: tuple[str, ...] = ("\0",)  # not a label-name sequence: NUL is not a name character
