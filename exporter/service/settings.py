@@ -122,7 +122,9 @@ class Settings(BaseSettings):
     memory_limit_bytes: int = Field(
         default=256 * 1024 * 1024,
         ge=32 * 1024 * 1024,
-        le=1024**4,
+        # No practical ceiling: without a container limit the downward API passes the node's
+        # allocatable memory, over 1 TiB on 8-GPU nodes, and refusing that would stop the sidecar.
+        le=2**60,
         description=(
             "The exporter's memory limit (the chart passes its container's limit): a quarter "
             "of it bounds all the windows' samples together, the biggest window evicted first."

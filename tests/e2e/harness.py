@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import yaml
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -713,6 +714,45 @@ class ScrapeJob:
         if self.params:
             config["params"] = {key: list(values) for key, values in self.params.items()}
         return config
+
+
+#: SLO objectives as a user states them (the rule file ships them unset, and no SLO rule then
+#: records anything): tests that read the SLO rules' series state these.
+STATED_OBJECTIVES: Mapping[str, float] = {"slo_ttft_objective": 0.99, "slo_error_objective": 0.999}
+
+
+def rule_file_for_test(
+    source: Path,
+    target: Path,
+    *,
+    objectives: Mapping[str, float] = STATED_OBJECTIVES,
+    alert_timing: Mapping[str, tuple[str, str]] | None = None,
+) -> Path:
+    """Copy ``source`` to ``target`` as a test runs it; return ``target``.
+
+    The objectives are stated (``headroom:threshold:<name>`` records ``vector(<value>)``), and
+    every group runs at the test Prometheus's evaluation interval: a group of its own interval
+    (the 5-minute budget group) first evaluates up to that interval after loading, longer than
+    a test waits. ``alert_timing`` maps an alert to its ``for`` and ``keep_firing_for``.
+    """
+    document: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
+    timing = dict(alert_timing or {})
+    stated = {f"headroom:threshold:{name}": value for name, value in objectives.items()}
+    found: set[str] = set()
+    for group in document["groups"]:
+        group.pop("interval", None)
+        for rule in group["rules"]:
+            if rule.get("record") in stated:
+                rule["expr"] = f"vector({stated[rule['record']]!r})"
+                found.add(rule["record"])
+            if rule.get("alert") in timing:
+                rule["for"], rule["keep_firing_for"] = timing.pop(rule["alert"])
+                found.add(rule["alert"])
+    missing = (set(stated) | set(alert_timing or {})) - found
+    if missing:
+        raise ValueError(f"{source}: no rule named {sorted(missing)}")
+    target.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return target
 
 
 class PrometheusServer:

@@ -14,9 +14,10 @@ its vLLM would be in one pod:
 - ``127.0.0.2``: the same sidecar exposition, and the real vLLM 0.6 (V0) capture with its
   counters and histograms growing by 10 % per scrape, so the old metric names are exercised.
 
-It loads the real rule file (recording rules included). Then every panel query of both
-dashboards is expanded as Grafana's Prometheus data source would expand it and evaluated: each
-must return a finite value for at least one host, except the panels documented in
+It loads the real rule file (recording rules included) with the SLO objectives stated, as a
+user with an SLO states them (unstated, the SLO panels are empty by design). Then every panel
+query of both dashboards is expanded as Grafana's Prometheus data source would expand it and
+evaluated: each must return a finite value for at least one host, except the panels documented in
 ``docs/dashboards.md`` as depending on state (firing alerts, a day of history, errors). The
 variables' queries must list the instances, and the hidden ``host`` variable's regex must find
 the host that matches the sidecar to its vLLM.
@@ -41,6 +42,7 @@ from tests.e2e.harness import (
     ScrapeJob,
     VllmServer,
     burst,
+    rule_file_for_test,
     start_sidecar,
     wait_until,
 )
@@ -119,6 +121,7 @@ def _growing(path: Path) -> Callable[[int], bytes]:
 @pytest.fixture(scope="module")
 def prometheus(
     prometheus_factory: Callable[..., PrometheusServer],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[PrometheusServer, dict[str, str], float]]:
     """Prometheus scraping both pods; yields it, host -> sidecar instance, and the start time."""
     servers: list[FakeVllm] = []
@@ -143,7 +146,8 @@ def prometheus(
             ScrapeJob("headroom", [f"http://{a}/metrics" for a in sidecars.values()]),
             ScrapeJob("vllm", vllms),
         ]
-        server = prometheus_factory(jobs, rule_files=[RULES])
+        rules = rule_file_for_test(RULES, tmp_path_factory.mktemp("rules") / "rules.yml")
+        server = prometheus_factory(jobs, rule_files=[rules])
         server.wait_for_targets_up("headroom")
         server.wait_for_targets_up("vllm")
         # Enough scrapes for the whole burst to be replayed and 10 s rate windows to fill.
@@ -287,6 +291,7 @@ def test_every_panel_query_returns_data_after_a_real_burst(
     vllm_server: VllmServer,
     sidecar: str,
     prometheus_factory: Callable[..., PrometheusServer],
+    tmp_path: Path,
 ) -> None:
     """Real vLLM, sidecar and Prometheus: after a preempting burst every query has data."""
     server = prometheus_factory(
@@ -294,7 +299,7 @@ def test_every_panel_query_returns_data_after_a_real_burst(
             ScrapeJob("headroom", [f"http://{sidecar}/metrics"]),
             ScrapeJob("vllm", [vllm_server.metrics_url]),
         ],
-        rule_files=[RULES],
+        rule_files=[rule_file_for_test(RULES, tmp_path / "rules.yml")],
     )
     server.wait_for_targets_up("headroom")
     server.wait_for_targets_up("vllm")

@@ -38,6 +38,7 @@ from tests.e2e.harness import (
     ScrapeJob,
     VllmServer,
     cache_config_labels,
+    rule_file_for_test,
     sample_value,
     start_sidecar,
     wait_until,
@@ -167,24 +168,6 @@ class Sampler:
         self._thread.join(10)
 
 
-def rules_with_for(
-    source: Path, target: Path, *, alert: str, for_: str, keep_firing_for: str
-) -> Path:
-    """Copy the rule file with one alert's timing replaced, by rule name (the chart's way)."""
-    document: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
-    matched = [
-        rule
-        for group in document["groups"]
-        for rule in group["rules"]
-        if rule.get("alert") == alert
-    ]
-    assert len(matched) == 1, f"{alert} is not exactly one rule of {source}"
-    matched[0]["for"] = for_
-    matched[0]["keep_firing_for"] = keep_firing_for
-    target.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    return target
-
-
 def _spike_alerts(prometheus: PrometheusServer) -> list[dict[str, Any]]:
     return [a for a in prometheus.alerts() if a["labels"].get("alertname") == ALERT]
 
@@ -216,12 +199,8 @@ def _run_scenario(
     scenario = Scenario(sidecar_url=url)
     sampler = Sampler(url, scenario)
     try:
-        rules = rules_with_for(
-            RULES,
-            workdir / "rules.yml",
-            alert=ALERT,
-            for_=SHORT_FOR,
-            keep_firing_for=NO_KEEP_FIRING,
+        rules = rule_file_for_test(
+            RULES, workdir / "rules.yml", alert_timing={ALERT: (SHORT_FOR, NO_KEEP_FIRING)}
         )
         prometheus = prometheus_factory(
             [ScrapeJob("vllm", [vllm.metrics_url]), ScrapeJob("headroom", [f"{url}/metrics"])],

@@ -74,6 +74,8 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("poll_timeout_seconds", {"HEADROOM_POLL_TIMEOUT_SECONDS": "60"}, "must not exceed"),
     ("max_response_bytes", {"HEADROOM_MAX_RESPONSE_BYTES": "1"}, "greater than or equal"),
     ("max_response_bytes", {"HEADROOM_MAX_RESPONSE_BYTES": "16MB"}, "valid integer"),
+    ("memory_limit_bytes", {"HEADROOM_MEMORY_LIMIT_BYTES": "256Mi"}, "valid integer"),
+    ("memory_limit_bytes", {"HEADROOM_MEMORY_LIMIT_BYTES": "1048576"}, "greater than or equal"),
     ("context_window_seconds", {"HEADROOM_CONTEXT_WINDOW_SECONDS": "0"}, "greater than or equal"),
     ("context_min_requests", {"HEADROOM_CONTEXT_MIN_REQUESTS": "-1"}, "greater than or equal"),
     ("context_min_requests", {"HEADROOM_CONTEXT_MIN_REQUESTS": "many"}, "valid integer"),

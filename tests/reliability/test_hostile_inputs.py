@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import re
@@ -204,6 +205,40 @@ def assert_refused_in_one_line(proc: subprocess.Popen[str], *, names: str) -> st
 # ------------------------------------------------------------------------------ fleet mode
 
 
+#: 100 clients probing at once, from a process of their own: in the test's process their
+#: threads would contend for its interpreter lock with the exporter under test, which a real
+#: exporter never shares with its clients.
+PROBE_CLIENTS = """
+import json, sys, threading, time
+import httpx
+url, targets = sys.argv[1], sys.argv[2:]
+answers = []
+def probe(target):
+    started = time.perf_counter()
+    with httpx.Client(timeout=30.0) as http:
+        status = http.get(url + "/probe", params={"target": target}).status_code
+    answers.append((status, time.perf_counter() - started, target))
+threads = [threading.Thread(target=probe, args=(t,)) for t in targets]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join(30)
+print(json.dumps(answers))
+"""
+
+
+def probe_from_another_process(url: str, targets: list[str]) -> list[tuple[int, float, str]]:
+    """Probe every target at once from a child process; (status, seconds, target) each."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_CLIENTS, url, *targets],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [(int(s), float(t), str(n)) for s, t, n in json.loads(done.stdout)]
+
+
 def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> None:
     """100 probes of names whose lookups block: /metrics always answers, probes fail fast."""
     release = threading.Event()
@@ -218,28 +253,13 @@ def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> 
         {"mode": "fleet", "probe_allowlist": "10.0.0.0/8"},
         components=Components(resolve=blackhole),
     )
-    answers: list[tuple[int, float, str]] = []
-    lock = threading.Lock()
-
-    def probe(name: str) -> None:
-        started = time.perf_counter()
-        with httpx.Client(timeout=30.0) as http:
-            response = http.get(f"{exporter.url}/probe", params={"target": f"{name}:8000"})
-        with lock:
-            answers.append((response.status_code, time.perf_counter() - started, name))
-
     try:
         with scraping(exporter.url) as log:
             started = time.monotonic()
             time.sleep(0.3)
-            probes = [
-                threading.Thread(target=probe, args=(f"n{i}.blackhole.example",))
-                for i in range(100)
-            ]
-            for thread in probes:
-                thread.start()
-            for thread in probes:
-                thread.join(30)
+            answers = probe_from_another_process(
+                exporter.url, [f"n{i}.blackhole.example:8000" for i in range(100)]
+            )
             time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))  # ~5 s of scrapes in all
         log.assert_served()
         statuses = [status for status, _, _ in answers]
@@ -251,15 +271,15 @@ def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> 
         assert len(lookups) <= 4, "more lookups ran at once than the resolver allows"
 
         # A name whose lookup timed out is remembered: asked again, no new lookup, at once.
-        timed_out = next(name for status, _, name in answers if status == 403)
+        timed_out = next(target for status, _, target in answers if status == 403)
         before = probe_counts(exporter.scrape())
         started = time.perf_counter()
-        again = exporter.get("/probe", params={"target": f"{timed_out}:8000"})
+        again = exporter.get("/probe", params={"target": timed_out})
         remembered_seconds = time.perf_counter() - started
         after = probe_counts(exporter.scrape())
         assert again.status_code == 403
         assert remembered_seconds < 1.0, f"a remembered failure took {remembered_seconds:.2f}s"
-        assert lookups.count(timed_out) == 1
+        assert lookups.count(timed_out.removesuffix(":8000")) == 1
         denied = "denied_not_in_allowlist"
         assert after[denied] - before.get(denied, 0.0) == 1
     finally:
@@ -280,6 +300,49 @@ def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> 
     )
 
 
+#: Probers that probe one target without pause for a while, from a process of their own (see
+#: PROBE_CLIENTS); a 200 must say the target is down (its poll timed out within the probe).
+HAMMER_CLIENTS = """
+import json, sys, threading, time
+import httpx
+url, target, threads, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+statuses = []
+deadline = time.monotonic() + seconds
+def hammer():
+    with httpx.Client(timeout=10.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                response = http.get(url + "/probe", params={"target": target})
+            except httpx.HTTPError as exc:
+                statuses.append(type(exc).__name__)
+                continue
+            code = response.status_code
+            up = "headroom_target_up 0.0" not in response.text
+            statuses.append("200 with the target up" if code == 200 and up else code)
+workers = [threading.Thread(target=hammer) for _ in range(threads)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join(30)
+print(json.dumps(statuses))
+"""
+
+
+def hammer_from_another_process(
+    url: str, target: str, *, threads: int, seconds: float
+) -> list[int | str]:
+    """``threads`` clients probing ``target`` for ``seconds``; every status (or error) seen."""
+    done = subprocess.run(
+        [sys.executable, "-c", HAMMER_CLIENTS, url, target, str(threads), str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    )
+    statuses: list[int | str] = json.loads(done.stdout)
+    return statuses
+
+
 def test_probes_of_a_hanging_target_do_not_starve_metrics(figures: Figures) -> None:
     """64 threads probing a target that never answers, for 5 s: every /metrics answers 200."""
     with (
@@ -293,36 +356,12 @@ def test_probes_of_a_hanging_target_do_not_starve_metrics(figures: Figures) -> N
         ) as exporter,
     ):
         vllm.set_fault(Fault.HANG)
-        statuses: list[int | str] = []
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def hammer() -> None:
-            with httpx.Client(timeout=10.0) as http:
-                while not stop.is_set():
-                    try:
-                        response = http.get(f"{exporter.url}/probe", params={"target": vllm.url})
-                    except httpx.HTTPError as exc:
-                        code: int | str = type(exc).__name__
-                    else:
-                        code = response.status_code
-                        # A poll that timed out within the probe's time: answered, target down.
-                        if code == 200 and "headroom_target_up 0.0" not in response.text:
-                            code = "200 with the target up"
-                    with lock:
-                        statuses.append(code)
-
-        workers = [threading.Thread(target=hammer, daemon=True) for _ in range(64)]
         try:
             with scraping(exporter.url) as log:
-                for worker in workers:
-                    worker.start()
-                time.sleep(5.0)
-                stop.set()
+                statuses = hammer_from_another_process(
+                    exporter.url, vllm.url, threads=64, seconds=5.0
+                )
         finally:
-            stop.set()
-            for worker in workers:
-                worker.join(30)
             vllm.set_fault(Fault.NONE)
         log.assert_served()
         assert exporter.proc.poll() is None

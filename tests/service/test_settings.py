@@ -57,6 +57,13 @@ def test_model_roots_come_from_the_environment_and_default_to_none(
     assert [str(p) for p in load_settings().model_roots] == ["/models", "/mnt/weights"]
 
 
+def test_a_container_without_a_memory_limit_still_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without limits.memory the downward API passes the node's memory: 2 TiB on an 8-GPU node."""
+    two_tib = str(2 * 1024**4)
+    monkeypatch.setenv("HEADROOM_MEMORY_LIMIT_BYTES", two_tib)
+    assert load_settings().memory_limit_bytes == int(two_tib)
+
+
 def test_the_bearer_token_comes_from_the_secrets_directory(tmp_path: Path) -> None:
     """A file named like the variable in the secrets directory sets the token, kept secret."""
     secrets = tmp_path / "secrets"
