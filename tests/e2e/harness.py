@@ -736,7 +736,7 @@ def rule_file_for_test(
     a test waits. ``alert_timing`` maps an alert to its ``for`` and ``keep_firing_for``.
     """
     document: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
-    timing = dict(alert_timing or {})
+    timing = alert_timing or {}
     stated = {f"headroom:threshold:{name}": value for name, value in objectives.items()}
     found: set[str] = set()
     for group in document["groups"]:
@@ -746,9 +746,9 @@ def rule_file_for_test(
                 rule["expr"] = f"vector({stated[rule['record']]!r})"
                 found.add(rule["record"])
             if rule.get("alert") in timing:
-                rule["for"], rule["keep_firing_for"] = timing.pop(rule["alert"])
+                rule["for"], rule["keep_firing_for"] = timing[rule["alert"]]
                 found.add(rule["alert"])
-    missing = (set(stated) | set(alert_timing or {})) - found
+    missing = (set(stated) | set(timing)) - found
     if missing:
         raise ValueError(f"{source}: no rule named {sorted(missing)}")
     target.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")

@@ -205,38 +205,62 @@ def assert_refused_in_one_line(proc: subprocess.Popen[str], *, names: str) -> st
 # ------------------------------------------------------------------------------ fleet mode
 
 
-#: 100 clients probing at once, from a process of their own: in the test's process their
-#: threads would contend for its interpreter lock with the exporter under test, which a real
-#: exporter never shares with its clients.
-PROBE_CLIENTS = """
+#: Probing clients, one thread per target given, from a process of their own: in the test's
+#: process their threads would contend for its interpreter lock with the exporter and the
+#: scraper under test, which a real exporter never shares with its clients. Each thread probes
+#: once, or again and again until ``seconds`` have passed; every answer is (status or error
+#: name, seconds taken, target, body says the target is up).
+PROBING_CLIENTS = """
 import json, sys, threading, time
 import httpx
-url, targets = sys.argv[1], sys.argv[2:]
+url, seconds, targets = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 answers = []
+deadline = time.monotonic() + seconds
 def probe(target):
-    started = time.perf_counter()
     with httpx.Client(timeout=30.0) as http:
-        status = http.get(url + "/probe", params={"target": target}).status_code
-    answers.append((status, time.perf_counter() - started, target))
+        while True:
+            started = time.perf_counter()
+            try:
+                response = http.get(url + "/probe", params={"target": target})
+            except httpx.HTTPError as exc:
+                answer = [type(exc).__name__, False]
+            else:
+                up = "headroom_target_up 0.0" not in response.text
+                answer = [response.status_code, up]
+            answers.append([answer[0], time.perf_counter() - started, target, answer[1]])
+            if time.monotonic() >= deadline:
+                return
 threads = [threading.Thread(target=probe, args=(t,)) for t in targets]
 for thread in threads:
     thread.start()
 for thread in threads:
-    thread.join(30)
+    thread.join(seconds + 30)
 print(json.dumps(answers))
 """
 
 
-def probe_from_another_process(url: str, targets: list[str]) -> list[tuple[int, float, str]]:
-    """Probe every target at once from a child process; (status, seconds, target) each."""
+@dataclasses.dataclass(frozen=True)
+class ProbeAnswer:
+    """One probe as its client saw it."""
+
+    status: int | str
+    seconds: float
+    target: str
+    target_up: bool
+
+
+def probe_from_another_process(
+    url: str, targets: list[str], *, seconds: float = 0.0
+) -> list[ProbeAnswer]:
+    """Probe ``targets`` at once (a thread each) from a child process, for ``seconds``."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE_CLIENTS, url, *targets],
+        [sys.executable, "-c", PROBING_CLIENTS, url, str(seconds), *targets],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=seconds + 60,
         check=True,
     )
-    return [(int(s), float(t), str(n)) for s, t, n in json.loads(done.stdout)]
+    return [ProbeAnswer(*answer) for answer in json.loads(done.stdout)]
 
 
 def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> None:
@@ -262,16 +286,16 @@ def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> 
             )
             time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))  # ~5 s of scrapes in all
         log.assert_served()
-        statuses = [status for status, _, _ in answers]
+        statuses = [answer.status for answer in answers]
         assert len(answers) == 100
         assert set(statuses) <= {403, 503}, statuses
         assert statuses.count(503) >= 90, "probes beyond the lookup budget must be throttled"
-        worst_probe = max(seconds for _, seconds, _ in answers)
+        worst_probe = max(answer.seconds for answer in answers)
         assert worst_probe < 8.0, f"a probe took {worst_probe:.1f}s"
         assert len(lookups) <= 4, "more lookups ran at once than the resolver allows"
 
         # A name whose lookup timed out is remembered: asked again, no new lookup, at once.
-        timed_out = next(target for status, _, target in answers if status == 403)
+        timed_out = next(answer.target for answer in answers if answer.status == 403)
         before = probe_counts(exporter.scrape())
         started = time.perf_counter()
         again = exporter.get("/probe", params={"target": timed_out})
@@ -300,49 +324,6 @@ def test_dns_that_never_answers_cannot_lock_out_prometheus(figures: Figures) -> 
     )
 
 
-#: Probers that probe one target without pause for a while, from a process of their own (see
-#: PROBE_CLIENTS); a 200 must say the target is down (its poll timed out within the probe).
-HAMMER_CLIENTS = """
-import json, sys, threading, time
-import httpx
-url, target, threads, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-statuses = []
-deadline = time.monotonic() + seconds
-def hammer():
-    with httpx.Client(timeout=10.0) as http:
-        while time.monotonic() < deadline:
-            try:
-                response = http.get(url + "/probe", params={"target": target})
-            except httpx.HTTPError as exc:
-                statuses.append(type(exc).__name__)
-                continue
-            code = response.status_code
-            up = "headroom_target_up 0.0" not in response.text
-            statuses.append("200 with the target up" if code == 200 and up else code)
-workers = [threading.Thread(target=hammer) for _ in range(threads)]
-for worker in workers:
-    worker.start()
-for worker in workers:
-    worker.join(30)
-print(json.dumps(statuses))
-"""
-
-
-def hammer_from_another_process(
-    url: str, target: str, *, threads: int, seconds: float
-) -> list[int | str]:
-    """``threads`` clients probing ``target`` for ``seconds``; every status (or error) seen."""
-    done = subprocess.run(
-        [sys.executable, "-c", HAMMER_CLIENTS, url, target, str(threads), str(seconds)],
-        capture_output=True,
-        text=True,
-        timeout=seconds + 60,
-        check=True,
-    )
-    statuses: list[int | str] = json.loads(done.stdout)
-    return statuses
-
-
 def test_probes_of_a_hanging_target_do_not_starve_metrics(figures: Figures) -> None:
     """64 threads probing a target that never answers, for 5 s: every /metrics answers 200."""
     with (
@@ -358,11 +339,14 @@ def test_probes_of_a_hanging_target_do_not_starve_metrics(figures: Figures) -> N
         vllm.set_fault(Fault.HANG)
         try:
             with scraping(exporter.url) as log:
-                statuses = hammer_from_another_process(
-                    exporter.url, vllm.url, threads=64, seconds=5.0
-                )
+                answers = probe_from_another_process(exporter.url, [vllm.url] * 64, seconds=5.0)
         finally:
             vllm.set_fault(Fault.NONE)
+        # A 200 must say the target is down: its poll timed out within the probe.
+        statuses = [
+            "200 with the target up" if a.status == 200 and a.target_up else a.status
+            for a in answers
+        ]
         log.assert_served()
         assert exporter.proc.poll() is None
         assert set(statuses) <= {200, 503, 504}, sorted(set(map(str, statuses)))
