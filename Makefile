@@ -40,10 +40,9 @@ lint: $(STAMP)
 deps:
 	bash scripts/ci-deps.sh
 
-# The tests find the cached tools themselves (tests/e2e/harness.py locators). Two workers: the
-# end-to-end tests (one shared vLLM, mostly waiting) in one, the CPU-bound rest in the other.
+# The tests find the cached tools themselves (tests/e2e/harness.py locators).
 test: $(STAMP) lint deps
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest
 
 # The image, with podman on a Debian base made by debootstrap (root; no registry needed). Prints its
 # reference; docs/kubernetes.md says how to push and sign it.

@@ -48,16 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test collected under tests/e2e/ with ``e2e``, and keep them in one worker.
-
-    ``make test`` runs the suite in two pytest-xdist workers (``--dist loadgroup``): the
-    end-to-end tests, which share one real vLLM and mostly wait on it, run in order in one
-    worker while the CPU-bound tests run in the other.
-    """
+    """Mark every test collected under tests/e2e/ with ``e2e``."""
     for item in items:
         if E2E_DIR in item.path.parents:
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.xdist_group("shared-vllm"))
 
 
 @pytest.fixture(scope="session")
