@@ -129,6 +129,20 @@ class EvictionReason(StrEnum):
     PROCESS_BUDGET = "process_budget"
 
 
+class AnswerRefusal(StrEnum):
+    """``headroom_probe_response_budget_refusals_total{reason}``: why an answer was stopped.
+
+    Fleet mode reads the ``/metrics`` answers of many targets at once within one budget; when
+    it is full, the answer over its fair share gives way, never one within it. (Answers all
+    within their shares sum to at most the budget: one within its share always finds room.)
+    """
+
+    #: The answer being read was over its fair share of a full budget: it was refused.
+    OVER_SHARE = "over_share"
+    #: The biggest answer over its share was cut to make room for one within its share.
+    CUT = "cut"
+
+
 class GpuErrorReason(StrEnum):
     """Why one GPU (or one call on it) failed."""
 

@@ -783,6 +783,20 @@ _DEFS: tuple[MetricDef, ...] = (
         row=Row.EXPORTER,
         field="probe_evictions",
     ),
+    MetricDef(
+        "headroom_probe_response_budget_refusals_total",
+        Kind.COUNTER,
+        "/metrics answers of probed targets stopped by the budget of the answers read at once "
+        "(a quarter of memory_limit_bytes), by reason: over_share (the answer needed more than "
+        "its fair share of the full budget), cut (the biggest answer over its share, cut to "
+        "make room for one within its share); every reason is exposed from 0. The probe of "
+        "such a target fails as too_large.",
+        ("reason",),
+        Scope.EXPORTER,
+        source="fleet mode",
+        row=Row.EXPORTER,
+        field="probe_response_refusals",
+    ),
 )
 
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
