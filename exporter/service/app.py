@@ -37,6 +37,7 @@ from exporter.service.collector import (
 from exporter.service.fleet import Fleet, Refusal
 from exporter.service.httpserver import (
     MAX_CONNECTIONS,
+    CachedExposition,
     ExporterServer,
     HeadroomApp,
     ProbeAnswer,
@@ -293,6 +294,17 @@ async def serve(
             ready=_readiness(poller),
             landing=lambda: _landing(settings, poller),
             probe=_prober(settings, fleet, loop) if fleet is not None else None,
+            # Sidecar: rendered once per poll (a new view), however many scrape it. Fleet
+            # mode's own /metrics is small and its counters move with every probe.
+            metrics=(
+                CachedExposition(
+                    registry,
+                    lambda: sidecar.view,
+                    max_age_seconds=settings.poll_interval_seconds,
+                )
+                if poller is not None
+                else None
+            ),
         )
         server = _start_server(settings, app)
         thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)

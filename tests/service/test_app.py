@@ -123,3 +123,21 @@ def test_the_answers_and_the_windows_each_get_a_quarter_of_the_memory_limit(
     settings = Settings(memory_limit_bytes=limit_mib * 2**20)
     assert response_memory_bytes(settings) == limit_mib * 2**20 // 4
     assert window_memory_bytes(settings) == limit_mib * 2**20 // 4
+
+
+def test_the_sidecar_renders_metrics_once_per_poll(static_vllm: FakeVllm) -> None:
+    """Scrapes between two polls get the same bytes (the collector's timings included)."""
+    running = ExporterThread({"target": static_vllm.url, "poll_interval_seconds": 60.0})
+    try:
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{running.url}/-/ready").status_code != 200:  # the first poll is in
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        identity = {"Accept-Encoding": "identity"}
+        first = httpx.get(f"{running.url}/metrics", headers=identity).content
+        assert b"headroom_collector_duration_seconds" in first
+        assert all(
+            httpx.get(f"{running.url}/metrics", headers=identity).content == first for _ in range(5)
+        )
+    finally:
+        running.stop()
