@@ -789,8 +789,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "/metrics answers of probed targets stopped by the budget of the answers read at once "
         "(a quarter of memory_limit_bytes), by reason: over_share (the answer needed more than "
         "its fair share of the full budget), cut (the biggest answer over its share, cut to "
-        "make room for one within its share); every reason is exposed from 0. The probe of "
-        "such a target fails as too_large.",
+        "make room for one within its share, its bytes freed at once); every reason is exposed "
+        "from 0. Such an answer is dropped and its target's poll fails.",
         ("reason",),
         Scope.EXPORTER,
         source="fleet mode",
