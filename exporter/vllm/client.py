@@ -155,11 +155,11 @@ class ResponseBudget:
     In fleet mode dozens of answers are read at once, each bounded by ``max_bytes``; their sum
     is bounded here by ``total_bytes`` (derived from ``memory_limit_bytes``). While the budget
     has room any answer may grow; once it is full, each answer being read is entitled to its
-    fair share (``total_bytes`` over the answers being read). An answer that needs more than
-    its share is refused (``over_share``); one within its share makes room by cutting the
-    biggest answer over its share (``cut``: its bytes are freed at once, even if its target
-    has stalled). So a few targets answering megabytes and stalling cannot starve a small
-    healthy one: it is always within its share. Used from one event loop only.
+    fair share (``total_bytes`` over the answers being read), and the biggest answer over its
+    share gives way: refused if it is the one asking for room (``over_share``), else cut
+    (``cut``: its bytes are freed at once, even if its target has stalled). So a few targets
+    answering megabytes and stalling cannot starve a small healthy one: it is within its
+    share, and never the biggest. Used from one event loop only.
     """
 
     def __init__(self, total_bytes: int) -> None:
@@ -183,15 +183,20 @@ class ResponseBudget:
     def _make_room(self, reading: Reading, size: int) -> AnswerRefusal | None:
         """Free room for ``size`` more bytes of ``reading``; the refusal if it must give way.
 
-        Answers all within their shares fit in the total, so while ``reading`` is within its
-        share another one is over its share until the room is made.
+        The biggest answer over its share gives way: cut if it is another, refused if it is
+        ``reading``. Answers all within their shares fit in the total, so while the budget is
+        over, one of them is over its share.
         """
         while self.in_use + size > self.total_bytes:
             share = self.fair_share
-            if reading.held + size > share:
+
+            def wants(r: Reading) -> int:
+                return r.held + (size if r is reading else 0)
+
+            over = [r for r in self._readings if wants(r) > share]
+            if not over or max(over, key=wants) is reading:
                 return AnswerRefusal.OVER_SHARE
-            over = [r for r in self._readings if r is not reading and r.held > share]
-            max(over, key=lambda r: r.held).cut()
+            max(over, key=wants).cut()
         return None
 
     def _close(self, reading: Reading) -> None:

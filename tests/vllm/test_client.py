@@ -723,6 +723,22 @@ def test_an_answer_over_its_share_of_a_full_budget_is_refused_not_another() -> N
     assert budget.refusals[AnswerRefusal.OVER_SHARE] == 1
 
 
+def test_an_answer_over_its_share_cuts_a_bigger_one_before_giving_way() -> None:
+    """Over its share but not the biggest: the biggest goes, and this one goes on."""
+    budget = ResponseBudget(100 * KIB)
+    biggest, middle = budget.open(), budget.open()
+    assert biggest.add(b"a" * 60 * KIB) is None
+    assert middle.add(b"b" * 35 * KIB) is None
+    budget.open()  # a third answer: the share is 33 KiB
+    assert middle.add(b"b" * 10 * KIB) is None  # 45 KiB, over its share: the 60 KiB one goes
+    assert biggest.refused is AnswerRefusal.CUT
+    assert budget.in_use == 45 * KIB
+    hog = budget.open()  # share 25 KiB
+    assert hog.add(b"d" * 60 * KIB) is AnswerRefusal.OVER_SHARE  # it would be the biggest
+    assert middle.refused is None
+    assert budget.refusals == {AnswerRefusal.CUT: 1, AnswerRefusal.OVER_SHARE: 1}
+
+
 def test_a_newcomer_within_its_share_always_finds_room() -> None:
     """Everyone at most at their share sums to at most the total: cutting always makes room."""
     budget = ResponseBudget(90 * KIB)
