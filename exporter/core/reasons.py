@@ -129,6 +129,21 @@ class EvictionReason(StrEnum):
     PROCESS_BUDGET = "process_budget"
 
 
+class AnswerRefusal(StrEnum):
+    """``headroom_probe_response_budget_refusals_total{reason}``: why an answer was stopped.
+
+    Fleet mode reads the ``/metrics`` answers of many targets at once within one budget; when
+    it is full, the biggest answer over its fair share gives way, never one within it.
+    (Answers all within their shares sum to at most the budget: one within its share always
+    finds room.)
+    """
+
+    #: The answer asking for room in a full budget was the biggest over its fair share: refused.
+    OVER_SHARE = "over_share"
+    #: Another answer was the biggest over its share: cut to make room, its bytes freed.
+    CUT = "cut"
+
+
 class GpuErrorReason(StrEnum):
     """Why one GPU (or one call on it) failed."""
 

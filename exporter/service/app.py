@@ -37,6 +37,7 @@ from exporter.service.collector import (
 from exporter.service.fleet import Fleet, Refusal
 from exporter.service.httpserver import (
     MAX_CONNECTIONS,
+    CachedExposition,
     ExporterServer,
     HeadroomApp,
     ProbeAnswer,
@@ -131,13 +132,19 @@ FLEET_ENGINE_SAMPLES = 48 * 1024
 #: the interpreter and its libraries (about 50 MiB), the /metrics answers being read and the
 #: one being parsed (docs/reliability.md).
 WINDOW_MEMORY_SHARE = 4
-#: Bytes of /metrics answers fleet mode reads at once, whatever the number of probes.
-FLEET_RESPONSE_BYTES = 64 * 1024 * 1024
+#: Share of ``memory_limit_bytes`` the /metrics answers fleet mode reads at once may hold
+#: together, whatever the number of probes (shared fairly: ResponseBudget).
+RESPONSE_MEMORY_SHARE = 4
 
 
 def window_memory_bytes(settings: Settings) -> int:
     """Bytes all the windows of the process may hold together (and one window alone)."""
     return settings.memory_limit_bytes // WINDOW_MEMORY_SHARE
+
+
+def response_memory_bytes(settings: Settings) -> int:
+    """Bytes of /metrics answers fleet mode may hold while reading them, all probes together."""
+    return settings.memory_limit_bytes // RESPONSE_MEMORY_SHARE
 
 
 def _poll_settings(settings: Settings) -> PollSettings:
@@ -236,6 +243,9 @@ async def serve(
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     async with httpx.AsyncClient(limits=limits, trust_env=False, follow_redirects=False) as http:
         gpus, workers = _sidecar_sources(settings, parts)
+        answers = (
+            ResponseBudget(response_memory_bytes(settings)) if settings.mode is Mode.FLEET else None
+        )
 
         make_poller = _poller_factory(
             settings,
@@ -244,6 +254,7 @@ async def serve(
             gpus,
             parts.launch or default_launch_source,
             workers=workers,
+            answers=answers,
         )
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProcessCollector(registry=None))
@@ -266,6 +277,8 @@ async def serve(
                 probe_requests=fleet.outcome_counts() if fleet else {},
                 probe_targets=fleet.target_count if fleet else None,
                 probe_evictions=fleet.evictions if fleet else None,
+                # Read on the HTTP thread while the loop counts: a copy of a small dict.
+                probe_response_refusals=dict(answers.refusals) if answers else {},
             )
 
         builders: dict[str, Callable[[], list[Metric]]] = {
@@ -281,6 +294,17 @@ async def serve(
             ready=_readiness(poller),
             landing=lambda: _landing(settings, poller),
             probe=_prober(settings, fleet, loop) if fleet is not None else None,
+            # Sidecar: rendered once per poll (a new view), however many scrape it. Fleet
+            # mode's own /metrics is small and its counters move with every probe.
+            metrics=(
+                CachedExposition(
+                    registry,
+                    lambda: sidecar.view,
+                    max_age_seconds=settings.poll_interval_seconds,
+                )
+                if poller is not None
+                else None
+            ),
         )
         server = _start_server(settings, app)
         thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
@@ -342,11 +366,12 @@ def _poller_factory(
     launch_for: Callable[[Settings, str], LaunchSource | None] = default_launch_source,
     *,
     workers: Workers | None = None,
+    answers: ResponseBudget | None = None,
 ) -> Callable[[str, SecretStr | None], TargetPoller]:
-    """How a target's poller is made: its client, the predictor, the GPUs, the settings."""
-    budget = None
-    if settings.mode is Mode.FLEET:
-        budget = ResponseBudget(max(FLEET_RESPONSE_BYTES, settings.max_response_bytes))
+    """How a target's poller is made: its client, the predictor, the GPUs, the settings.
+
+    ``answers`` bounds the /metrics answers all the pollers read at once (fleet mode).
+    """
     memory = MemoryBudget(window_memory_bytes(settings))
 
     def make_poller(url: str, token: SecretStr | None) -> TargetPoller:
@@ -356,7 +381,7 @@ def _poller_factory(
             timeout_seconds=settings.poll_timeout_seconds,
             max_bytes=settings.max_response_bytes,
             bearer_token=token,
-            budget=budget,
+            budget=answers,
             pinned=settings.mode is Mode.FLEET,
         )
         return TargetPoller(

@@ -144,6 +144,8 @@ class ExporterView:
     probe_requests: Mapping[str, int] = field(default_factory=dict)
     probe_targets: int | None = None
     probe_evictions: int | None = None
+    #: /metrics answers the shared budget stopped, by reason (fleet mode).
+    probe_response_refusals: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def build_info(self) -> dict[str, str]:

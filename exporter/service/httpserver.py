@@ -1,7 +1,8 @@
 """The exporter's HTTP endpoints and the server that carries them.
 
 Endpoints: ``/metrics`` (prometheus_client's WSGI app over our private registry: content
-negotiation, gzip and ``name[]`` filters come with it), ``/probe?target=URL`` in fleet mode,
+negotiation, gzip and ``name[]`` filters come with it; in sidecar mode rendered once per poll
+and served from :class:`CachedExposition`), ``/probe?target=URL`` in fleet mode,
 ``/-/healthy``, ``/-/ready`` and a landing page at ``/``.
 
 The server is the standard library's threaded WSGI server with the guards that a sidecar next
@@ -27,6 +28,7 @@ to production inference needs:
 from __future__ import annotations
 
 import contextlib
+import gzip
 import html
 import http.client
 import io
@@ -45,7 +47,7 @@ from wsgiref.simple_server import WSGIRequestHandler
 
 import structlog
 from prometheus_client import make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -84,6 +86,87 @@ class ProbeAnswer:
     message: str = ""
 
 
+#: Variants (format and compression) of one rendering kept at most: a client picks the format
+#: by its Accept header, whose version strings are free text.
+MAX_CACHED_VARIANTS = 8
+
+
+class CachedExposition:
+    """``/metrics`` as prometheus_client serves it, each variant rendered once per state.
+
+    Rendering the exposition of a 64-engine target costs milliseconds of CPU under the GIL;
+    rendered for every scraper, fifty of them at once (or a few beside slow readers) queue up
+    for it. Here each variant (format, and gzip or not) is rendered once while
+    ``generation()`` returns the same object (one per poll: the poller's view) and is younger
+    than ``max_age_seconds``, then served to every scraper as the same bytes; scrapers that
+    arrive during the render wait for it instead of rendering too. Requests other than a plain
+    GET and ``name[]``-filtered ones go to prometheus_client's app, uncached. The answers are
+    client_python's, byte for byte, with a Content-Length (so that HEAD has the GET's).
+    """
+
+    def __init__(
+        self,
+        registry: Collector,
+        generation: Callable[[], object],
+        *,
+        max_age_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._uncached = make_wsgi_app(registry)
+        self._generation = generation
+        self._max_age = max_age_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token: object = None
+        self._rendered_at = -float("inf")
+        self._variants: dict[tuple[str, bool], bytes] = {}
+        #: Renderings made (for tests and the benchmark).
+        self.renders = 0
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Serve one ``/metrics`` request."""
+        if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(
+            environ.get("QUERY_STRING", "")
+        ):
+            return self._uncached(environ, start_response)  # type: ignore[no-any-return]
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
+        body = self._body(encoder, content_type, gzipped=gzipped)
+        headers = [("Content-Type", content_type)]
+        if gzipped:
+            headers.append(("Content-Encoding", "gzip"))
+        # Said here, not left to wsgiref: a HEAD (answered as a GET, body dropped) gets it too.
+        headers.append(("Content-Length", str(len(body))))
+        start_response("200 OK", headers)
+        return [body]
+
+    def _body(
+        self, encoder: Callable[[Collector], bytes], content_type: str, *, gzipped: bool
+    ) -> bytes:
+        with self._lock:
+            token, now = self._generation(), self._clock()
+            if token is not self._token or now - self._rendered_at >= self._max_age:
+                self._token, self._rendered_at, self._variants = token, now, {}
+            found = self._variants.get((content_type, gzipped))
+            if found is not None:
+                return found
+            plain = self._variants.get((content_type, False))
+            if plain is None:
+                plain = encoder(self._registry)
+                self.renders += 1
+                self._keep((content_type, False), plain)
+            if not gzipped:
+                return plain
+            packed = gzip.compress(plain)
+            self._keep((content_type, True), packed)
+            return packed
+
+    def _keep(self, key: tuple[str, bool], body: bytes) -> None:
+        if len(self._variants) < MAX_CACHED_VARIANTS:
+            self._variants[key] = body
+
+
 class HeadroomApp:
     """The WSGI application routing our endpoints."""
 
@@ -94,8 +177,10 @@ class HeadroomApp:
         ready: Callable[[], tuple[bool, str]],
         landing: Callable[[], str],
         probe: Callable[[str, float | None, str], ProbeAnswer] | None = None,
+        metrics: Callable[[Environ, StartResponse], Iterable[bytes]] | None = None,
     ) -> None:
-        self._metrics = make_wsgi_app(registry)
+        #: ``/metrics``: prometheus_client's app over ``registry`` unless given (cached).
+        self._metrics = metrics or make_wsgi_app(registry)
         self._ready = ready
         self._landing = landing
         self._probe = probe
@@ -630,6 +715,7 @@ def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
 
 
 __all__ = [
+    "CachedExposition",
     "ExporterServer",
     "HeadroomApp",
     "ProbeAnswer",

@@ -783,6 +783,20 @@ _DEFS: tuple[MetricDef, ...] = (
         row=Row.EXPORTER,
         field="probe_evictions",
     ),
+    MetricDef(
+        "headroom_probe_response_budget_refusals_total",
+        Kind.COUNTER,
+        "/metrics answers of probed targets stopped by the budget of the answers read at once "
+        "(a quarter of memory_limit_bytes, shared fairly); when it is full the biggest answer "
+        "over its fair share gives way, by reason: over_share (it was the answer asking for "
+        "room: refused), cut (it was another: cut, its bytes freed at once); every reason is "
+        "exposed from 0. Such an answer is dropped and its target's poll fails.",
+        ("reason",),
+        Scope.EXPORTER,
+        source="fleet mode",
+        row=Row.EXPORTER,
+        field="probe_response_refusals",
+    ),
 )
 
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}

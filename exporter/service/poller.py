@@ -443,8 +443,9 @@ class TargetPoller:
     async def _poll(self) -> TargetView:
         started = self._clock()
         try:
-            payload = await self._client.fetch_metrics()
-            snapshot = self._parse(payload)
+            # The answer is not kept past its parse: fleet mode's shared answer budget counts
+            # it only while it is read, and discovery below may wait on the network.
+            snapshot = self._parse(await self._client.fetch_metrics())
         except SourceError as exc:
             return await self._down(started, exc)
         except ParseError as exc:

@@ -127,7 +127,9 @@ class Settings(BaseSettings):
         le=2**60,
         description=(
             "The exporter's memory limit (the chart passes its container's limit): a quarter "
-            "of it bounds all the windows' samples together, the biggest window evicted first."
+            "of it bounds all the windows' samples together, the biggest window evicted first; "
+            "in fleet mode another quarter bounds the /metrics answers read at once, shared "
+            "fairly between probes."
         ),
     )
     context_window_seconds: WindowSeconds = Field(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from exporter.core.reasons import HttpReason
+from exporter.core.reasons import AnswerRefusal, HttpReason
 from exporter.errors import SourceError
 
 if TYPE_CHECKING:
@@ -139,29 +140,110 @@ def _status_reason(status: int) -> str:
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
+#: The message of an answer the shared budget stopped, by reason.
+_REFUSED = {
+    AnswerRefusal.OVER_SHARE: (
+        "GET {path}: the answer is over its fair share of the answers being read at once"
+    ),
+    AnswerRefusal.CUT: "GET {path}: the answer was cut to make room for smaller answers",
+}
+
 
 class ResponseBudget:
-    """Bytes of answers being read at once, shared by the clients of many targets.
+    """Bytes of ``/metrics`` answers being read at once, shared fairly by many targets' clients.
 
-    Each answer is bounded by ``max_bytes``; in fleet mode dozens are read at once, and their
-    sum is bounded here: an answer that would go past the budget fails as ``too_large`` instead
-    of growing the process. Used from one event loop only.
+    In fleet mode dozens of answers are read at once, each bounded by ``max_bytes``; their sum
+    is bounded here by ``total_bytes`` (derived from ``memory_limit_bytes``). While the budget
+    has room any answer may grow; once it is full, each answer being read is entitled to its
+    fair share (``total_bytes`` over the answers being read), and the biggest answer over its
+    share gives way: refused if it is the one asking for room (``over_share``), else cut
+    (``cut``: its bytes are freed at once, even if its target has stalled). So a few targets
+    answering megabytes and stalling cannot starve a small healthy one: it is within its
+    share, and never the biggest. Used from one event loop only.
     """
 
     def __init__(self, total_bytes: int) -> None:
         self.total_bytes = total_bytes
         self.in_use = 0
+        self._readings: set[Reading] = set()
+        #: Answers stopped by the budget, by reason (every AnswerRefusal from 0); never reset.
+        self.refusals: Counter[str] = Counter(dict.fromkeys(AnswerRefusal, 0))
 
-    def take(self, size: int) -> bool:
-        """Reserve ``size`` more bytes; False (nothing reserved) when they do not fit."""
-        if self.in_use + size > self.total_bytes:
-            return False
-        self.in_use += size
-        return True
+    @property
+    def fair_share(self) -> int:
+        """Bytes each answer being read may hold when the budget is full."""
+        return self.total_bytes // max(1, len(self._readings))
 
-    def give(self, size: int) -> None:
-        """Release bytes reserved by :meth:`take`."""
-        self.in_use -= size
+    def open(self) -> Reading:
+        """Start reading an answer within the budget; close the reading when done."""
+        reading = Reading(self)
+        self._readings.add(reading)
+        return reading
+
+    def _make_room(self, reading: Reading, size: int) -> AnswerRefusal | None:
+        """Free room for ``size`` more bytes of ``reading``; the refusal if it must give way.
+
+        The biggest answer over its share gives way: cut if it is another, refused if it is
+        ``reading``. Answers all within their shares fit in the total, so while the budget is
+        over, one of them is over its share.
+        """
+        while self.in_use + size > self.total_bytes:
+            share = self.fair_share
+
+            def wants(r: Reading) -> int:
+                return r.held + (size if r is reading else 0)
+
+            over = [r for r in self._readings if wants(r) > share]
+            if not over or max(over, key=wants) is reading:
+                return AnswerRefusal.OVER_SHARE
+            max(over, key=wants).cut()
+        return None
+
+    def _close(self, reading: Reading) -> None:
+        self._readings.discard(reading)
+
+
+class Reading:
+    """One answer being read within a :class:`ResponseBudget`: its chunks and what they hold."""
+
+    def __init__(self, budget: ResponseBudget) -> None:
+        self._budget = budget
+        self.chunks: list[bytes] = []
+        self.held = 0
+        #: Why the reading was stopped, once it was.
+        self.refused: AnswerRefusal | None = None
+
+    def add(self, chunk: bytes) -> AnswerRefusal | None:
+        """Keep ``chunk`` if the budget allows; else the reason it was stopped (nothing kept)."""
+        if self.refused is not None:
+            return self.refused  # cut meanwhile (counted then)
+        refusal = self._budget._make_room(self, len(chunk))
+        if refusal is not None:
+            self._budget.refusals[refusal] += 1
+            self.release()
+            self.refused = refusal
+            return refusal
+        self.chunks.append(chunk)
+        self.held += len(chunk)
+        self._budget.in_use += len(chunk)
+        return None
+
+    def cut(self) -> None:
+        """Give up every byte read so far, to make room for an answer within its share."""
+        self._budget.refusals[AnswerRefusal.CUT] += 1
+        self.release()
+        self.refused = AnswerRefusal.CUT
+
+    def release(self) -> None:
+        """Drop the chunks and give their bytes back (the reading may still be closed later)."""
+        self._budget.in_use -= self.held
+        self.held = 0
+        self.chunks = []
+
+    def close(self) -> None:
+        """Give back what the reading holds and leave the budget."""
+        self.release()
+        self._budget._close(self)
 
 
 class VllmClient:
@@ -267,26 +349,29 @@ class VllmClient:
 
     async def _read_body(self, response: httpx.Response, path: str, max_bytes: int) -> bytes:
         """The body, bounded by ``max_bytes`` and by the shared budget, if any."""
-        chunks: list[bytes] = []
-        size = 0
-        budget = self._budget
-        try:
+        if self._budget is None:
+            chunks: list[bytes] = []
+            size = 0
             # Decoded bytes: the bound also holds for a gzip bomb.
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > max_bytes:
                     raise SourceError("too_large", f"GET {path} is larger than {max_bytes} bytes")
-                if budget is not None and not budget.take(len(chunk)):
-                    raise SourceError(
-                        "too_large",
-                        f"GET {path}: the answers being read at once already hold "
-                        f"{budget.total_bytes} bytes",
-                    )
                 chunks.append(chunk)
             return b"".join(chunks)
+        reading = self._budget.open()
+        try:
+            async for chunk in response.aiter_bytes():
+                if reading.held + len(chunk) > max_bytes:
+                    raise SourceError("too_large", f"GET {path} is larger than {max_bytes} bytes")
+                refusal = reading.add(chunk)
+                if refusal is not None:
+                    raise SourceError(HttpReason.TOO_LARGE, _REFUSED[refusal].format(path=path))
+            if reading.refused is not None:  # cut after its last chunk
+                raise SourceError(HttpReason.TOO_LARGE, _REFUSED[reading.refused].format(path=path))
+            return b"".join(reading.chunks)
         finally:
-            if budget is not None:
-                budget.give(sum(map(len, chunks)))
+            reading.close()
 
     async def fetch_metrics(self) -> bytes:
         """The raw ``/metrics`` payload (Prometheus text format)."""

@@ -42,6 +42,7 @@ from exporter.testing.processes import (
     ExporterThread,
     Scrape,
     reset_peak_rss,
+    wait_http,
 )
 
 if TYPE_CHECKING:
@@ -779,3 +780,58 @@ def test_a_foreign_key_in_dotenv_does_not_stop_start_up(
     with ExporterProcess({"HEADROOM_TARGET": fake_vllm.url, **POLL}, cwd=tmp_path) as exporter:
         exporter.wait_for(up)
         assert exporter.non_json_lines() == []
+
+
+def read_slowly(url: str, stop: threading.Event) -> None:
+    """Ask for /metrics again and again, reading each answer 4 KiB every 50 ms."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    while not stop.is_set():
+        try:
+            with socket.create_connection((host, int(port)), timeout=15) as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                while not stop.is_set() and conn.recv(4096):
+                    time.sleep(0.05)
+        except OSError:
+            stop.wait(0.1)
+
+
+def test_slow_readers_of_a_large_metrics_never_delay_other_scrapers(figures: Figures) -> None:
+    """24 slow readers of a 64-engine sidecar's /metrics beside 8 scrapers for 6 s.
+
+    Issue 30: 3 of 30 scrapes got 503 and one took 8.5 s. The exposition is rendered once per
+    poll and served as the same bytes to everyone: every scrape answers 200 within the limit.
+    """
+    stop = threading.Event()
+    with (
+        FakeVllm(state=VllmState(engines=64)) as vllm,
+        ExporterProcess({"HEADROOM_TARGET": vllm.url}) as exporter,
+    ):
+        wait_http(f"{exporter.url}/-/ready", timeout=20, status=200)
+        readers = [
+            threading.Thread(target=read_slowly, args=(exporter.url, stop), daemon=True)
+            for _ in range(24)
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            with contextlib.ExitStack() as stack:
+                logs = [stack.enter_context(scraping(exporter.url)) for _ in range(8)]
+                time.sleep(6.0)
+        finally:
+            stop.set()
+            for reader in readers:
+                reader.join(20)
+        for log in logs:
+            log.assert_served()
+        assert exporter.proc.poll() is None
+    latencies = sorted(latency for log in logs for latency in log.latencies)
+    figures.record(
+        "hostile",
+        "slow_readers_beside_scrapers",
+        {
+            "scrapes": len(latencies),
+            "median_metrics_latency_seconds": round(latencies[len(latencies) // 2], 4),
+            "worst_metrics_latency_seconds": round(latencies[-1], 4),
+        },
+    )

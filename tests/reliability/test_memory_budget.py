@@ -9,13 +9,15 @@ in fleet mode a healthy target beside heavy ones loses nothing.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
-from exporter.core.reasons import EvictionReason
+from exporter.core.reasons import AnswerRefusal, EvictionReason
 from exporter.testing import heavy
 from exporter.testing.fakevllm import FakeVllm, VllmState, render_metrics
 from exporter.testing.processes import ExporterProcess, Scrape, reset_peak_rss
@@ -139,6 +141,123 @@ def test_heavy_fleet_targets_never_evict_a_healthy_one(figures: Figures) -> None
             "rounds": rounds,
             "healthy_window_samples": kept.value("headroom_window_samples"),
             "heavy_window_samples": heavy_scrape.value("headroom_window_samples"),
+            "peak_rss_growth_mib": round(growth / MIB, 1),
+        },
+    )
+
+
+class StallingTarget:
+    """A target that answers ``/metrics`` with ``send`` bytes of a longer body, then stalls.
+
+    Issue 30: five such targets answering 16 MiB starved a healthy one (up in 26 of 50
+    probes). Each connection is served by a thread of its own until the target is closed.
+    """
+
+    def __init__(self, send: int, declared: int) -> None:
+        self._body = b"vllm:pad_total 1\n" * (send // 17)
+        self._declared = declared
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    + f"Content-Length: {self._declared}\r\n\r\n".encode()
+                    + self._body
+                )
+                self._stop.wait(30)  # stalled: the rest never comes
+            except OSError:
+                return
+
+    def close(self) -> None:
+        """Stop answering and release every connection."""
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(2)
+
+
+def test_big_stalled_answers_never_starve_a_healthy_fleet_target(figures: Figures) -> None:
+    """Big stalled answers give way, counted; every probe of a healthy target says it is up.
+
+    Five targets answer 3 of 12 MiB and stall, probed 4 at a time each: the answers read at
+    once stay within 8 MiB (a quarter of 32 MiB) where unbounded they would hold 60 MiB.
+    """
+    stalled = [StallingTarget(send=3 * MIB, declared=12 * MIB) for _ in range(5)]
+    stop = threading.Event()
+    try:
+        with (
+            FakeVllm() as healthy,
+            ExporterProcess(
+                {
+                    "HEADROOM_MODE": "fleet",
+                    "HEADROOM_PROBE_ALLOWLIST": "127.0.0.0/8",
+                    "HEADROOM_POLL_TIMEOUT_SECONDS": "2",
+                    **LIMIT,
+                }
+            ) as exporter,
+            httpx.Client(timeout=15.0) as http,
+        ):
+
+            def keep_probing(url: str) -> None:
+                with httpx.Client(timeout=15.0) as own:
+                    while not stop.is_set():
+                        own.get(f"{exporter.url}/probe", params={"target": url})
+
+            probers = [
+                threading.Thread(target=keep_probing, args=(target.url,), daemon=True)
+                for target in stalled
+                for _ in range(4)
+            ]
+            reset_peak_rss(exporter.pid)
+            before = exporter.stats().rss_bytes
+            for prober in probers:
+                prober.start()
+            time.sleep(1.0)  # the big answers under way
+            up = []
+            for _ in range(30):
+                response = http.get(f"{exporter.url}/probe", params={"target": healthy.url})
+                up.append(
+                    response.status_code == 200
+                    and Scrape(response.text, 0.0).value("headroom_target_up") == 1.0
+                )
+            own = exporter.scrape()
+            growth = exporter.stats().peak_rss_bytes - before
+            stop.set()
+            for prober in probers:
+                prober.join(20)
+    finally:
+        stop.set()
+        for target in stalled:
+            target.close()
+    refusals = {
+        reason: own.value("headroom_probe_response_budget_refusals_total", reason=reason) or 0.0
+        for reason in AnswerRefusal
+    }
+    assert sum(up) == len(up), f"the healthy target was up in {sum(up)} of {len(up)} probes"
+    assert sum(refusals.values()) > 0, refusals
+    assert growth < GROWTH_LIMIT, f"peak RSS grew by {growth / MIB:.1f} MiB"
+    figures.record(
+        "memory",
+        "fleet_stalled_big_answers_beside_healthy",
+        {
+            "healthy_up": f"{sum(up)} of {len(up)}",
+            "refusals": refusals,
             "peak_rss_growth_mib": round(growth / MIB, 1),
         },
     )

@@ -9,6 +9,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.core.reasons import AnswerRefusal
+from exporter.service.app import response_memory_bytes, window_memory_bytes
+from exporter.service.settings import Settings
 from exporter.testing.processes import ExporterThread
 
 if TYPE_CHECKING:
@@ -106,5 +109,35 @@ def test_fleet_mode_probes_allowed_targets_and_refuses_others(static_vllm: FakeV
         assert 'headroom_probe_requests_total{outcome="denied_not_in_allowlist"} 1.0' in own
         assert 'headroom_probe_requests_total{outcome="denied_forbidden_address"} 1.0' in own
         assert "headroom_kv_capacity_tokens" not in own
+        for reason in AnswerRefusal:  # exposed from 0
+            assert f'headroom_probe_response_budget_refusals_total{{reason="{reason}"}} 0.0' in own
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("limit_mib", [32, 256, 4096])
+def test_the_answers_and_the_windows_each_get_a_quarter_of_the_memory_limit(
+    limit_mib: int,
+) -> None:
+    """Whatever the limit, the answers read at once and all the windows hold half of it."""
+    settings = Settings(memory_limit_bytes=limit_mib * 2**20)
+    assert response_memory_bytes(settings) == limit_mib * 2**20 // 4
+    assert window_memory_bytes(settings) == limit_mib * 2**20 // 4
+
+
+def test_the_sidecar_renders_metrics_once_per_poll(static_vllm: FakeVllm) -> None:
+    """Scrapes between two polls get the same bytes (the collector's timings included)."""
+    running = ExporterThread({"target": static_vllm.url, "poll_interval_seconds": 60.0})
+    try:
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{running.url}/-/ready").status_code != 200:  # the first poll is in
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        identity = {"Accept-Encoding": "identity"}
+        first = httpx.get(f"{running.url}/metrics", headers=identity).content
+        assert b"headroom_collector_duration_seconds" in first
+        assert all(
+            httpx.get(f"{running.url}/metrics", headers=identity).content == first for _ in range(5)
+        )
     finally:
         running.stop()

@@ -238,12 +238,16 @@ def test_exporter_families_count_probe_outcomes_targets_and_evictions() -> None:
         probe_requests={"ok": 4, "timeout": 0},
         probe_targets=2,
         probe_evictions=1,
+        probe_response_refusals={"over_share": 3, "cut": 0},
     )
     families = exporter_families(view)
     assert value(families, "headroom_probe_requests_total", outcome="ok") == 4.0
     assert value(families, "headroom_probe_requests_total", outcome="timeout") == 0.0
     assert value(families, "headroom_probe_targets") == 2.0
     assert value(families, "headroom_probe_evictions_total") == 1.0
+    refusals = "headroom_probe_response_budget_refusals_total"
+    assert value(families, refusals, reason="over_share") == 3.0
+    assert value(families, refusals, reason="cut") == 0.0
     assert value(families, "headroom_poll_interval_seconds") is None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import socket
 import threading
 import time
@@ -10,11 +11,13 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.service import httpserver
 from exporter.service.httpserver import (
     MAX_CONNECTIONS,
+    CachedExposition,
     ExporterServer,
     HeadroomApp,
     ProbeAnswer,
@@ -23,7 +26,10 @@ from exporter.service.httpserver import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any
+
+    from prometheus_client.core import Metric
 
 SCRAPE_TIMEOUT = "X-Prometheus-Scrape-Timeout-Seconds"
 
@@ -410,3 +416,187 @@ def test_an_answer_not_read_within_the_write_deadline_frees_its_slot(
         assert client.get("/-/healthy").status_code == 503  # the slot is taken meanwhile
         time.sleep(0.5)  # past the deadline: its answer is dropped, its slot freed
         assert client.get("/-/healthy").status_code == 200
+
+
+# --- /metrics rendered once per poll ---------------------------------------------------------
+
+
+class CountingCollector:
+    """A collector with fixed families that counts how often it is collected."""
+
+    def __init__(self) -> None:
+        self.collections = 0
+
+    def collect(self) -> Iterator[Metric]:
+        """The same families every time, and one more collection counted."""
+        self.collections += 1
+        gauge = GaugeMetricFamily("demo_value", "A demo gauge.", labels=["engine"])
+        gauge.add_metric(["0"], 3.0)
+        gauge.add_metric(["1"], 4.5)
+        yield gauge
+        counter = CounterMetricFamily("demo_requests", "Demo requests.", labels=["outcome"])
+        counter.add_metric(["ok"], 12.0)
+        yield counter
+
+
+class Generation:
+    """The state a CachedExposition follows: a new object stands for a new poll."""
+
+    def __init__(self) -> None:
+        self.current = object()
+
+    def __call__(self) -> object:
+        return self.current
+
+    def poll(self) -> None:
+        """A new poll: a new view."""
+        self.current = object()
+
+
+def counting_registry() -> tuple[CollectorRegistry, CountingCollector]:
+    """A private registry over one CountingCollector."""
+    registry = CollectorRegistry(auto_describe=False)
+    collector = CountingCollector()
+    registry.register(collector)
+    return registry, collector
+
+
+def call(app: Callable[..., Iterable[bytes]], **environ: str) -> tuple[str, list[Any], bytes]:
+    """One WSGI request to ``app``: its status, headers and body."""
+    got: list[Any] = []
+    base = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": ""}
+    body = b"".join(app({**base, **environ}, lambda status, headers: got.extend([status, headers])))
+    return got[0], got[1], body
+
+
+ACCEPTS = [
+    "",
+    "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    "text/plain;version=1.0.0;escaping=allow-utf-8",
+    "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    "application/openmetrics-text",
+]
+
+
+@pytest.mark.parametrize("accept", ACCEPTS)
+@pytest.mark.parametrize("encoding", ["", "gzip", "identity, gzip;q=0.5"])
+def test_a_cached_answer_is_byte_for_byte_prometheus_client_s(accept: str, encoding: str) -> None:
+    """Same status, headers and bytes as client_python's own app, for every format."""
+    registry, _ = counting_registry()
+    cached = CachedExposition(registry, Generation(), max_age_seconds=60)
+    plain = make_wsgi_app(registry)
+    environ = {"HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": encoding}
+    for _ in range(2):  # rendered, then from the cache
+        status, headers, body = call(cached, **environ)
+        want_status, want_headers, want_body = call(plain, **environ)
+        assert (status, headers[:-1]) == (want_status, want_headers)
+        assert headers[-1] == ("Content-Length", str(len(body)))  # wsgiref adds it to GET
+        if encoding:
+            assert ("Content-Encoding", "gzip") in headers
+            body, want_body = gzip.decompress(body), gzip.decompress(want_body)
+        assert body == want_body
+
+
+def test_many_concurrent_scrapes_of_one_poll_cost_one_render(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """Thirty scrapers at once, in two formats, compressed or not: two renders, not thirty."""
+    registry, collector = counting_registry()
+    cached = CachedExposition(registry, Generation(), max_age_seconds=60)
+    client = serve(
+        HeadroomApp(registry=registry, ready=lambda: (True, ""), landing=str, metrics=cached)
+    )
+    variants = [
+        {},
+        {"Accept-Encoding": "gzip"},
+        {"Accept": "application/openmetrics-text;version=1.0.0"},
+    ]
+    bodies: list[bytes] = []
+
+    def scrape(headers: dict[str, str]) -> None:
+        response = client.get("/metrics", headers=headers)
+        assert response.status_code == 200
+        bodies.append(response.content)  # httpx decodes gzip
+
+    threads = [threading.Thread(target=scrape, args=(variants[n % 3],)) for n in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(bodies) == 30
+    assert collector.collections == cached.renders == 2  # text (plain and gzip), OpenMetrics
+    assert len(set(bodies)) == 2
+
+
+def test_a_new_poll_or_the_maximum_age_renders_again() -> None:
+    """The cache follows the poller's view, and never outlives ``max_age_seconds``."""
+    registry, collector = counting_registry()
+    generation = Generation()
+    now = [100.0]
+    cached = CachedExposition(registry, generation, max_age_seconds=5, clock=lambda: now[0])
+    call(cached)
+    call(cached)
+    assert collector.collections == 1
+    generation.poll()
+    call(cached)
+    assert collector.collections == 2
+    now[0] += 4.9
+    call(cached)
+    assert collector.collections == 2
+    now[0] += 0.1
+    call(cached)
+    assert collector.collections == 3
+
+
+def test_name_filtered_scrapes_go_to_prometheus_client_uncached() -> None:
+    """``name[]`` answers exactly as client_python's app does, and is never cached.
+
+    (client_python 0.26 filters only collectors that describe their names: a collector that
+    does not, like ours, is left out of a filtered answer, cached or not.)
+    """
+    registry, _ = counting_registry()
+    Gauge("other_value", "Another gauge.", registry=registry).set(1.0)
+    cached = CachedExposition(registry, Generation(), max_age_seconds=60)
+    plain = make_wsgi_app(registry)
+    query = "name[]=other_value&name[]=demo_requests_total"
+    for _ in range(2):
+        got = call(cached, QUERY_STRING=query)
+        assert got == call(plain, QUERY_STRING=query)
+        assert b"other_value 1.0" in got[2]
+    _, _, whole = call(cached)
+    assert b"demo_value" in whole
+    assert cached.renders == 1  # the unfiltered one only
+
+
+def test_the_variants_kept_are_bounded_whatever_the_accept_headers() -> None:
+    """Version strings are free text: a client inventing new ones gets answers, not memory."""
+    registry, _ = counting_registry()
+    cached = CachedExposition(registry, Generation(), max_age_seconds=60)
+    for n in range(40):
+        version = "1.0." + "0" * (n + 1)
+        status, _, body = call(
+            cached, HTTP_ACCEPT=f"application/openmetrics-text;version={version}"
+        )
+        assert status == "200 OK"
+        assert body.endswith(b"# EOF\n")
+    assert len(cached._variants) <= httpserver.MAX_CACHED_VARIANTS
+
+
+def test_head_of_cached_metrics_sends_the_content_length_of_get(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """HEAD and GET of one poll are the same bytes: the lengths agree exactly.
+
+    (Uncached, client_python's app sets no Content-Length and a HEAD answered 0.)
+    """
+    registry, _ = counting_registry()
+    cached = CachedExposition(registry, Generation(), max_age_seconds=60)
+    client = serve(
+        HeadroomApp(registry=registry, ready=lambda: (True, ""), landing=str, metrics=cached)
+    )
+    identity = {"Accept-Encoding": "identity"}
+    got = client.get("/metrics", headers=identity)
+    head = client.head("/metrics", headers=identity)
+    assert head.status_code == 200
+    assert int(head.headers["content-length"]) == len(got.content)
+    assert head.content == b""

@@ -18,10 +18,17 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from exporter.core.reasons import HttpReason
+from exporter.core.reasons import AnswerRefusal, HttpReason
 from exporter.errors import SourceError
 from exporter.testing.fakevllm import CHUNK_BYTES, FakeVllm, Fault, VllmState, render_models
-from exporter.vllm.client import ModelsInfo, Route, VllmClient, parse_models, routed
+from exporter.vllm.client import (
+    ModelsInfo,
+    ResponseBudget,
+    Route,
+    VllmClient,
+    parse_models,
+    routed,
+)
 from tests import paths
 
 if TYPE_CHECKING:
@@ -662,3 +669,168 @@ def test_a_pinned_https_client_verifies_the_certificate_against_the_name(
     with pytest.raises(SourceError) as caught:
         tls_fetch(port, context, "other.test")
     assert caught.value.reason == HttpReason.CONNECTION_ERROR
+
+
+# --- The budget of the answers read at once (fleet mode) ------------------------------------
+
+KIB = 1024
+
+
+def test_answers_grow_freely_while_the_budget_has_room() -> None:
+    """Under the total, an answer may hold more than its fair share: nobody else needs it."""
+    budget = ResponseBudget(100 * KIB)
+    big, small = budget.open(), budget.open()
+    assert big.add(b"x" * 90 * KIB) is None
+    assert small.add(b"y" * 10 * KIB) is None
+    assert budget.in_use == 100 * KIB
+    assert budget.refusals == dict.fromkeys(AnswerRefusal, 0)
+
+
+def test_the_fair_share_is_the_total_over_the_answers_being_read() -> None:
+    """The share follows the answers being read now, not those read before."""
+    budget = ResponseBudget(90 * KIB)
+    readings = [budget.open() for _ in range(3)]
+    assert budget.fair_share == 30 * KIB
+    readings[0].close()
+    assert budget.fair_share == 45 * KIB
+
+
+def test_an_answer_within_its_share_cuts_the_biggest_one_over_its_share() -> None:
+    """The budget is full of two big answers; a small one makes room by cutting the biggest."""
+    budget = ResponseBudget(100 * KIB)
+    biggest, big, small = budget.open(), budget.open(), budget.open()
+    assert biggest.add(b"a" * 60 * KIB) is None
+    assert big.add(b"b" * 40 * KIB) is None
+    assert small.add(b"c" * 10 * KIB) is None  # share: 33 KiB; 60 > 40 > share
+    assert biggest.refused is AnswerRefusal.CUT
+    assert (biggest.held, biggest.chunks) == (0, [])  # its bytes are freed at once
+    assert big.refused is None
+    assert budget.in_use == 50 * KIB
+    assert budget.refusals[AnswerRefusal.CUT] == 1
+    assert biggest.add(b"a") is AnswerRefusal.CUT  # a cut answer stays cut
+    assert budget.refusals[AnswerRefusal.CUT] == 1  # counted once
+
+
+def test_an_answer_over_its_share_of_a_full_budget_is_refused_not_another() -> None:
+    """The answer that needs more than its share gives way; the small one keeps its bytes."""
+    budget = ResponseBudget(100 * KIB)
+    small, big = budget.open(), budget.open()
+    assert small.add(b"s" * 10 * KIB) is None
+    assert big.add(b"b" * 85 * KIB) is None
+    assert big.add(b"b" * 10 * KIB) is AnswerRefusal.OVER_SHARE  # 95 KiB > 50 KiB share
+    assert (big.held, budget.in_use) == (0, 10 * KIB)
+    assert small.refused is None
+    assert budget.refusals[AnswerRefusal.OVER_SHARE] == 1
+
+
+def test_an_answer_over_its_share_cuts_a_bigger_one_before_giving_way() -> None:
+    """Over its share but not the biggest: the biggest goes, and this one goes on."""
+    budget = ResponseBudget(100 * KIB)
+    biggest, middle = budget.open(), budget.open()
+    assert biggest.add(b"a" * 60 * KIB) is None
+    assert middle.add(b"b" * 35 * KIB) is None
+    budget.open()  # a third answer: the share is 33 KiB
+    assert middle.add(b"b" * 10 * KIB) is None  # 45 KiB, over its share: the 60 KiB one goes
+    assert biggest.refused is AnswerRefusal.CUT
+    assert budget.in_use == 45 * KIB
+    hog = budget.open()  # share 25 KiB
+    assert hog.add(b"d" * 60 * KIB) is AnswerRefusal.OVER_SHARE  # it would be the biggest
+    assert middle.refused is None
+    assert budget.refusals == {AnswerRefusal.CUT: 1, AnswerRefusal.OVER_SHARE: 1}
+
+
+def test_a_newcomer_within_its_share_always_finds_room() -> None:
+    """Everyone at most at their share sums to at most the total: cutting always makes room."""
+    budget = ResponseBudget(90 * KIB)
+    held = [budget.open() for _ in range(2)]
+    for reading in held:
+        assert reading.add(b"z" * 45 * KIB) is None
+    newcomer = budget.open()  # share 30 KiB: both over it, the biggest (first found) gives way
+    assert newcomer.add(b"n" * 30 * KIB) is None
+    assert sum(r.refused is AnswerRefusal.CUT for r in held) == 1
+    assert budget.in_use == 75 * KIB
+    budget = ResponseBudget(90 * KIB)
+    readings = [budget.open() for _ in range(3)]
+    for reading in readings:
+        assert reading.add(b"z" * 30 * KIB) is None  # everyone exactly at the share
+    assert readings[0].add(b"z") is AnswerRefusal.OVER_SHARE
+
+
+def test_a_closed_reading_gives_its_bytes_back_and_leaves_the_share() -> None:
+    """A finished answer no longer counts, neither in bytes nor in the number sharing."""
+    budget = ResponseBudget(100 * KIB)
+    reading = budget.open()
+    reading.add(b"x" * 70 * KIB)
+    reading.close()
+    assert (budget.in_use, budget.fair_share) == (0, 100 * KIB)
+
+
+def test_small_healthy_answers_are_never_starved_by_big_stalled_ones() -> None:
+    """Issue 30: five targets answering 16 MiB and stalling starved a healthy one (26 of 50).
+
+    Scaled down: five big answers stall half-way inside a budget they fill; fifty small
+    answers, read one after another beside them, all succeed, and the big ones give way.
+    """
+    budget = ResponseBudget(4 * 1024 * KIB)
+    stalled = [budget.open() for _ in range(5)]
+    for reading in stalled:
+        assert reading.add(b"s" * 819 * KIB) is None  # 4,095 of 4,096 KiB
+    healthy_ok = 0
+    for _ in range(50):
+        healthy = budget.open()
+        if all(healthy.add(b"h" * 16 * KIB) is None for _ in range(4)):
+            healthy_ok += 1
+        healthy.close()
+    assert healthy_ok == 50
+    assert budget.refusals[AnswerRefusal.CUT] >= 1
+    assert budget.in_use <= budget.total_bytes
+
+
+def stalling_then(body: bytes, stall: asyncio.Event) -> httpx.MockTransport:
+    """A server that sends ``body`` and then waits on ``stall`` before ending its answer."""
+
+    async def stream() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 64 * KIB):
+            yield body[start : start + 64 * KIB]
+            await asyncio.sleep(0)
+        await stall.wait()
+
+    async def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=TEXT, content=stream())
+
+    return httpx.MockTransport(handler)
+
+
+def test_clients_sharing_a_budget_cut_a_stalled_big_answer_for_a_healthy_one() -> None:
+    """Through the client: the healthy target reads its payload; the big one fails too_large."""
+
+    async def go() -> tuple[BaseException | bytes, ...]:
+        stall = asyncio.Event()
+        budget = ResponseBudget(820 * KIB)  # the big answer (800 KiB) and 50 KB do not fit
+        big = VllmClient(
+            "http://big:8000",
+            client=httpx.AsyncClient(transport=stalling_then(b"# x\n" * 200 * KIB, stall)),
+            timeout_seconds=5,
+            max_bytes=16 << 20,
+            budget=budget,
+        )
+        healthy = VllmClient(
+            "http://healthy:8000",
+            client=httpx.AsyncClient(transport=answering(content=AFTER_LOAD, headers=TEXT)),
+            timeout_seconds=5,
+            max_bytes=16 << 20,
+            budget=budget,
+        )
+        stalled = asyncio.ensure_future(big.fetch_metrics())
+        while budget.in_use < 800 * KIB:  # the big answer whole, its end stalled
+            await asyncio.sleep(0)
+        answer = await healthy.fetch_metrics()
+        stall.set()
+        results = await asyncio.gather(stalled, return_exceptions=True)
+        return answer, *results
+
+    answer, big_result = asyncio.run(go())
+    assert answer == AFTER_LOAD
+    assert isinstance(big_result, SourceError)
+    assert big_result.reason == HttpReason.TOO_LARGE
+    assert "cut to make room" in str(big_result)
