@@ -118,20 +118,26 @@ def test_heavy_fleet_targets_never_evict_a_healthy_one(figures: Figures) -> None
         rounds = 12
         reset_peak_rss(exporter.pid)
         before = exporter.stats().rss_bytes
+        last: dict[str, Scrape] = {}
         for _ in range(rounds):
             for vllm in (first, second, third, healthy):
                 response = http.get(f"{exporter.url}/probe", params={"target": vllm.url})
                 assert response.status_code == 200
-                if vllm is healthy:
-                    kept = Scrape(response.text, 0.0)
-                else:
-                    heavy_scrape = Scrape(response.text, 0.0)
+                last[vllm.url] = Scrape(response.text, 0.0)
         growth = exporter.stats().peak_rss_bytes - before
+    kept = last[healthy.url]
     assert kept.value("headroom_target_up") == 1.0
     assert evictions(kept) == 0
     assert kept.value("headroom_window_samples") == rounds
-    assert heavy_scrape.value(
-        "headroom_window_evictions_total", reason=EvictionReason.PROCESS_BUDGET
+    # The budget takes from the biggest window first: which heavy target gave up samples
+    # depends on their sizes at each probe, so the heavy ones are counted together.
+    heavy_scrapes = [last[vllm.url] for vllm in (first, second, third)]
+    assert (
+        sum(
+            scrape.value("headroom_window_evictions_total", reason=EvictionReason.PROCESS_BUDGET)
+            for scrape in heavy_scrapes
+        )
+        > 0
     )
     assert growth < GROWTH_LIMIT, f"peak RSS grew by {growth / MIB:.1f} MiB"
     figures.record(
@@ -140,7 +146,7 @@ def test_heavy_fleet_targets_never_evict_a_healthy_one(figures: Figures) -> None
         {
             "rounds": rounds,
             "healthy_window_samples": kept.value("headroom_window_samples"),
-            "heavy_window_samples": heavy_scrape.value("headroom_window_samples"),
+            "heavy_window_samples": heavy_scrapes[-1].value("headroom_window_samples"),
             "peak_rss_growth_mib": round(growth / MIB, 1),
         },
     )
