@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/vllm-headroom demo --speed 5 --duration 75 --every 5
 
-# Regenerate the generated docs (docs/metrics.md, docs/configuration.md), the dashboards
-# (dashboards/*.json, from dashboards/ and alerts/) and the chart's copies of the rules and
+# Regenerate the rule files (alerts/vllm-headroom.rules.yml and the chart's copy with selector
+# markers, from alerts/rules.py), the generated docs (docs/metrics.md, docs/configuration.md), the
+# dashboards (dashboards/*.json, from dashboards/ and the rules) and the chart's copies of the
 # dashboards (helm/vllm-headroom/files/: no link leaves the chart); tests fail when stale.
 docs: $(STAMP)
+	$(BIN)/python -m alerts.generate
 	$(BIN)/python -c "from exporter.service.metricdefs import render_markdown; print(render_markdown(), end='')" > docs/metrics.md
 	$(BIN)/python -c "from exporter.service.settings import render_configuration_markdown as r; print(r(), end='')" > docs/configuration.md
 	$(BIN)/python -m dashboards.generate

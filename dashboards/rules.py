@@ -1,8 +1,9 @@
 """What the dashboards take from the alert rule file: thresholds, alerts and their runbooks.
 
-The rule file (``alerts/vllm-headroom.rules.yml``) is the one source of truth for every tunable
-threshold: each is a recording rule ``headroom:threshold:<name>`` with ``expr: vector(<default>)``
-in the group ``vllm-headroom-thresholds``. Panels draw their thresholds at those defaults and
+The rule file (``alerts/vllm-headroom.rules.yml``, generated from the table in
+``alerts/rules.py``) is the one source of truth for every tunable threshold: each is a recording
+rule ``headroom:threshold:<name>`` with ``expr: vector(<default>)`` in the group
+``vllm-headroom-thresholds``. Panels draw their thresholds at those defaults and
 link to the runbooks of the alerts that use them, so a panel turns red exactly where the alert
 would fire with its default settings.
 

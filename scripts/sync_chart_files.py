@@ -1,11 +1,12 @@
 """Copy the files the Helm chart embeds into it: ``python scripts/sync_chart_files.py [--check]``.
 
 The chart must install from ``helm package`` output and from a plain copy of helm/vllm-headroom
-alone, so it holds real copies, never links leaving the chart: the alert rules
-(alerts/vllm-headroom.rules.yml) and the generated dashboards (dashboards/*.json) under
-helm/vllm-headroom/files/, at the same relative path. ``make docs`` runs this after regenerating
-the dashboards; ``--check`` writes nothing and exits 1, naming each link under files/ and each
-copy that is missing, different from its source or no longer has one (what the tests assert).
+alone, so it holds real copies, never links leaving the chart: the generated dashboards
+(dashboards/*.json) under helm/vllm-headroom/files/, at the same relative path. (Its rule file,
+files/alerts/, is no copy: ``python -m alerts.generate`` writes it, selector markers included.)
+``make docs`` runs this after regenerating the dashboards; ``--check`` writes nothing and exits 1,
+naming each link under files/ and each copy that is missing, different from its source or no
+longer has one (what the tests assert).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Where the copies live inside the chart; each is ``CHART_FILES / <its source's path>``.
 CHART_FILES = Path("helm/vllm-headroom/files")
 #: The sources the chart embeds, as globs relative to the repository.
-SOURCES = ("alerts/vllm-headroom.rules.yml", "dashboards/*.json")
+SOURCES = ("dashboards/*.json",)
 
 
 def wanted(root: Path) -> dict[Path, bytes]:

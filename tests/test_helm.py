@@ -41,6 +41,7 @@ import yaml
 from kubernetes_validate.utils import all_versions, latest_version
 
 import exporter
+from alerts.generate import CHART_COPY, generate
 from exporter.service.allowlist import AllowlistError, parse_allowlist
 from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
 from tests import paths
@@ -52,6 +53,8 @@ REPO = paths.REPO
 CHART = REPO / "helm" / "vllm-headroom"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RULES_FILE = REPO / "alerts" / "vllm-headroom.rules.yml"
+#: The chart's rule file: the same rules with selector markers (alerts/generate.py).
+CHART_RULES_FILE = REPO / CHART_COPY
 DASHBOARDS = REPO / "dashboards"
 DASHBOARDS_JSON = sorted(DASHBOARDS.glob("*.json"))
 DOCKERFILE = REPO / "Dockerfile"
@@ -537,11 +540,11 @@ def test_the_chart_holds_no_links() -> None:
     assert found == []
 
 
-def test_the_chart_embeds_copies_identical_to_the_rules_and_dashboards() -> None:
-    """files/ holds the rule file and every dashboard byte for byte (make docs keeps them so)."""
-    copies = {RULES_FILE: CHART / "files" / "alerts" / RULES_FILE.name}
-    copies |= {path: CHART / "files" / "dashboards" / path.name for path in DASHBOARDS_JSON}
-    assert len(copies) == 3
+def test_the_chart_embeds_its_rule_file_and_copies_of_the_dashboards() -> None:
+    """files/ holds the generated rule file and every dashboard byte for byte (make docs)."""
+    assert CHART_RULES_FILE.read_text(encoding="utf-8") == generate()[CHART_COPY], "run make docs"
+    copies = {path: CHART / "files" / "dashboards" / path.name for path in DASHBOARDS_JSON}
+    assert len(copies) == 2
     for source, copy_path in copies.items():
         assert copy_path.read_bytes() == source.read_bytes(), f"{copy_path}: run make docs"
     done = subprocess.run(
@@ -667,7 +670,7 @@ def test_package_holds_the_rules_and_dashboards_and_no_python(packaged_chart: Pa
     """The packaged chart carries the rule file and each dashboard byte for byte, and no code."""
     with tarfile.open(packaged_chart) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        expected = {f"vllm-headroom/files/alerts/{RULES_FILE.name}": RULES_FILE}
+        expected = {f"vllm-headroom/files/alerts/{RULES_FILE.name}": CHART_RULES_FILE}
         expected |= {f"vllm-headroom/files/dashboards/{p.name}": p for p in DASHBOARDS_JSON}
         for name, source in expected.items():
             assert members[name].isfile(), name

@@ -1,10 +1,11 @@
 """The Helm chart's alerting side: its PrometheusRule, the monitors' jobs, and routing links.
 
-The chart embeds ``alerts/vllm-headroom.rules.yml`` and applies its values (``_rules.tpl``).
-These tests apply the same values in Python, scoping every selector with the PromQL lexer of
-``tests/promql.py`` where the chart uses regular expressions, and compare; then run what the
-chart renders under promtool, two releases side by side in one Prometheus: each pod gets its
-own release's alerts, once, with its own thresholds and severity.
+The chart embeds the rules of ``alerts/vllm-headroom.rules.yml`` (its copy marks each selector,
+``alerts/rules.py``) and applies its values (``_rules.tpl``). These tests apply the same values to
+the unscoped file in Python, scoping every selector with the PromQL lexer of ``tests/promql.py``
+where the chart fills the markers, and compare (an oracle that never reads the markers); then
+run what the chart renders under promtool, two releases side by side in one Prometheus: each
+pod gets its own release's alerts, once, with its own thresholds and severity.
 
 Helm is the pinned binary of ``scripts/e2e/install-helm.sh`` and promtool Debian's
 (``scripts/e2e/install-prometheus.sh``): without them these tests fail when ``CI`` is set and

@@ -1,8 +1,9 @@
-"""Specification of scripts/sync_chart_files.py: the chart's copies of the rules and dashboards.
+"""Specification of scripts/sync_chart_files.py: the chart's copies of the dashboards.
 
 ``make docs`` runs it so that helm/vllm-headroom/files/ holds real files identical to
-alerts/vllm-headroom.rules.yml and dashboards/*.json; ``--check`` is what the chart tests assert
-on the repository. These run it on a small stand-in repository in a temporary directory.
+dashboards/*.json (its rule file is generated, tests/test_alerts_generate.py); ``--check`` is what
+the chart tests assert on the repository. These run it on a small stand-in repository in a
+temporary directory.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """A stand-in repository: a rule file, two dashboards, a chart whose files/ has its own note."""
+    """A stand-in repository: rules, two dashboards, a chart whose files/ has its own note."""
     (tmp_path / "alerts").mkdir()
     (tmp_path / "alerts" / "vllm-headroom.rules.yml").write_text("groups: []\n")
     (tmp_path / "alerts" / "other.yml").write_text("not embedded\n")
@@ -48,11 +49,10 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_sync_writes_real_copies_that_check_accepts(repo: Path) -> None:
-    """A sync copies the rule file and each dashboard, nothing else; --check then passes."""
+    """A sync copies each dashboard, nothing else (no rule file); --check then passes."""
     assert run(repo).returncode == 0
-    assert (repo / FILES / "alerts" / "vllm-headroom.rules.yml").read_text() == "groups: []\n"
     assert (repo / FILES / "dashboards" / "b.json").read_text() == '{"uid": "b"}\n'
-    assert not (repo / FILES / "alerts" / "other.yml").exists()
+    assert not (repo / FILES / "alerts").exists()
     assert (repo / FILES / "notes.txt").read_text() == "the chart's own\n"
     done = run(repo, "--check")
     assert (done.returncode, done.stderr) == (0, "")
@@ -62,13 +62,12 @@ def test_check_names_a_missing_or_different_copy(repo: Path) -> None:
     """--check exits 1 naming a copy that is missing and one that differs, and writes nothing."""
     run(repo)
     (repo / FILES / "dashboards" / "a.json").unlink()
-    (repo / FILES / "alerts" / "vllm-headroom.rules.yml").write_text("groups: [old]\n")
+    (repo / FILES / "dashboards" / "b.json").write_text('{"uid": "old"}\n')
     done = run(repo, "--check")
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
-        f"chart files: {FILES}/alerts/vllm-headroom.rules.yml differs from its source: "
-        "run make docs",
         f"chart files: {FILES}/dashboards/a.json is missing: run make docs",
+        f"chart files: {FILES}/dashboards/b.json differs from its source: run make docs",
     ]
     assert not (repo / FILES / "dashboards" / "a.json").exists()
 
@@ -86,12 +85,12 @@ def test_a_copy_whose_source_is_gone_is_named_then_removed(repo: Path) -> None:
 
 
 def test_a_link_in_place_of_copies_is_refused_then_replaced(repo: Path) -> None:
-    """files/alerts as a link to alerts/ fails --check, though it reads the same; a sync copies."""
+    """Links under files/ fail --check; a sync drops them and copies the dashboards."""
     run(repo)
+    for copy_path in (repo / FILES / "dashboards").iterdir():
+        copy_path.unlink()
+    (repo / FILES / "dashboards").rmdir()
     for name in ("alerts", "dashboards"):
-        for copy_path in (repo / FILES / name).iterdir():
-            copy_path.unlink()
-        (repo / FILES / name).rmdir()
         (repo / FILES / name).symlink_to(f"../../../{name}")
     done = run(repo, "--check")
     assert done.returncode == 1
@@ -100,16 +99,16 @@ def test_a_link_in_place_of_copies_is_refused_then_replaced(repo: Path) -> None:
         for name in ("alerts", "dashboards")
     ]
     assert run(repo).returncode == 0
-    assert not (repo / FILES / "alerts").is_symlink()
-    assert (repo / FILES / "alerts" / "vllm-headroom.rules.yml").read_text() == "groups: []\n"
+    assert not (repo / FILES / "alerts").exists()
+    assert (repo / FILES / "dashboards" / "a.json").read_text() == '{"uid": "a"}\n'
     assert (repo / "alerts" / "other.yml").exists()
     assert run(repo, "--check").returncode == 0
 
 
 def test_a_missing_source_is_one_line(tmp_path: Path) -> None:
-    """Without the rule file the script says which glob matched nothing, exit 2, no traceback."""
+    """Without dashboards the script says which glob matched nothing, exit 2, no traceback."""
     done = run(tmp_path, "--check")
     assert done.returncode == 2
     assert done.stderr.startswith("chart files: error: ")
-    assert "alerts/vllm-headroom.rules.yml matches nothing" in done.stderr
+    assert "dashboards/*.json matches nothing" in done.stderr
     assert "Traceback" not in done.stderr

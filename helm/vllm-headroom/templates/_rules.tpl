@@ -1,15 +1,17 @@
 {{/*
-The rule groups of alerts/vllm-headroom.rules.yml (files/alerts/ holds a copy that make docs keeps
-identical, scripts/sync_chart_files.py) with prometheusRule's values applied structurally:
+The rule groups of alerts/rules.py (files/alerts/ holds the copy that make docs generates from it,
+python -m alerts.generate, with selector markers) with prometheusRule's values applied
+structurally:
 - an alert's {enabled: false} drops it; its for and severity replace the file's;
 - a threshold's value replaces the expr of its recording rule headroom:threshold:<name> (group
   vllm-headroom-thresholds) with vector(<value>);
 - scope release (the default): every series selector of every expr gets this release's
-  matchers. What Prometheus scrapes (vllm:*, headroom_*, process_*, vLLM's http_requests_total,
-  up) gets the selector (this
-  release's scrape jobs); what the rules record (headroom:*:*, thresholds included) gets
-  headroom_release="<namespace>/<fullname>", a label every recording rule and alert of the
-  release carries. The annotations query recorded series by $labels.headroom_release.
+  matchers in place of its marker (other scopes drop the markers). What Prometheus scrapes
+  (vllm:*, headroom_*, process_*, vLLM's http_requests_total, up; marker <scraped>) gets the
+  selector (this release's scrape jobs); what the rules record (headroom:*:*, thresholds
+  included; marker <recorded>) gets headroom_release="<namespace>/<fullname>", a label every
+  recording rule and alert of the release carries. The annotations query recorded series by
+  $labels.headroom_release.
 - alertLabels on every alert (and model_name in the vllm shape); runbookUrl and grafanaUrl make
   the links of every alert absolute.
 Names that match no alert or threshold of the file fail the render, listing the known ones.
@@ -54,25 +56,20 @@ vllmMetrics.enabled=false, vllmMetrics.job: the existing scrape of vLLM's /metri
 {{- end -}}
 
 {{/*
-Scope one expression: (list $expr $selector $release). A series name is an identifier after a
-character that cannot continue one (nor a quote); one followed by { gets the matchers first in
-its braces, any other gets {matchers} after it. The pass without { runs twice, as a match
-consumes the character after a name, which may come before the next name.
+Fill the selector markers of one expression: (list $expr $selector $release $scoped). The chart's
+copy of the rules (generated from alerts/rules.py) writes every selector of a scraped series as
+name{<scraped>} or name{<scraped>,...} and of a recorded series with <recorded>; scoped, the
+markers become the selector and headroom_release="<release>", unscoped they go (with braces left
+empty), as alerts/rules.py's fill does. Plain replace: no pattern touches the PromQL.
 */}}
-{{- define "vllm-headroom.rules.scope" -}}
-{{- $expr := index . 0 -}}
-{{- $before := "(^|[^A-Za-z0-9_:\"])" -}}
-{{- $raw := "(vllm:[A-Za-z0-9_:]+|headroom_[A-Za-z0-9_]+|process_[A-Za-z0-9_]+|http_requests_total|up)" -}}
-{{- $rec := "(headroom:[A-Za-z0-9_]+:[A-Za-z0-9_]+)" -}}
-{{- $after := "([^A-Za-z0-9_:{]|$)" -}}
-{{- $e := regexReplaceAll (printf "%s%s\\{" $before $raw) $expr "${1}${2}{__HEADROOM_RAW__," -}}
-{{- $e = regexReplaceAll (printf "%s%s\\{" $before $rec) $e "${1}${2}{__HEADROOM_REC__," -}}
-{{- range $_ := list 1 2 -}}
-{{- $e = regexReplaceAll (printf "%s%s%s" $before $raw $after) $e "${1}${2}{__HEADROOM_RAW__}${3}" -}}
-{{- $e = regexReplaceAll (printf "%s%s%s" $before $rec $after) $e "${1}${2}{__HEADROOM_REC__}${3}" -}}
+{{- define "vllm-headroom.rules.fill" -}}
+{{- $e := index . 0 -}}
+{{- if index . 3 -}}
+{{- $e = replace "<scraped>" (index . 1) $e -}}
+{{- $e = replace "<recorded>" (printf "headroom_release=%q" (index . 2)) $e -}}
+{{- else -}}
+{{- $e = replace "{<scraped>}" "" $e | replace "<scraped>," "" | replace "{<recorded>}" "" | replace "<recorded>," "" -}}
 {{- end -}}
-{{- $e = replace "__HEADROOM_RAW__" (index . 1) $e -}}
-{{- $e = replace "__HEADROOM_REC__" (printf "headroom_release=%q" (index . 2)) $e -}}
 {{- $e -}}
 {{- end -}}
 
@@ -104,6 +101,9 @@ consumes the character after a name, which may come before the next name.
 {{- if not $raw -}}
 {{- fail (printf "%s is missing or empty: the chart ships a copy of alerts/vllm-headroom.rules.yml there; restore it (make docs in the repository) or use a released chart" $file) -}}
 {{- end -}}
+{{- if not (and (contains "<scraped>" $raw) (contains "<recorded>" $raw)) -}}
+{{- fail (printf "%s has no selector markers (<scraped>, <recorded>): it must be the chart's copy generated from alerts/rules.py, not the unscoped alerts/vllm-headroom.rules.yml; regenerate it (make docs in the repository) or use a released chart" $file) -}}
+{{- end -}}
 {{- $doc := fromYaml $raw -}}
 {{- if hasKey $doc "Error" -}}
 {{- fail (printf "%s is not valid YAML: %s" $file $doc.Error) -}}
@@ -129,9 +129,11 @@ consumes the character after a name, which may come before the next name.
 {{- $rules := list -}}
 {{- range $source := $group.rules -}}
 {{- $rule := deepCopy $source -}}
-{{- if $scoped -}}
-{{- $_ := set $rule "expr" (include "vllm-headroom.rules.scope" (list (toString $rule.expr) $selector $release)) -}}
+{{- $expr := include "vllm-headroom.rules.fill" (list (toString $rule.expr) $selector $release $scoped) -}}
+{{- if or (contains "<scraped>" $expr) (contains "<recorded>" $expr) -}}
+{{- fail (printf "%s: a selector marker of rule %s is left after filling (write name{<scraped>} or name{<scraped>,label=\"value\"}, as alerts/rules.py does): %s" $file ($rule.alert | default $rule.record) $expr) -}}
 {{- end -}}
+{{- $_ := set $rule "expr" $expr -}}
 {{- if hasKey $rule "alert" -}}
 {{- $alertNames = append $alertNames $rule.alert -}}
 {{- $knobs := index $wanted $rule.alert | default dict -}}

@@ -1,0 +1,1 @@
+"""The alert and recording rules: one table (:mod:`alerts.rules`) and its generator."""
