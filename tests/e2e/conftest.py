@@ -13,6 +13,7 @@ timeout) is turned into KeyboardInterrupt so that teardown still runs.
 
 from __future__ import annotations
 
+import itertools
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -72,17 +73,22 @@ def tiny_llama(vllm_venv_path: Path) -> Path:
     return tiny_model("llama")
 
 
-@pytest.fixture(scope="session")
+#: Numbers the extra servers of the whole session, so that each module's get their own logs.
+_SERVER_NUMBERS = itertools.count()
+
+
+@pytest.fixture(scope="module")
 def vllm_factory(vllm_venv_path: Path, e2e_logs: Path) -> Iterator[Callable[..., VllmServer]]:
     """Start extra vLLM servers: ``vllm_factory(model_dir, **VllmServer kwargs)``, started.
 
-    Each gets its own log in the session's log directory; all are stopped at session end (a test
-    may stop one earlier).
+    Each gets its own log in the session's log directory; all are stopped when the module that
+    started them ends (a test may stop one earlier): an idle vLLM's engine still busy-polls,
+    and two left running took most of a core from every later test.
     """
     servers: list[VllmServer] = []
 
     def start(model_dir: Path, **kwargs: Any) -> VllmServer:
-        kwargs.setdefault("log_path", e2e_logs / f"vllm-{len(servers)}.log")
+        kwargs.setdefault("log_path", e2e_logs / f"vllm-{next(_SERVER_NUMBERS)}.log")
         server = VllmServer(model_dir, **kwargs)
         servers.append(server)
         return server.start()
@@ -110,19 +116,20 @@ def vllm_server(tiny_llama: Path, e2e_logs: Path) -> Iterator[VllmServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prometheus_factory(
     e2e_logs: Path,
 ) -> Iterator[Callable[..., PrometheusServer]]:
     """Start Prometheus servers: ``prometheus_factory(jobs, rule_files=..., ...)``, started.
 
-    Each gets a fresh work directory (config, TSDB, log); all are stopped at session end.
+    Each gets a fresh work directory (config, TSDB, log); all are stopped when the module that
+    started them ends (each evaluates the whole rule set every few seconds).
     """
     require(prometheus_binary)
     servers: list[PrometheusServer] = []
 
     def start(jobs: Sequence[ScrapeJob], **kwargs: Any) -> PrometheusServer:
-        kwargs.setdefault("workdir", e2e_logs / f"prometheus-{len(servers)}")
+        kwargs.setdefault("workdir", e2e_logs / f"prometheus-{next(_SERVER_NUMBERS)}")
         server = PrometheusServer(jobs, **kwargs)
         servers.append(server)
         return server.start()
