@@ -303,8 +303,22 @@ class StalledEngine:
         return sample_value(self.vllm.metrics_text(), name) or 0.0
 
     def _wait_for_tokens_beyond(self, before: float) -> None:
+        """Until one scrape shows tokens generated since ``before`` and a request running.
+
+        Tokens alone are not enough: the previous request's last tokens can be counted just
+        after its answer arrived, before the new request reached the engine (a loaded CI run
+        stopped an idle engine three times so).
+        """
+
+        def generating() -> bool:
+            text = self.vllm.metrics_text()
+            running = sample_value(text, "vllm:num_requests_running") or 0.0
+            return (
+                running > 0 and (sample_value(text, "vllm:generation_tokens_total") or 0.0) > before
+            )
+
         wait_until(
-            lambda: self._sample("vllm:generation_tokens_total") > before,
+            generating,
             timeout_s=60.0,
             what="the first tokens of the request the engine will hold",
             interval_s=0.1,
