@@ -196,6 +196,9 @@ class VisibilityState(StrEnum):
     AMBIGUOUS = "ambiguous"
     #: A variable's value is malformed.
     INVALID = "invalid"
+    #: vLLM holds ``/dev/nvidia<N>`` open but its environment names no GPU: the GPUs were
+    #: injected through CDI, and nothing the sidecar can read says which GPUs NVML should read.
+    CDI_DEVICES = "cdi_devices"
 
 
 class DcgmReason(StrEnum):
