@@ -16,8 +16,8 @@ answer": a node of 8 GPUs of which vLLM holds 2 must read as 2.
 
 What DCGM cannot tell: which process holds the memory. Readings have ``processes=None``, so
 vLLM's share and the foreign share are unknown (never 0) and memory on vLLM's GPU beyond what
-vLLM claims is read as *unexplained* memory (docs/kubernetes.md, "GPU memory from
-dcgm-exporter", for the error bound).
+vLLM claims is read as *unexplained* memory (docs/kubernetes.md, "Choosing the GPU source",
+for the error bound).
 
 This module is the pure core: :func:`read_dcgm_samples` (an answer's memory samples to
 devices), :func:`pick_devices`, :meth:`DcgmDevice.reading`. The shell, in
