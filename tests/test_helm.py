@@ -81,6 +81,11 @@ CHART_OWNED_SETTINGS = frozenset(
         "model_roots",
         "gpu_discovery",
         "gpus",
+        "gpu_source",
+        "dcgm_url",
+        "pod_name",  # the downward API, with gpu.source=dcgm
+        "pod_namespace",
+        "node_name",
         "proc_root",
         "probe_allowlist",
         "log_level",
@@ -1170,6 +1175,75 @@ def test_gpu_discovery_none_injects_nothing(helm: Path) -> None:
     assert "NVIDIA_DRIVER_CAPABILITIES" not in env
 
 
+def field_refs(spec: Mapping[str, Any]) -> dict[str, str]:
+    """A container's downward-API variables: name to fieldPath."""
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in spec.get("env", [])
+        if "fieldRef" in e.get("valueFrom", {})
+    }
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", ["vllm", "sidecar"])
+def test_gpu_source_dcgm_gives_the_sidecar_its_node_its_pod_and_no_gpu(
+    helm: Path, values: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """gpu.source=dcgm: the node's dcgm-exporter URL, the pod's identity, still no GPU."""
+    sidecar = container(
+        sidecar_pod(render(helm, ci(values), sets=("--set gpu.source=dcgm",))), "vllm-headroom"
+    )
+    env = env_of(sidecar)
+    assert env["HEADROOM_GPU_SOURCE"] == "dcgm"
+    assert env["HEADROOM_DCGM_URL"] == "http://$(NODE_IP):9400/metrics"
+    assert env["HEADROOM_GPU_DISCOVERY"] == "none"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in env
+    assert field_refs(sidecar) == {
+        "NODE_IP": "status.hostIP",
+        "HEADROOM_POD_NAME": "metadata.name",
+        "HEADROOM_POD_NAMESPACE": "metadata.namespace",
+        "HEADROOM_NODE_NAME": "spec.nodeName",
+    }
+    # Kubernetes expands $(NODE_IP) only from a variable defined earlier in the list.
+    names = [e["name"] for e in sidecar["env"]]
+    assert names.index("NODE_IP") < names.index("HEADROOM_DCGM_URL")
+    assert not [r for r in sidecar["resources"].get("limits", {}) if "gpu" in r]
+    # What the kubelet hands the exporter: the settings accept it.
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith("HEADROOM_"):
+            monkeypatch.delenv(name)
+    given = {**env, "HEADROOM_POD_NAME": "llama-0", "HEADROOM_POD_NAMESPACE": "inference"}
+    for name, value in given.items():
+        if name.startswith("HEADROOM_"):
+            monkeypatch.setenv(name, value.replace("$(NODE_IP)", "10.0.3.7"))
+    settings = load_settings(secrets_dir=tmp_path)
+    assert settings.gpu_source.value == "dcgm"
+    assert settings.dcgm_url == "http://10.0.3.7:9400/metrics"
+
+
+@pytest.mark.e2e
+def test_gpu_source_dcgm_with_uuids_reads_those_gpus_and_is_given_none(helm: Path) -> None:
+    """gpu.source=dcgm with gpu.discovery=uuids: those GPUs, picked in dcgm-exporter's answer."""
+    uuids = load_yaml(ci("vllm-uuids"))["gpu"]["uuids"]
+    spec = sidecar_pod(render(helm, ci("vllm-uuids"), sets=("--set gpu.source=dcgm",)))
+    env = env_of(container(spec, "vllm-headroom"))
+    assert env["HEADROOM_GPU_DISCOVERY"] == "settings"
+    assert env["HEADROOM_GPUS"] == ",".join(uuids)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+@pytest.mark.e2e
+def test_gpu_source_none_reads_no_gpu(helm: Path) -> None:
+    """gpu.source=none: nothing injected, nothing read, whatever gpu.discovery says."""
+    spec = sidecar_pod(render(helm, ci("vllm-uuids"), sets=("--set gpu.source=none",)))
+    env = env_of(container(spec, "vllm-headroom"))
+    assert env["HEADROOM_GPU_SOURCE"] == "none"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "HEADROOM_GPUS" not in env
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_never_every_gpu_by_accident(helm: Path, values: Path) -> None:
@@ -1698,6 +1772,40 @@ BAD_VALUES = [
         id="process-discovery",
     ),
     pytest.param(
+        ("--set vllm.model=m", "--set gpu.source=dcgm-exporter"),
+        "gpu.source: gpu.source must be one of the following",
+        id="gpu-source-unknown",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set gpu.source=dcgm", "--set gpu.dcgm.url=node:9400"),
+        "gpu.dcgm.url: Does not match pattern",
+        id="dcgm-url-not-http",
+    ),
+    pytest.param(
+        ("--set vllm.model=m", "--set gpu.source=nvml"),
+        "gpu.source=nvml needs gpu.discovery=uuids",
+        id="nvml-without-uuids",
+    ),
+    pytest.param(
+        (
+            "--set vllm.model=m",
+            "--set gpu.source=dcgm",
+            "--set gpu.discovery=uuids",
+            "--set gpu.uuids={MIG-4f1b9f5e-3c2a-5b8e-9d0f-1a2b3c4d5e6f}",
+        ),
+        "never by MIG UUID",
+        id="dcgm-with-mig-uuid",
+    ),
+    pytest.param(
+        (
+            "--set shape=fleet",
+            "--set fleet.allowlist={10.0.0.0/8}",
+            "--set gpu.source=dcgm",
+        ),
+        "gpu.source=dcgm does not fit shape=fleet",
+        id="dcgm-in-fleet-mode",
+    ),
+    pytest.param(
         ("--set vllm.model=m", "--set exporter.settings.mode=fleet"),
         "Additional property mode is not allowed",
         id="setting-owned-by-the-chart",
@@ -1961,6 +2069,22 @@ def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
         'data:\n  notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}\n'
     )
     return copy_dir
+
+
+@pytest.mark.e2e
+def test_notes_say_where_gpu_memory_comes_from(helm: Path, notes_chart: Path) -> None:
+    """NOTES.txt names the GPU source, and with dcgm where its failures are counted."""
+    notes = only(
+        render(helm, ci("vllm"), sets=("--set gpu.source=dcgm",), chart=notes_chart),
+        "ConfigMap",
+        "notes-render",
+    )
+    text = notes["data"]["notes"]
+    assert "gpu.source=dcgm" in text
+    assert "http://$(NODE_IP):9400/metrics" in text
+    assert 'headroom_source_errors_total{source="dcgm"}' in text
+    default = only(render(helm, ci("vllm"), chart=notes_chart), "ConfigMap", "notes-render")
+    assert "set gpu.source=dcgm" in default["data"]["notes"]
 
 
 @pytest.mark.e2e

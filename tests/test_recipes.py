@@ -440,10 +440,18 @@ def test_the_sidecar_reaches_no_secret_and_no_gpu_of_vllms(
     assert sidecar["securityContext"]["runAsNonRoot"] is True
     assert sidecar["securityContext"]["allowPrivilegeEscalation"] is False
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    # Only its own memory limit comes from elsewhere (the downward API, no secret).
+    # Only its own memory limit and, for gpu.source=dcgm, its pod's name, namespace, node and
+    # node IP come from elsewhere (the downward API, no secret).
+    downward = {"metadata.name", "metadata.namespace", "spec.nodeName", "status.hostIP"}
     assert all(
-        set(e["valueFrom"]) == {"resourceFieldRef"}
-        and e["valueFrom"]["resourceFieldRef"]["containerName"] == sidecar["name"]
+        (
+            set(e["valueFrom"]) == {"resourceFieldRef"}
+            and e["valueFrom"]["resourceFieldRef"]["containerName"] == sidecar["name"]
+        )
+        or (
+            set(e["valueFrom"]) == {"fieldRef"}
+            and e["valueFrom"]["fieldRef"]["fieldPath"] in downward
+        )
         for e in sidecar.get("env", [])
         if "valueFrom" in e
     )
@@ -452,6 +460,39 @@ def test_the_sidecar_reaches_no_secret_and_no_gpu_of_vllms(
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     requested = [r for r in sidecar["resources"]["limits"] if "gpu" in r]
     assert all(str(sidecar["resources"]["limits"][r]) == "0" for r in requested)
+
+
+#: Recipes whose deployers run on the GPU Operator, which ships dcgm-exporter with its pod mapping.
+DCGM_RECIPES = frozenset({"production-stack", "kserve", "llm-d"})
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("install", INSTALLS, ids=INSTALL_IDS)
+def test_gpu_memory_comes_from_dcgm_exporter_where_the_gpu_operator_runs(
+    helm: Path, kubectl: Path, install: Install
+) -> None:
+    """The GPU Operator's recipes read the node's dcgm-exporter; the URL's NODE_IP comes first."""
+    _, workload = owner(helm, kubectl, install)
+    sidecar = container(workload["spec"]["template"]["spec"], SIDECAR)
+    env = env_of(sidecar)
+    if install.recipe not in DCGM_RECIPES:
+        assert "HEADROOM_GPU_SOURCE" not in env
+        return
+    assert env["HEADROOM_GPU_SOURCE"] == "dcgm"
+    assert env["HEADROOM_DCGM_URL"] == "http://$(NODE_IP):9400/metrics"
+    refs = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in sidecar["env"]
+        if "fieldRef" in e.get("valueFrom", {})
+    }
+    assert refs == {
+        "NODE_IP": "status.hostIP",
+        "HEADROOM_POD_NAME": "metadata.name",
+        "HEADROOM_POD_NAMESPACE": "metadata.namespace",
+        "HEADROOM_NODE_NAME": "spec.nodeName",
+    }
+    names = [e["name"] for e in sidecar["env"]]
+    assert names.index("NODE_IP") < names.index("HEADROOM_DCGM_URL")
 
 
 @pytest.mark.e2e
@@ -790,7 +831,8 @@ def test_llm_d_gives_the_sidecar_no_gpu_and_no_secret(
     sidecar = container(pod, SIDECAR)
     for kind in ("requests", "limits"):
         assert sidecar["resources"][kind]["nvidia.com/gpu"] == "0"
-    assert not [e for e in sidecar["env"] if "valueFrom" in e]
+    # No secret: the only values from elsewhere are gpu.source=dcgm's downward-API fields.
+    assert all(set(e["valueFrom"]) == {"fieldRef"} for e in sidecar["env"] if "valueFrom" in e)
     assert sidecar["command"] == ["vllm-headroom"]
 
 

@@ -20,6 +20,8 @@ class Source(StrEnum):
     VLLM_MODELS = "vllm_models"
     VLLM_VERSION = "vllm_version"
     NVML = "nvml"
+    #: GPU memory from NVIDIA's dcgm-exporter (``gpu_source=dcgm``) instead of NVML.
+    DCGM = "dcgm"
     MODEL_CONFIG = "model_config"
 
 
@@ -194,6 +196,48 @@ class VisibilityState(StrEnum):
     AMBIGUOUS = "ambiguous"
     #: A variable's value is malformed.
     INVALID = "invalid"
+    #: vLLM holds ``/dev/nvidia<N>`` open but its environment names no GPU: the GPUs were
+    #: injected through CDI, and nothing the sidecar can read says which GPUs NVML should read.
+    CDI_DEVICES = "cdi_devices"
+
+
+class DcgmReason(StrEnum):
+    """Why GPU memory could not be read from dcgm-exporter (``source="dcgm"``).
+
+    The HTTP reasons are :class:`HttpReason`'s words for the same failures.
+    """
+
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECTION_ERROR = "connection_error"
+    #: No answer within the poll's time limit (also: a read still running from the last poll).
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+    HTTP_3XX = "http_3xx"
+    HTTP_401 = "http_401"
+    HTTP_403 = "http_403"
+    HTTP_404 = "http_404"
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    #: A compressed answer (only identity is accepted).
+    INVALID_RESPONSE = "invalid_response"
+    #: Not a metrics exposition, or a memory line that cannot be read.
+    PARSE_ERROR = "parse_error"
+    #: No ``DCGM_FI_DEV_FB_USED``/``DCGM_FI_DEV_FB_FREE`` series: not dcgm-exporter, or its
+    #: counters file leaves the memory fields out.
+    NOT_DCGM = "not_dcgm"
+    #: A GPU of this pod has ``FB_USED`` without ``FB_FREE`` (or the other way), or no ``gpu``
+    #: or ``UUID`` label.
+    MISSING_FIELDS = "missing_fields"
+    #: The answer maps no GPU to any pod (dcgm-exporter's Kubernetes mapping is off) and no
+    #: GPU UUID of vLLM is known.
+    NO_POD_MAPPING = "no_pod_mapping"
+    #: The answer maps GPUs to pods, but none to this pod, and no GPU UUID of vLLM is known
+    #: (another node's dcgm-exporter, or the pod holds no GPU).
+    POD_NOT_FOUND = "pod_not_found"
+    #: vLLM's GPU UUIDs are known but this dcgm-exporter does not list them (another node's).
+    GPUS_NOT_FOUND = "gpus_not_found"
+    #: A bug of ours while reading (logged once with its traceback).
+    CALL_FAILED = "call_failed"
 
 
 #: Visibility states that mean "nothing can be watched": failures of the ``nvml`` source.
@@ -216,5 +260,6 @@ SOURCE_REASONS: Final[dict[str, tuple[str, ...]]] = {
     Source.VLLM_MODELS: tuple(r for r in HttpReason if r not in _METRICS_ONLY),
     Source.VLLM_VERSION: tuple(r for r in HttpReason if r not in _METRICS_ONLY),
     Source.NVML: NVML_REASONS,
+    Source.DCGM: tuple(DcgmReason),
     Source.MODEL_CONFIG: tuple(ModelReason),
 }

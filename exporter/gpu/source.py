@@ -11,7 +11,7 @@ mistaken for foreign processes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from exporter.errors import SourceError
 from exporter.gpu.memory import gpu_views
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 class NvmlGpuSource:
     """The poller's GPU source: which GPUs are vLLM's, read through a :class:`GpuReader`."""
+
+    #: The ``source`` label of its health gauges.
+    source: Final = "nvml"
 
     def __init__(
         self,

@@ -14,6 +14,13 @@ GPUs only if it is told which they are. Two honest ways, in order of preference:
 Never "every GPU of the node" by accident: ``all``, or no variable at all, is the explicit state
 :attr:`VisibilityState.ALL_GPUS`, and the caller decides (a settings switch) whether to read all.
 
+Where GPUs reach vLLM through CDI (Container Device Interface: the GPU Operator's CDI mode, or
+the device plugin's ``cdi-annotations``/``cdi-cri`` strategies), vLLM's environment names none:
+``NVIDIA_VISIBLE_DEVICES`` is unset, or ``void`` as nvidia-ctk's CDI specs set it. Its processes
+then hold ``/dev/nvidia<N>`` open (``/proc/<pid>/fd``), which says GPUs are there but not which
+GPUs NVML would call them from the sidecar: :attr:`VisibilityState.CDI_DEVICES`, whose line
+names the device nodes and the fix (``gpu_source=dcgm``, or the ``gpus`` setting).
+
 Both ways also return vLLM's PIDs (the server and every descendant: engine cores, TP workers),
 which :func:`exporter.gpu.split_gpu_memory` needs to tell vLLM's memory from foreign memory.
 Only the two variables are kept from the environment; nothing else of it is stored or logged.
@@ -87,7 +94,7 @@ class GpuVisibility:
         """What to read: the selectors, all GPUs (only if ``allow_all``), or ``None`` (nothing)."""
         if self.selectors:
             return self.selectors
-        if self.state is VisibilityState.ALL_GPUS and allow_all:
+        if self.state in (VisibilityState.ALL_GPUS, VisibilityState.CDI_DEVICES) and allow_all:
             return ALL_GPUS
         return None
 
@@ -458,12 +465,105 @@ def read_visibility_environ(
     return found
 
 
+#: ``/dev/nvidia<N>``: one GPU (N is its minor number, NVML's ``nvmlDeviceGetMinorNumber``).
+_GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
+#: ``/dev/nvidia-caps/nvidia-cap<N>``: a MIG instance's access capability.
+_MIG_CAP = re.compile(r"/dev/nvidia-caps/nvidia-cap\d+")
+#: Open files looked at per process at most: a vLLM worker holds a few hundred.
+MAX_FDS_PER_PROCESS: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDeviceNodes:
+    """The GPU device nodes a set of processes holds open."""
+
+    minors: frozenset[int] = frozenset()
+    mig: bool = False
+
+    def __str__(self) -> str:
+        nodes = ",".join(f"/dev/nvidia{minor}" for minor in sorted(self.minors))
+        return nodes + (" and MIG capabilities" if self.mig else "")
+
+
+def _read_link(path: Path) -> str:
+    return os.readlink(path)
+
+
+def open_gpu_devices(
+    proc_root: Path,
+    pids: Iterable[int],
+    *,
+    read_link: Callable[[Path], str] = _read_link,
+) -> GpuDeviceNodes:
+    """The ``/dev/nvidia<N>`` (and MIG capability) nodes open in ``pids``, from ``<pid>/fd``.
+
+    Processes or descriptors that vanish, or that we may not look at, are skipped: the answer
+    is what could be seen (empty when nothing could).
+    """
+    minors: set[int] = set()
+    mig = False
+    for pid in sorted(pids):
+        directory = proc_root / str(pid) / "fd"
+        try:
+            names = sorted(os.listdir(directory))[:MAX_FDS_PER_PROCESS]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = read_link(directory / name)
+            except OSError:
+                continue
+            node = _GPU_NODE.fullmatch(target)
+            if node:
+                minors.add(int(node.group(1)))
+            elif _MIG_CAP.fullmatch(target):
+                mig = True
+    return GpuDeviceNodes(frozenset(minors), mig)
+
+
+def _cdi_injected(
+    environ: Mapping[str, str],
+    result: GpuVisibility,
+    proc_root: Path,
+    pids: frozenset[int],
+    read_link: Callable[[Path], str],
+) -> GpuVisibility | None:
+    """``result`` recast as CDI_DEVICES where the environment names no GPU but vLLM holds some."""
+    if result.state not in (VisibilityState.ALL_GPUS, VisibilityState.NO_GPUS):
+        return None
+    runtime = parse_visible_devices(NVIDIA_VISIBLE_DEVICES, environ.get(NVIDIA_VISIBLE_DEVICES))
+    cuda = parse_visible_devices(CUDA_VISIBLE_DEVICES, environ.get(CUDA_VISIBLE_DEVICES))
+    if runtime.kind not in (DeviceListKind.UNSET, DeviceListKind.NONE):
+        return None
+    if cuda.kind is DeviceListKind.NONE:
+        return None  # vLLM was told to use no GPU: whatever it holds open is not for CUDA
+    devices = open_gpu_devices(proc_root, pids, read_link=read_link)
+    if not devices.minors:
+        return None
+    said = (
+        f"{NVIDIA_VISIBLE_DEVICES}={runtime.raw!r}"
+        if runtime.kind is DeviceListKind.NONE
+        else f"no {NVIDIA_VISIBLE_DEVICES}"
+    )
+    return GpuVisibility(
+        VisibilityState.CDI_DEVICES,
+        vllm_pids=pids,
+        detail=(
+            f"vLLM holds {devices} open with {said}: its GPUs were injected through CDI (or it "
+            "sees the host's devices), and NVML in the sidecar cannot tell which GPUs these "
+            "are; set gpu_source=dcgm (dcgm-exporter's pod mapping), or the gpus setting to "
+            "vLLM's GPU UUIDs, or gpu_discovery=all where the sidecar sees exactly vLLM's GPUs"
+        ),
+    )
+
+
 def discover_gpu_visibility(
     *,
     explicit: Sequence[GpuSelector] = (),
     proc_root: Path = Path("/proc"),
     self_pid: int | None = None,
     read_bytes: Callable[[Path], bytes] = _read_bytes,
+    read_link: Callable[[Path], str] = _read_link,
 ) -> GpuVisibility:
     """Decide which GPUs to watch, and find vLLM's PIDs either way. Never raises.
 
@@ -498,9 +598,9 @@ def discover_gpu_visibility(
                     f"run the sidecar as vLLM's user, or set the gpus setting to vLLM's GPU UUIDs"
                 ),
             )
-        results.append(
-            resolve_visible_devices(environ, vllm_pids=vllm.pids, where=f"vLLM PID {root}")
-        )
+        resolved = resolve_visible_devices(environ, vllm_pids=vllm.pids, where=f"vLLM PID {root}")
+        cdi = _cdi_injected(environ, resolved, proc_root, vllm.pids, read_link)
+        results.append(cdi or resolved)
     distinct = {(r.state, r.selectors) for r in results}
     if len(distinct) > 1:
         return GpuVisibility(

@@ -25,8 +25,10 @@ from exporter import __version__
 from exporter.core.derive import WindowSettings
 from exporter.core.reasons import ProbeOutcome
 from exporter.errors import UsageError
+from exporter.gpu.dcgm import PodIdentity
 from exporter.gpu.nvml import NvmlGpuReader
 from exporter.gpu.source import NvmlGpuSource
+from exporter.gpu.visibility import parse_gpu_selectors
 from exporter.service.allowlist import parse_allowlist, redact_url
 from exporter.service.collector import (
     ExporterView,
@@ -34,6 +36,7 @@ from exporter.service.collector import (
     exporter_families,
     target_families,
 )
+from exporter.service.dcgm import DcgmGpuSource
 from exporter.service.fleet import Fleet, Refusal
 from exporter.service.httpserver import (
     MAX_CONNECTIONS,
@@ -48,7 +51,7 @@ from exporter.service.launch import ProcessLaunchSource
 from exporter.service.memory import MemoryBudget
 from exporter.service.poller import PollSettings, TargetPoller, Workers
 from exporter.service.resolver import BoundedResolver, system_resolve
-from exporter.service.settings import GpuDiscovery, Mode, Settings, env_name
+from exporter.service.settings import GpuDiscovery, GpuSourceKind, Mode, Settings, env_name
 from exporter.sizing.predictor import ModelPredictor
 from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
@@ -91,8 +94,30 @@ def default_launch_source(settings: Settings, url: str) -> LaunchSource | None:
     return ProcessLaunchSource(settings.proc_root, url)
 
 
+#: Share of poll_timeout_seconds a dcgm-exporter read may take: it fails with its own reason
+#: before the poller's limit on the GPU read (which would only say "timeout") is reached.
+DCGM_TIMEOUT_SHARE = 0.9
+
+
 def default_gpu_source(settings: Settings) -> GpuSource | None:
-    """NVML through the real library, watching vLLM's GPUs as the settings say."""
+    """vLLM's GPUs as the settings say: NVML through the real library, dcgm-exporter, or none."""
+    if settings.gpu_source is GpuSourceKind.NONE:
+        return None
+    if settings.gpu_source is GpuSourceKind.DCGM and settings.dcgm_url is not None:
+        pod = (
+            PodIdentity(settings.pod_name, settings.pod_namespace)
+            if settings.pod_name is not None and settings.pod_namespace is not None
+            else None
+        )
+        return DcgmGpuSource.from_settings(
+            settings.dcgm_url,
+            gpus=parse_gpu_selectors(settings.gpus) if settings.gpus else (),
+            pod=pod,
+            proc_root=settings.proc_root,
+            timeout_s=settings.poll_timeout_seconds * DCGM_TIMEOUT_SHARE,
+            from_process=settings.gpu_discovery is GpuDiscovery.AUTO,
+            node=settings.node_name,
+        )
     if settings.gpu_discovery is GpuDiscovery.NONE:
         return None
     return NvmlGpuSource.from_settings(
@@ -335,13 +360,13 @@ async def serve(
 
 
 def _sidecar_sources(settings: Settings, parts: Components) -> tuple[GpuSource | None, Workers]:
-    """The GPUs (NVML only beside one vLLM) and the threads for the sidecar's blocking reads."""
+    """The GPUs (only beside one vLLM) and the threads for the sidecar's blocking reads."""
     if settings.mode is not Mode.SIDECAR:
         return None, Workers()  # a fleet exporter sees none of its targets' GPUs
     gpus = (parts.gpu_source or default_gpu_source)(settings)
     workers = Workers(
         files=ThreadPoolExecutor(1, thread_name_prefix="files"),
-        gpus=ThreadPoolExecutor(1, thread_name_prefix="nvml"),
+        gpus=ThreadPoolExecutor(1, thread_name_prefix="gpus"),
     )
     return gpus, workers
 

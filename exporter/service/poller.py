@@ -75,7 +75,13 @@ class LaunchSource(Protocol):
 
 
 class GpuSource(Protocol):
-    """vLLM's GPUs as plain readings (blocking NVML calls; run in a thread)."""
+    """vLLM's GPUs as plain readings (blocking NVML calls or HTTP reads; run in a thread)."""
+
+    #: The ``source`` label of its health gauges (``nvml``, ``dcgm``).
+    @property
+    def source(self) -> str:
+        """Which source this is."""
+        ...
 
     def read(
         self, gpu_memory_utilization: float | None
@@ -396,7 +402,11 @@ class TargetPoller:
         )
         started = self._clock()
         if self._gpu_read is not None and not self._gpu_read.done():
-            self._record("nvml", started, SourceError("timeout", "an NVML call has not returned"))
+            self._record(
+                self._gpus.source,
+                started,
+                SourceError("timeout", f"a {self._gpus.source} read has not returned"),
+            )
             return ()
         self._gpu_read = asyncio.ensure_future(
             _in_thread(self._workers.gpus, self._gpus.read, utilization)
@@ -412,13 +422,14 @@ class TargetPoller:
                 (),
                 SourceError(
                     "timeout",
-                    f"NVML did not answer within {self._settings.gpu_timeout_seconds:g}s",
+                    f"{self._gpus.source} did not answer within "
+                    f"{self._settings.gpu_timeout_seconds:g}s",
                 ),
             )
         except Exception as exc:  # GpuSource.read must not raise; if it does, log it
             log.exception("gpu_read_crashed", target=self.target)
             readings, failure = (), SourceError("call_failed", f"{type(exc).__name__}: {exc}")
-        self._record("nvml", started, failure)
+        self._record(self._gpus.source, started, failure)
         return readings
 
     async def poll_once(self) -> TargetView:

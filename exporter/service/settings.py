@@ -22,7 +22,8 @@ from pydantic_settings.exceptions import SettingsError
 
 from exporter.boundedread import FileReadError, read_bounded
 from exporter.errors import UsageError
-from exporter.gpu.visibility import GpuSelectorError, parse_gpu_selectors
+from exporter.gpu.model import IndexSelector, UuidSelector
+from exporter.gpu.visibility import GpuSelectorError, parse_gpu_selectors, parse_selector
 from exporter.service.allowlist import AllowlistError, check_url, parse_allowlist, redact_url
 from exporter.sizing.overrides import overrides_problem
 
@@ -55,6 +56,17 @@ class GpuDiscovery(StrEnum):
     #: Every GPU NVML can see (only sensible when the container sees exactly vLLM's GPUs).
     ALL = "all"
     #: Do not read GPUs at all.
+    NONE = "none"
+
+
+class GpuSourceKind(StrEnum):
+    """Where the sidecar reads vLLM's GPU memory (docs/kubernetes.md, "Choosing the GPU source")."""
+
+    #: NVML inside the sidecar, on the GPUs gpu_discovery finds (needs the GPUs in its container).
+    NVML = "nvml"
+    #: The node's dcgm-exporter at dcgm_url, picking this pod's GPUs by its pod mapping.
+    DCGM = "dcgm"
+    #: No GPU figures (gpu_memory_bytes gives the sizing model the GPU's size).
     NONE = "none"
 
 
@@ -222,8 +234,42 @@ class Settings(BaseSettings):
     )
 
     # --- GPUs ------------------------------------------------------------------------------
+    gpu_source: GpuSourceKind = Field(
+        default=GpuSourceKind.NVML,
+        description=(
+            "Where to read vLLM's GPU memory: nvml (in the sidecar, on the GPUs gpu_discovery "
+            "finds), dcgm (the node's dcgm-exporter at dcgm_url; sidecar mode only) or none."
+        ),
+    )
+    dcgm_url: str | None = Field(
+        default=None,
+        description=(
+            "gpu_source=dcgm: the /metrics URL of the dcgm-exporter on vLLM's node, e.g. "
+            "http://$(NODE_IP):9400/metrics (the chart sets it). Read on every poll, within "
+            "poll_timeout_seconds and 8 MiB."
+        ),
+    )
+    pod_name: str | None = Field(
+        default=None,
+        description=(
+            "This pod's name (downward API metadata.name): gpu_source=dcgm picks the GPUs "
+            "dcgm-exporter's pod mapping gives this pod; needs pod_namespace."
+        ),
+    )
+    pod_namespace: str | None = Field(
+        default=None, description="This pod's namespace (downward API metadata.namespace)."
+    )
+    node_name: str | None = Field(
+        default=None,
+        description="This pod's node (downward API spec.nodeName), named in dcgm source errors.",
+    )
     gpu_discovery: GpuDiscovery = Field(
-        default=GpuDiscovery.AUTO, description="How to find vLLM's GPUs: auto, settings, all, none."
+        default=GpuDiscovery.AUTO,
+        description=(
+            "How to find vLLM's GPUs: auto, settings, all, none. With gpu_source=dcgm: auto "
+            "also takes the GPU UUIDs of vLLM's NVIDIA_VISIBLE_DEVICES when the pod mapping "
+            "has none; all is refused."
+        ),
     )
     gpus: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -271,6 +317,33 @@ class Settings(BaseSettings):
             return check_url(value)
         except AllowlistError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "$(" in value:
+            msg = (
+                "holds an unexpanded $(...): define the variable it names before this one in "
+                "the container's env (Kubernetes expands only variables defined earlier)"
+            )
+            raise ValueError(msg)
+        try:
+            return check_url(value)
+        except AllowlistError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("pod_name", "pod_namespace", "node_name")
+    @classmethod
+    def _kubernetes_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        text = value.strip()
+        if not text or len(text) > 253 or not all(c.isalnum() or c in "-." for c in text):
+            msg = "is not a Kubernetes name (lower-case letters, digits, '-' and '.')"
+            raise ValueError(msg)
+        return text
 
     @field_validator("listen_address")
     @classmethod
@@ -387,6 +460,7 @@ class Settings(BaseSettings):
                 "none: name the vLLM hosts or networks that expect the token"
             )
             raise ValueError(msg)
+        self._check_gpu_source()
         if self.gpu_discovery is GpuDiscovery.SETTINGS and not self.gpus:
             msg = (
                 f"gpu_discovery=settings needs the gpus setting ({env_name('gpus')}): "
@@ -411,6 +485,51 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return self
 
+    def _check_gpu_source(self) -> None:
+        """The GPU source's settings: consistent, or one line saying what to set."""
+        if (self.pod_name is None) != (self.pod_namespace is None):
+            msg = (
+                f"pod_name ({env_name('pod_name')}) and pod_namespace "
+                f"({env_name('pod_namespace')}) must be set together (downward API "
+                "metadata.name and metadata.namespace)"
+            )
+            raise ValueError(msg)
+        if self.gpu_source is not GpuSourceKind.DCGM:
+            if self.dcgm_url is not None:
+                msg = (
+                    f"dcgm_url is set but gpu_source is {self.gpu_source.value}: set "
+                    f"gpu_source=dcgm ({env_name('gpu_source')}) to read it, or unset dcgm_url"
+                )
+                raise ValueError(msg)
+            return
+        if self.mode is Mode.FLEET:
+            msg = (
+                "gpu_source=dcgm works in sidecar mode only: fleet mode cannot tell which GPUs "
+                "of which node are each target's; set gpu_source=none and gpu_memory_bytes"
+            )
+            raise ValueError(msg)
+        if self.dcgm_url is None:
+            msg = (
+                f"gpu_source=dcgm needs dcgm_url ({env_name('dcgm_url')}): the /metrics URL of "
+                "the dcgm-exporter on vLLM's node, e.g. http://$(NODE_IP):9400/metrics"
+            )
+            raise ValueError(msg)
+        if self.gpu_discovery is GpuDiscovery.ALL:
+            msg = (
+                "gpu_discovery=all is refused with gpu_source=dcgm: dcgm-exporter lists every "
+                "GPU of the node; use auto (the pod mapping) or the gpus setting"
+            )
+            raise ValueError(msg)
+        for entry in self.gpus:
+            selector = parse_selector(entry)
+            if not isinstance(selector, UuidSelector | IndexSelector) or entry.startswith("MIG-"):
+                msg = (
+                    f"gpus entry {entry!r}: dcgm-exporter names MIG instances by their GPU's "
+                    "UUID and GPU_I_ID, never by MIG UUID: list GPU UUIDs (GPU-...) or rely on "
+                    "the pod mapping"
+                )
+                raise ValueError(msg)
+
 
 #: The settings that also have a command-line flag (the common ones), and the flag.
 FLAGS: dict[str, str] = {
@@ -423,6 +542,8 @@ FLAGS: dict[str, str] = {
     "hf_home": "--hf-home",
     "gpus": "--gpus",
     "gpu_discovery": "--gpu-discovery",
+    "gpu_source": "--gpu-source",
+    "dcgm_url": "--dcgm-url",
     "probe_allowlist": "--probe-allowlist",
     "tls_cert_file": "--tls-cert-file",
     "tls_key_file": "--tls-key-file",

@@ -89,7 +89,7 @@ class ModelsInfo:
     max_model_len: int | None
 
 
-def _refused(exc: BaseException) -> bool:
+def connection_refused(exc: BaseException) -> bool:
     """Whether a connection error was, underneath, a refused connection (nobody listening)."""
     seen: BaseException | None = exc
     for _ in range(10):  # the chain is short; bound it anyway
@@ -101,11 +101,11 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-def _check_head(response: httpx.Response, path: str, max_bytes: int) -> None:
+def check_head(response: httpx.Response, path: str, max_bytes: int) -> None:
     """Refuse an answer by its status and headers, before reading its body."""
     if response.status_code != httpx.codes.OK:
         raise SourceError(
-            _status_reason(response.status_code),
+            status_reason(response.status_code),
             f"GET {path} answered HTTP {response.status_code}",
         )
     encoding = response.headers.get("content-encoding", "").strip().lower()
@@ -125,7 +125,7 @@ def _check_head(response: httpx.Response, path: str, max_bytes: int) -> None:
         raise SourceError("too_large", f"GET {path} declares {declared} bytes > {max_bytes}")
 
 
-def _status_reason(status: int) -> str:
+def status_reason(status: int) -> str:
     """The bounded reason of a status other than 200 (redirects are not followed)."""
     if status in (401, 403, 404):
         return f"http_{status}"
@@ -329,7 +329,7 @@ class VllmClient:
         except httpx.TimeoutException:
             raise SourceError("timeout", f"GET {path} timed out") from None
         except httpx.ConnectError as exc:
-            reason = "connection_refused" if _refused(exc) else "connection_error"
+            reason = "connection_refused" if connection_refused(exc) else "connection_error"
             raise SourceError(reason, f"GET {path}: connection failed ({reason})") from None
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise SourceError("connection_error", f"GET {path}: {type(exc).__name__}") from None
@@ -343,7 +343,7 @@ class VllmClient:
             timeout=self._timeout,
             extensions=attempt.extensions,
         ) as response:
-            _check_head(response, path, max_bytes)
+            check_head(response, path, max_bytes)
             body = await self._read_body(response, path, max_bytes)
             return body, response.headers.get("content-type", "")
 

@@ -152,3 +152,13 @@ def test_the_real_nvml_path_degrades_cleanly_without_a_driver() -> None:
         pytest.skip("an NVIDIA driver is present on this machine: the no-driver path is moot")
     assert failure is not None
     assert failure.reason in {"library_not_found", "driver_not_loaded", "module_missing"}
+
+
+def test_gpus_injected_through_cdi_fail_the_nvml_source_with_one_reason() -> None:
+    """CDI (vLLM holds /dev/nvidia<N> open, its environment names none): nvml cdi_devices."""
+    source = NvmlGpuSource(reader("tp2-vllm.json"), proc_root=FIXTURES / "proc" / "k8s-cdi-void")
+    views, failure = source.read(0.9)
+    assert views == ()
+    assert failure is not None
+    assert failure.reason == VisibilityState.CDI_DEVICES
+    assert "gpu_source=dcgm" in str(failure)

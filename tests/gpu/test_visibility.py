@@ -573,3 +573,65 @@ def test_a_crash_while_reading_vllms_environment_logs_no_secret(
         assert "gpu_discovery_crashed" in logged
         assert "read_visibility_environ" in logged, "the traceback itself is kept"
         assert not [secret for secret in SECRETS if secret in logged], fmt
+
+
+# --- CDI-era discovery (recorded layouts: tests/fixtures/proc/README.md) ------------------------
+
+
+@pytest.mark.parametrize("layout", ["k8s-cdi-void", "k8s-cdi-unset"])
+def test_gpus_injected_through_cdi_are_named_and_the_fix_is_dcgm(layout: str) -> None:
+    """No GPU in vLLM's environment, /dev/nvidia2 and 5 open: cdi_devices, never all GPUs."""
+    visibility = discover_gpu_visibility(proc_root=PROC / layout, self_pid=120)
+    assert visibility.state is VisibilityState.CDI_DEVICES
+    assert visibility.selection(allow_all=False) is None
+    assert visibility.vllm_pids == {7, 45, 80, 81}
+    assert "/dev/nvidia2,/dev/nvidia5" in visibility.detail
+    assert "gpu_source=dcgm" in visibility.detail
+    assert "\n" not in visibility.detail
+
+
+def test_a_cdi_mig_instance_is_named_with_its_capabilities() -> None:
+    """CDI with MIG: the parent GPU's node and the MIG capability devices are open."""
+    visibility = discover_gpu_visibility(proc_root=PROC / "k8s-cdi-mig", self_pid=120)
+    assert visibility.state is VisibilityState.CDI_DEVICES
+    assert "/dev/nvidia0 and MIG capabilities" in visibility.detail
+
+
+def test_the_legacy_runtime_names_its_gpus_whatever_is_open() -> None:
+    """The same pod under the legacy runtime: the environment's UUIDs win, no CDI state."""
+    visibility = discover_gpu_visibility(proc_root=PROC / "k8s-legacy-runtime-fds", self_pid=120)
+    assert visibility.state is VisibilityState.FROM_PROCESS
+    assert visibility.selectors == (UuidSelector(UUID_A), UuidSelector(UUID_B))
+
+
+def test_no_gpu_and_no_device_open_is_still_no_gpus(tmp_path: Path) -> None:
+    """void without any /dev/nvidia<N> open: vLLM has no GPU (a CPU build), not CDI."""
+    layout = tmp_path / "proc"
+    for pid in ("7", "45"):
+        source = PROC / "k8s-cdi-void" / pid
+        (layout / pid).mkdir(parents=True)
+        for name in ("cmdline", "stat", "environ"):
+            (layout / pid / name).write_bytes((source / name).read_bytes())
+    visibility = discover_gpu_visibility(proc_root=layout, self_pid=NOT_US)
+    assert visibility.state is VisibilityState.NO_GPUS
+
+
+def test_cdi_devices_are_read_when_discovery_is_told_to_read_all() -> None:
+    """gpu_discovery=all (the sidecar sees exactly vLLM's GPUs) still reads them."""
+    visibility = discover_gpu_visibility(proc_root=PROC / "k8s-cdi-void", self_pid=120)
+    assert visibility.selection(allow_all=True) is ALL_GPUS
+
+
+def test_open_devices_skip_what_cannot_be_read(tmp_path: Path) -> None:
+    """A process gone, an fd gone, a link refused: skipped, the rest still read."""
+
+    def read_link(path: Path) -> str:
+        if path.name == "6":
+            raise PermissionError(path)
+        return os.readlink(path)
+
+    devices = visibility_module.open_gpu_devices(
+        PROC / "k8s-cdi-void", [45, 80, 4242], read_link=read_link
+    )
+    assert devices.minors == {2}
+    assert not devices.mig

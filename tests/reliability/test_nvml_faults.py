@@ -387,6 +387,8 @@ def test_the_nvml_library_missing_is_reported_and_picked_up_once_installed(
 class RaisingGpuSource:
     """A GPU source breaking its promise never to raise (a bug in a reader)."""
 
+    source = "nvml"
+
     def read(
         self, gpu_memory_utilization: float | None
     ) -> tuple[tuple[GpuMemoryView, ...], SourceError | None]:

@@ -205,3 +205,62 @@ def test_a_foreign_key_in_dotenv_is_ignored_and_a_misspelt_one_is_refused(
     (tmp_path / ".env").write_text("HEADROOM_POLL_INTERVAL=5\n")
     with pytest.raises(UsageError, match=r"unknown setting HEADROOM_POLL_INTERVAL in \.env"):
         load_settings()
+
+
+# --- the GPU source -----------------------------------------------------------------------------
+
+
+def test_the_dcgm_source_takes_its_url_and_the_pods_identity() -> None:
+    """gpu_source=dcgm with the node's dcgm-exporter and the downward API's pod identity."""
+    settings = load_settings(
+        {
+            "gpu_source": "dcgm",
+            "dcgm_url": "http://10.0.3.7:9400/metrics",
+            "pod_name": "llama-0",
+            "pod_namespace": "inference",
+            "node_name": "gpu-node-07",
+        }
+    )
+    assert settings.gpu_source.value == "dcgm"
+    assert settings.dcgm_url == "http://10.0.3.7:9400/metrics"
+    assert (settings.pod_name, settings.pod_namespace) == ("llama-0", "inference")
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"gpu_source": "dcgm"}, "gpu_source=dcgm needs dcgm_url"),
+        ({"dcgm_url": "http://10.0.3.7:9400/metrics"}, "dcgm_url is set but gpu_source is nvml"),
+        (
+            {"gpu_source": "dcgm", "dcgm_url": "http://$(NODE_IP):9400/metrics"},
+            "unexpanded $(...)",
+        ),
+        (
+            {"gpu_source": "dcgm", "dcgm_url": "http://h:9400/metrics", "mode": "fleet"},
+            "works in sidecar mode only",
+        ),
+        (
+            {"gpu_source": "dcgm", "dcgm_url": "http://h:9400/metrics", "gpu_discovery": "all"},
+            "gpu_discovery=all is refused with gpu_source=dcgm",
+        ),
+        (
+            {
+                "gpu_source": "dcgm",
+                "dcgm_url": "http://h:9400/metrics",
+                "gpus": "MIG-4f1b9f5e-3c2a-5b8e-9d0f-1a2b3c4d5e6f",
+            },
+            "never by MIG UUID",
+        ),
+        ({"pod_name": "llama-0"}, "must be set together"),
+        ({"pod_name": "Llama 0!", "pod_namespace": "x"}, "is not a Kubernetes name"),
+        ({"gpu_source": "dcgm", "dcgm_url": "ftp://h/metrics"}, "dcgm_url"),
+    ],
+)
+def test_a_gpu_source_that_cannot_work_is_refused_at_start(
+    given: dict[str, str], said: str
+) -> None:
+    """Each inconsistent GPU source is one line at start-up, never a silent lack of figures."""
+    with pytest.raises(UsageError) as caught:
+        load_settings(given)
+    assert said in str(caught.value)
+    assert "\n" not in str(caught.value)

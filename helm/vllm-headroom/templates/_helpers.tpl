@@ -267,6 +267,19 @@ line naming the value and the fix.
 {{- if and (ne $v.shape "fleet") (eq (include "vllm-headroom.gpuDiscovery" $) "uuids") (not $v.gpu.uuids) -}}
 {{- fail "gpu.discovery=uuids needs gpu.uuids: the GPU UUIDs (GPU-... or MIG-...) vLLM uses, as nvidia-smi -L lists them" -}}
 {{- end -}}
+{{- if and (eq $v.shape "fleet") (eq $v.gpu.source "dcgm") -}}
+{{- fail "gpu.source=dcgm does not fit shape=fleet: fleet mode cannot tell which node's GPUs are each target's; give the sidecar to vLLM's pods (shape vllm or sidecar), or set exporter.settings.gpu_memory_bytes" -}}
+{{- end -}}
+{{- if and (ne $v.shape "fleet") (eq $v.gpu.source "nvml") (ne (include "vllm-headroom.gpuDiscovery" $) "uuids") -}}
+{{- fail "gpu.source=nvml needs gpu.discovery=uuids and gpu.uuids: the chart gives the sidecar only the GPUs it lists (never every GPU of the node); or use gpu.source=dcgm" -}}
+{{- end -}}
+{{- if eq $v.gpu.source "dcgm" -}}
+{{- range $v.gpu.uuids -}}
+{{- if hasPrefix "MIG-" . -}}
+{{- fail (printf "gpu.uuids entry %q: dcgm-exporter names MIG instances by their GPU's UUID and GPU_I_ID, never by MIG UUID; list GPU-... UUIDs with gpu.source=dcgm, or rely on its pod mapping" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- range $v.gpu.uuids -}}
 {{- if not (regexMatch "^(GPU|MIG)-[0-9A-Fa-f-]+$" .) -}}
 {{- fail (printf "gpu.uuids entry %q is not a GPU UUID: use the GPU-... or MIG-... form nvidia-smi -L prints" .) -}}

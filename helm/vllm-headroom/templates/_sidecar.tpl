@@ -16,11 +16,25 @@ VllmHeadroomGpuForeignMemory: never NVIDIA_VISIBLE_DEVICES=all on vLLM nodes):
   the sizing model, used memory from dcgm-exporter).
 - gpu.discovery=uuids: the sidecar is given and watches exactly gpu.uuids (NVML only).
 - gpu.discovery=process: refused (it needed NVIDIA_VISIBLE_DEVICES=all and vLLM's environment).
+- gpu.source=dcgm: NVIDIA_VISIBLE_DEVICES=void too; the sidecar reads the node's dcgm-exporter
+  (gpu.dcgm.url, NODE_IP from status.hostIP) and picks this pod's GPUs by dcgm-exporter's pod
+  mapping: its own name, namespace and node come from the downward API (no RBAC, no secret).
 */}}
 
 {{/* The GPU discovery in effect: gpu.discovery, none when empty. */}}
 {{- define "vllm-headroom.gpuDiscovery" -}}
 {{- .Values.gpu.discovery | default "none" -}}
+{{- end -}}
+
+{{/* The GPU source in effect: gpu.source, else nvml with discovery=uuids and none otherwise. */}}
+{{- define "vllm-headroom.gpuSource" -}}
+{{- if .Values.gpu.source -}}
+{{- .Values.gpu.source -}}
+{{- else if eq (include "vllm-headroom.gpuDiscovery" .) "uuids" -}}
+nvml
+{{- else -}}
+none
+{{- end -}}
 {{- end -}}
 
 {{- define "vllm-headroom.sidecar.target" -}}
@@ -55,7 +69,48 @@ VllmHeadroomGpuForeignMemory: never NVIDIA_VISIBLE_DEVICES=all on vLLM nodes):
       containerName: vllm-headroom
       resource: limits.memory
 {{- $discovery := include "vllm-headroom.gpuDiscovery" . }}
+{{- $source := include "vllm-headroom.gpuSource" . }}
+{{- if eq $source "dcgm" }}
+- name: HEADROOM_GPU_SOURCE
+  value: dcgm
+# Kubernetes expands $(NODE_IP) in the URL: defined first.
+- name: NODE_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+- name: HEADROOM_DCGM_URL
+  value: {{ .Values.gpu.dcgm.url | quote }}
+- name: HEADROOM_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: HEADROOM_POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: HEADROOM_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
 {{- if eq $discovery "uuids" }}
+- name: HEADROOM_GPU_DISCOVERY
+  value: settings
+- name: HEADROOM_GPUS
+  value: {{ join "," .Values.gpu.uuids | quote }}
+{{- else }}
+- name: HEADROOM_GPU_DISCOVERY
+  value: none
+{{- end }}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: void
+{{- else if eq .Values.gpu.source "none" }}
+- name: HEADROOM_GPU_SOURCE
+  value: none
+- name: HEADROOM_GPU_DISCOVERY
+  value: none
+- name: NVIDIA_VISIBLE_DEVICES
+  value: void
+{{- else if eq $discovery "uuids" }}
 - name: HEADROOM_GPU_DISCOVERY
   value: settings
 - name: HEADROOM_GPUS

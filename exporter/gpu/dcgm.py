@@ -1,0 +1,346 @@
+"""GPU memory from NVIDIA's dcgm-exporter, as the same readings the NVML reader gives.
+
+Where the sidecar cannot use NVML on vLLM's GPUs (the chart gives it no GPU; GPUs injected
+through CDI leave nothing in vLLM's environment to name them), the node's dcgm-exporter already
+reads them. Its ``/metrics`` has, per GPU (or MIG instance), ``DCGM_FI_DEV_FB_USED``,
+``DCGM_FI_DEV_FB_FREE`` and, from dcgm-exporter 4.3.1-4.4.0 on, ``DCGM_FI_DEV_FB_RESERVED`` in
+MiB (its ``etc/default-counters.csv``), labelled ``gpu`` (index), ``UUID`` (``uuid`` with
+``--use-old-namespace``), ``modelName``, ``GPU_I_ID``/``GPU_I_PROFILE`` on MIG instances, and,
+with its Kubernetes pod mapping (kubelet pod-resources), ``pod``/``namespace``/``container``
+(``pod_name``/``pod_namespace``/``container_name`` in the old namespace) of the pod holding it.
+
+This pod's GPUs are picked, in order: by the ``gpus`` setting (GPU UUIDs or indices); by the pod
+mapping (``pod_name``/``pod_namespace`` settings, from the downward API); by the GPU UUIDs of
+vLLM's ``NVIDIA_VISIBLE_DEVICES`` when the process table shows them. Never "every GPU of the
+answer": a node of 8 GPUs of which vLLM holds 2 must read as 2.
+
+What DCGM cannot tell: which process holds the memory. Readings have ``processes=None``, so
+vLLM's share and the foreign share are unknown (never 0) and memory on vLLM's GPU beyond what
+vLLM claims is read as *unexplained* memory (docs/kubernetes.md, "Choosing the GPU source",
+for the error bound).
+
+This module is the pure core: :func:`read_dcgm_samples` (an answer's memory samples to
+devices), :func:`pick_devices`, :meth:`DcgmDevice.reading`. The shell, in
+:mod:`exporter.service.dcgm`, parses the answer with the project's parser, reads the endpoint
+(bounded) and is the poller's GPU source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Protocol
+
+from exporter.core.reasons import DcgmReason
+from exporter.errors import SourceError
+from exporter.gpu.model import GpuReading, IndexSelector, MemoryApi, UuidSelector
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from exporter.gpu.model import GpuSelector
+
+FB_USED: Final = "DCGM_FI_DEV_FB_USED"
+FB_FREE: Final = "DCGM_FI_DEV_FB_FREE"
+#: In dcgm-exporter's default counters from 4.3.1-4.4.0; add it to older counters files.
+FB_RESERVED: Final = "DCGM_FI_DEV_FB_RESERVED"
+#: Not a default counter; read when a counters file adds it.
+FB_TOTAL: Final = "DCGM_FI_DEV_FB_TOTAL"
+#: The families read from an answer (exact names: DCGM fields are gauges).
+FAMILIES: Final = (FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL)
+
+MIB: Final = 1024 * 1024
+#: The largest memory figure believed, in MiB (16 TiB): beyond it the answer is not a GPU's.
+MAX_MIB: Final = 16 * 1024 * 1024
+#: Memory samples read from one answer at most: 4 fields of 64 GPUs of 7 MIG instances each,
+#: twice over (a GPU shared by time-slicing is listed once per pod).
+MAX_SAMPLES: Final = 4 * 64 * 7 * 2
+
+#: Label names, current and old (``--use-old-namespace``, ``--kubernetes-use-old-namespace``).
+_UUID_LABELS: Final = ("UUID", "uuid")
+_POD_LABELS: Final = (("pod", "namespace"), ("pod_name", "pod_namespace"))
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    """A pod by name and namespace (the downward API's ``metadata.name``/``.namespace``)."""
+
+    name: str
+    namespace: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmDevice:
+    """One GPU or MIG instance of a dcgm-exporter answer, with its memory fields in MiB.
+
+    ``instance`` is ``GPU_I_ID`` on a MIG instance (``uuid`` is then the parent GPU's, as
+    dcgm-exporter labels it). A field the answer lacks is ``None``. ``pods`` are the pods
+    dcgm-exporter maps the device to (several when time-slicing shares it).
+    """
+
+    gpu: int
+    uuid: str
+    model_name: str = ""
+    instance: str | None = None
+    profile: str | None = None
+    used_mib: float | None = None
+    free_mib: float | None = None
+    reserved_mib: float | None = None
+    total_mib: float | None = None
+    pods: frozenset[PodIdentity] = field(default_factory=frozenset)
+
+    @property
+    def key(self) -> tuple[int, str, str | None]:
+        """What tells two devices of one answer apart."""
+        return (self.gpu, self.uuid, self.instance)
+
+    @property
+    def label_uuid(self) -> str:
+        """The ``uuid`` label of its gauges: the GPU's UUID, ``/gi<N>`` added on a MIG instance.
+
+        dcgm-exporter gives a MIG instance its parent's UUID (not the ``MIG-…`` UUID NVML
+        has); the instance ID keeps two instances of one GPU apart.
+        """
+        return self.uuid if self.instance is None else f"{self.uuid}/gi{self.instance}"
+
+    @property
+    def complete(self) -> bool:
+        """Whether both ``FB_USED`` and ``FB_FREE`` were read."""
+        return self.used_mib is not None and self.free_mib is not None
+
+    def reading(self) -> GpuReading:
+        """The device as a :class:`GpuReading` in bytes (it must be :attr:`complete`).
+
+        ``total`` is ``FB_TOTAL`` when exported, else ``used + free + reserved``: DCGM reads
+        NVML's v2 memory call, whose ``used`` leaves the reservation out. Without
+        ``FB_RESERVED`` the reading is marked v1 and the reservation is estimated downstream
+        (:data:`~exporter.gpu.memory.DEFAULT_RESERVED_BYTES`).
+        """
+        used = _bytes(self.used_mib)
+        free = _bytes(self.free_mib)
+        reserved = _bytes(self.reserved_mib) if self.reserved_mib is not None else None
+        if self.total_mib is not None:
+            total = _bytes(self.total_mib)
+        else:
+            total = used + free + (reserved or 0)
+        name = self.model_name if self.profile is None else f"{self.model_name} MIG {self.profile}"
+        return GpuReading(
+            index=self.gpu,
+            uuid=self.label_uuid,
+            name=name,
+            total_bytes=total,
+            used_bytes=used,
+            free_bytes=free,
+            reserved_bytes=reserved,
+            memory_api=MemoryApi.V2 if reserved is not None else MemoryApi.V1,
+            processes=None,  # DCGM does not say which process holds the memory
+        )
+
+
+def _bytes(mib: float | None) -> int:
+    return round((mib or 0.0) * MIB)
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmAnswer:
+    """What :func:`read_dcgm_samples` read: the devices, and whether any is mapped to a pod."""
+
+    devices: tuple[DcgmDevice, ...]
+    pod_mapped: bool
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing (pure)
+# --------------------------------------------------------------------------------------------
+
+
+class DcgmSample(Protocol):
+    """One sample of a memory family, as the exposition parser gives it."""
+
+    @property
+    def family(self) -> str:
+        """The metric name (one of :data:`FAMILIES`)."""
+        ...
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """Its labels."""
+        ...
+
+    @property
+    def value(self) -> float:
+        """Its value, in MiB."""
+        ...
+
+    @property
+    def lineno(self) -> int:
+        """Its line in the answer, for error messages."""
+        ...
+
+
+def read_dcgm_samples(samples: Iterable[DcgmSample]) -> DcgmAnswer:
+    """The devices of an answer's memory samples. Raises :class:`SourceError`.
+
+    ``samples`` are those of :data:`FAMILIES` only, at most :data:`MAX_SAMPLES` of them (the
+    parser stops there).
+    """
+    devices: dict[tuple[int, str, str | None], _Fields] = {}
+    pod_mapped = False
+    for sample in samples:
+        labels = sample.labels
+        key = _device_key(labels, sample.family, sample.lineno)
+        value = sample.value
+        if not math.isfinite(value) or not 0 <= value <= MAX_MIB:
+            msg = f"line {sample.lineno}: {sample.family} of GPU {key[0]} is {value!r} MiB"
+            raise SourceError(DcgmReason.PARSE_ERROR, msg)
+        fields = devices.get(key)
+        if fields is None:
+            profile = labels.get("GPU_I_PROFILE") or None if key[2] is not None else None
+            fields = devices[key] = _Fields(labels.get("modelName", ""), profile)
+        fields.mib.setdefault(sample.family, value)  # a copy per pod (time-slicing): same value
+        pod = _pod_of(labels)
+        if pod is not None:
+            pod_mapped = True
+            fields.pods.add(pod)
+    if not any(FB_USED in f.mib or FB_FREE in f.mib for f in devices.values()):
+        msg = (
+            f"no {FB_USED} or {FB_FREE} series: not dcgm-exporter, or its counters file "
+            "leaves the memory fields out"
+        )
+        raise SourceError(DcgmReason.NOT_DCGM, msg)
+    return DcgmAnswer(tuple(f.device(key) for key, f in devices.items()), pod_mapped)
+
+
+@dataclass(slots=True)
+class _Fields:
+    """What one device's samples said so far."""
+
+    model: str
+    profile: str | None
+    mib: dict[str, float] = field(default_factory=dict)
+    pods: set[PodIdentity] = field(default_factory=set)
+
+    def device(self, key: tuple[int, str, str | None]) -> DcgmDevice:
+        return DcgmDevice(
+            gpu=key[0],
+            uuid=key[1],
+            model_name=self.model,
+            instance=key[2],
+            profile=self.profile,
+            used_mib=self.mib.get(FB_USED),
+            free_mib=self.mib.get(FB_FREE),
+            reserved_mib=self.mib.get(FB_RESERVED),
+            total_mib=self.mib.get(FB_TOTAL),
+            pods=frozenset(self.pods),
+        )
+
+
+def _device_key(labels: Mapping[str, str], family: str, lineno: int) -> tuple[int, str, str | None]:
+    gpu = labels.get("gpu", "")
+    uuid = next((labels[name] for name in _UUID_LABELS if labels.get(name)), "")
+    if not gpu.isascii() or not gpu.isdigit() or len(gpu) > 6 or not uuid:
+        msg = f"line {lineno}: {family} has no gpu index or UUID label"
+        raise SourceError(DcgmReason.MISSING_FIELDS, msg)
+    instance = labels.get("GPU_I_ID") or None
+    return (int(gpu), uuid, instance)
+
+
+def _pod_of(labels: Mapping[str, str]) -> PodIdentity | None:
+    for pod_label, namespace_label in _POD_LABELS:
+        name, namespace = labels.get(pod_label), labels.get(namespace_label)
+        if name and namespace:
+            return PodIdentity(name, namespace)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Which devices are this pod's (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def _matches(device: DcgmDevice, selector: GpuSelector) -> bool:
+    if isinstance(selector, UuidSelector):
+        return device.uuid == selector.uuid
+    if isinstance(selector, IndexSelector):
+        return device.gpu == selector.index
+    return False  # MIG indices and MIG UUIDs do not appear in dcgm-exporter's labels
+
+
+def pick_devices(
+    answer: DcgmAnswer,
+    *,
+    explicit: Sequence[GpuSelector] = (),
+    pod: PodIdentity | None = None,
+    discovered: Callable[[], tuple[tuple[GpuSelector, ...], str]] | None = None,
+    where: str = "dcgm-exporter",
+) -> tuple[tuple[DcgmDevice, ...], SourceError | None]:
+    """The devices of ``answer`` that are this pod's, and the failure if any.
+
+    A partial pick (a device without one of its fields) keeps the complete devices.
+
+    ``explicit`` (the ``gpus`` setting) wins; then ``pod`` through dcgm-exporter's pod mapping;
+    then ``discovered()``: vLLM's GPUs from its environment, and a line saying how they were
+    found (called only when needed: it scans ``/proc``).
+    """
+    if explicit:
+        picked = [d for d in answer.devices if any(_matches(d, s) for s in explicit)]
+        if not picked:
+            wanted = ",".join(str(s) for s in explicit)
+            return (), SourceError(
+                DcgmReason.GPUS_NOT_FOUND,
+                f"{where} lists none of the gpus setting ({wanted}): dcgm_url must be the "
+                "dcgm-exporter of this pod's node",
+            )
+        return _complete(picked, where)
+    if pod is not None:
+        picked = [d for d in answer.devices if pod in d.pods]
+        if picked:
+            return _complete(picked, where)
+    selectors, how = discovered() if discovered is not None else ((), "")
+    usable = tuple(s for s in selectors if isinstance(s, UuidSelector))
+    if usable:
+        picked = [d for d in answer.devices if any(_matches(d, s) for s in usable)]
+        if picked:
+            return _complete(picked, where)
+        return (), SourceError(
+            DcgmReason.GPUS_NOT_FOUND,
+            f"{where} lists none of vLLM's GPUs ({how}): dcgm_url must be the dcgm-exporter "
+            "of this pod's node",
+        )
+    return (), _not_mapped(answer, pod, where)
+
+
+def _not_mapped(answer: DcgmAnswer, pod: PodIdentity | None, where: str) -> SourceError:
+    """Why no device could be picked when nothing but the pod mapping was left to try."""
+    if answer.pod_mapped:
+        whom = f"pod {pod}" if pod is not None else "this pod (pod_name/pod_namespace unset)"
+        return SourceError(
+            DcgmReason.POD_NOT_FOUND,
+            f"{where} maps no GPU to {whom}: dcgm_url must be the dcgm-exporter of this pod's "
+            "node (http://$(NODE_IP):9400/metrics), or set the gpus setting to vLLM's GPU UUIDs",
+        )
+    return SourceError(
+        DcgmReason.NO_POD_MAPPING,
+        f"{where} maps no GPU to any pod: enable its Kubernetes pod mapping (kubelet "
+        "pod-resources socket, on with the GPU Operator), or set the gpus setting to vLLM's "
+        "GPU UUIDs",
+    )
+
+
+def _complete(
+    picked: list[DcgmDevice], where: str
+) -> tuple[tuple[DcgmDevice, ...], SourceError | None]:
+    whole = tuple(d for d in picked if d.complete)
+    broken = [d for d in picked if not d.complete]
+    if not broken:
+        return whole, None
+    first = broken[0]
+    missing = FB_USED if first.used_mib is None else FB_FREE
+    return whole, SourceError(
+        DcgmReason.MISSING_FIELDS,
+        f"{where}: GPU {first.gpu} ({first.label_uuid}) has no {missing}: check the counters "
+        "file of dcgm-exporter",
+    )

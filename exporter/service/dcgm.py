@@ -1,0 +1,212 @@
+"""The dcgm-exporter GPU source: one bounded GET of the node's dcgm-exporter per poll.
+
+The answer is parsed by the project's own exposition parser (only the four
+``DCGM_FI_DEV_FB_*`` families; every other line costs a dictionary miss), turned into devices and
+this pod's GPUs by :mod:`exporter.gpu.dcgm` (the pure core), and into the same views the NVML
+source gives (:func:`~exporter.gpu.memory.gpu_views`). docs/kubernetes.md, "Choosing the GPU
+source", says what it needs, costs and cannot tell.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import httpx
+
+from exporter.core.reasons import DcgmReason, VisibilityState
+from exporter.errors import ParseError, SourceError
+from exporter.gpu.dcgm import FAMILIES, MAX_SAMPLES, DcgmAnswer, pick_devices, read_dcgm_samples
+from exporter.gpu.memory import gpu_views
+from exporter.gpu.model import GpuSnapshot
+from exporter.gpu.visibility import discover_gpu_visibility
+from exporter.service.allowlist import redact_url
+from exporter.vllm.client import check_head, connection_refused
+from exporter.vllm.promtext import parse_exposition, wanted_families
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from exporter.core.views import GpuMemoryView
+    from exporter.gpu.dcgm import PodIdentity
+    from exporter.gpu.model import GpuSelector
+    from exporter.gpu.visibility import GpuVisibility
+
+# Exact names only: DCGM fields are gauges, and a DCGM_FI_DEV_FB_USED_total is something else.
+_WANTED: Final = wanted_families(FAMILIES, suffixes=())
+
+#: Largest answer read: dcgm-exporter's defaults on 8 GPUs are some 60 KB, 8 MiB is room for
+#: every profiling field on 64 GPUs.
+MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024
+
+
+def parse_dcgm_metrics(payload: bytes | str) -> DcgmAnswer:
+    """The memory fields of every device of a dcgm-exporter answer. Raises :class:`SourceError`."""
+    try:
+        exposition = parse_exposition(payload, _WANTED, max_samples=MAX_SAMPLES)
+    except ParseError as exc:
+        raise SourceError(DcgmReason.PARSE_ERROR, str(exc)) from None
+    if exposition.overflow:
+        msg = f"more than {MAX_SAMPLES} memory series: not one node's dcgm-exporter"
+        raise SourceError(DcgmReason.TOO_LARGE, msg)
+    return read_dcgm_samples(exposition.samples)
+
+
+class DcgmFetcher:
+    """One bounded GET of dcgm-exporter's ``/metrics``: ``max_bytes``, ``timeout_s`` in all.
+
+    httpx's timeouts bound each operation; the deadline checked between chunks bounds the
+    whole answer, so that a server dripping a byte a second cannot hold the thread. Blocking:
+    the poller runs it in its GPU thread. No redirect is followed, no proxy from the
+    environment used, no compressed answer accepted.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        max_bytes: int = MAX_ANSWER_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._url = url
+        self._shown = redact_url(url)
+        self._timeout = timeout_s
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._client = httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
+            transport=transport,
+        )
+
+    @property
+    def shown(self) -> str:
+        """The URL as logs show it (no password)."""
+        return self._shown
+
+    def __call__(self) -> bytes:
+        """The answer's body, or :class:`SourceError` with a :class:`DcgmReason`."""
+        deadline = self._clock() + self._timeout
+        where = f"GET {self._shown}"
+        try:
+            with self._client.stream("GET", self._url) as response:
+                check_head(response, self._shown, self._max_bytes)
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > self._max_bytes:
+                        msg = f"{where} is larger than {self._max_bytes} bytes"
+                        raise SourceError(DcgmReason.TOO_LARGE, msg)
+                    if self._clock() > deadline:
+                        msg = f"{where} took longer than {self._timeout:g}s"
+                        raise SourceError(DcgmReason.TIMEOUT, msg)
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except httpx.TimeoutException:
+            raise SourceError(DcgmReason.TIMEOUT, f"{where} timed out") from None
+        except httpx.ConnectError as exc:
+            reason = (
+                DcgmReason.CONNECTION_REFUSED
+                if connection_refused(exc)
+                else DcgmReason.CONNECTION_ERROR
+            )
+            raise SourceError(reason, f"{where}: connection failed ({reason})") from None
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            msg = f"{where}: {type(exc).__name__}"
+            raise SourceError(DcgmReason.CONNECTION_ERROR, msg) from None
+
+    def close(self) -> None:
+        """Close the connection pool. Idempotent."""
+        self._client.close()
+
+
+class DcgmGpuSource:
+    """The poller's GPU source over dcgm-exporter: this pod's GPUs, read on every poll."""
+
+    #: The ``source`` label of its health gauges.
+    source: Final = "dcgm"
+
+    def __init__(
+        self,
+        fetch: Callable[[], bytes],
+        *,
+        where: str = "dcgm-exporter",
+        explicit: Sequence[GpuSelector] = (),
+        pod: PodIdentity | None = None,
+        proc_root: Path = Path("/proc"),
+        discover: Callable[..., GpuVisibility] = discover_gpu_visibility,
+        from_process: bool = True,
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        self._fetch = fetch
+        self._where = where
+        self._explicit = tuple(explicit)
+        self._pod = pod
+        self._proc_root = proc_root
+        self._discover = discover
+        self._from_process = from_process
+        self._close = close
+
+    @classmethod
+    def from_settings(
+        cls,
+        url: str,
+        *,
+        gpus: Sequence[GpuSelector],
+        pod: PodIdentity | None,
+        proc_root: Path,
+        timeout_s: float,
+        from_process: bool = True,
+        node: str | None = None,
+    ) -> DcgmGpuSource:
+        """Read ``url`` within ``timeout_s`` (the settings have checked every value).
+
+        ``from_process``: fall back on the GPU UUIDs of vLLM's environment (``gpu_discovery``
+        auto). ``node`` is named in error lines: the exporter read must be that node's.
+        """
+        fetcher = DcgmFetcher(url, timeout_s=timeout_s)
+        on = f" (pod on node {node})" if node else ""
+        return cls(
+            fetcher,
+            where=f"dcgm-exporter {fetcher.shown}{on}",
+            explicit=gpus,
+            pod=pod,
+            proc_root=proc_root,
+            from_process=from_process,
+            close=fetcher.close,
+        )
+
+    def _discovered(self) -> tuple[tuple[GpuSelector, ...], str]:
+        visibility = self._discover(explicit=(), proc_root=self._proc_root)
+        if visibility.state is not VisibilityState.FROM_PROCESS:
+            return (), visibility.detail
+        return visibility.selectors, visibility.detail
+
+    def read(
+        self, gpu_memory_utilization: float | None
+    ) -> tuple[tuple[GpuMemoryView, ...], SourceError | None]:
+        """Views of the pod's GPUs, and the failure if any. Never raises a SourceError."""
+        try:
+            answer = parse_dcgm_metrics(self._fetch())
+        except SourceError as exc:
+            return (), exc
+        picked, failure = pick_devices(
+            answer,
+            explicit=self._explicit,
+            pod=self._pod,
+            discovered=self._discovered if self._from_process else None,
+            where=self._where,
+        )
+        snapshot = GpuSnapshot(gpus=tuple(device.reading() for device in picked))
+        return gpu_views(snapshot, None, gpu_memory_utilization), failure
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        if self._close is not None:
+            self._close()

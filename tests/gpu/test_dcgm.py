@@ -1,0 +1,324 @@
+"""Specification of GPU memory from dcgm-exporter: its answers, and which GPUs are this pod's.
+
+The answers are in ``tests/fixtures/dcgm`` (its README cites dcgm-exporter's templates and
+default counters): 3.x and 4.x label sets, with and without the pod mapping, the old label
+namespace, MIG instances, and a node of 8 GPUs of which vLLM's pod holds 2 (GPUs 2 and 5).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from exporter.core.reasons import DcgmReason, VisibilityState
+from exporter.errors import SourceError
+from exporter.gpu.dcgm import (
+    FB_FREE,
+    FB_USED,
+    MAX_SAMPLES,
+    MIB,
+    DcgmAnswer,
+    DcgmDevice,
+    PodIdentity,
+    pick_devices,
+)
+from exporter.gpu.memory import DEFAULT_RESERVED_BYTES
+from exporter.gpu.model import IndexSelector, MemoryApi, UuidSelector
+from exporter.gpu.visibility import GpuVisibility
+from exporter.service.dcgm import DcgmGpuSource, parse_dcgm_metrics
+from tests import paths
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+DCGM = paths.FIXTURES / "dcgm"
+V3_MAPPED = "dcgm-exporter-3.3.9-3.6.1_8gpu_pod-mapping.prom"
+V3_UNMAPPED = "dcgm-exporter-3.3.9-3.6.1_8gpu_no-pod-mapping.prom"
+V4_MAPPED = "dcgm-exporter-4.5.3-4.8.2_8gpu_pod-mapping.prom"
+V4_OLD_NAMES = "dcgm-exporter-4.5.3-4.8.2_8gpu_old-namespace.prom"
+V4_MIG = "dcgm-exporter-4.5.3-4.8.2_mig.prom"
+VLLM_POD = PodIdentity("llama-70b-5c8d-qw7zt", "inference")
+MIG_POD = PodIdentity("llama-8b-6f7a-mig01", "inference")
+GPU2 = "GPU-b5c6d7e8-f9a0-4b1c-8d2e-3f4a5b6c7d03"
+GPU5 = "GPU-e2f3a4b5-c6d7-4e8f-9a0b-1c2d3e4f5a06"
+#: The fixtures' node: NVML total and driver reservation of an H100 80GB HBM3, in MiB.
+TOTAL_MIB, RESERVED_MIB = 81_559, 469
+
+
+def answer(name: str) -> DcgmAnswer:
+    """A fixture answer, parsed."""
+    return parse_dcgm_metrics((DCGM / name).read_bytes())
+
+
+def served(name: str) -> Callable[[], bytes]:
+    """A fetch that returns a fixture's bytes."""
+    payload = (DCGM / name).read_bytes()
+    return lambda: payload
+
+
+def no_process(**_: object) -> GpuVisibility:
+    """Discovery finding no vLLM process (the sidecar shares no process namespace)."""
+    return GpuVisibility(VisibilityState.VLLM_NOT_FOUND, detail="no vLLM server process")
+
+
+def vllm_env(*uuids: str) -> Callable[..., GpuVisibility]:
+    """Discovery finding vLLM with these GPU UUIDs in its NVIDIA_VISIBLE_DEVICES."""
+
+    def discover(**_: object) -> GpuVisibility:
+        selectors = tuple(UuidSelector(u) for u in uuids)
+        detail = f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"
+        return GpuVisibility(VisibilityState.FROM_PROCESS, selectors, frozenset({7}), detail)
+
+    return discover
+
+
+def failure_of(result: tuple[object, SourceError | None]) -> str:
+    """The reason of a read's failure ('' when none)."""
+    return result[1].reason if result[1] is not None else ""
+
+
+# --- the answers of each version --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [V3_MAPPED, V3_UNMAPPED, V4_MAPPED, V4_OLD_NAMES])
+def test_every_gpu_of_an_8_gpu_node_is_read_whatever_the_version(name: str) -> None:
+    """3.x and 4.x, current and old label names: 8 GPUs, each with used and free memory."""
+    devices = answer(name).devices
+    assert sorted(d.gpu for d in devices) == list(range(8))
+    assert all(d.complete for d in devices)
+    assert {d.model_name for d in devices} == {"NVIDIA H100 80GB HBM3"}
+
+
+def test_the_pod_mapping_is_read_under_current_and_old_label_names() -> None:
+    """pod/namespace and pod_name/pod_namespace both map GPUs 2 and 5 to vLLM's pod."""
+    for name in (V3_MAPPED, V4_MAPPED, V4_OLD_NAMES):
+        parsed = answer(name)
+        assert parsed.pod_mapped
+        assert sorted(d.gpu for d in parsed.devices if VLLM_POD in d.pods) == [2, 5]
+    assert not answer(V3_UNMAPPED).pod_mapped
+
+
+def test_mib_become_bytes_and_reserved_memory_comes_from_4x() -> None:
+    """4.x has FB_RESERVED: total is used + free + reserved, the reading is v2-like."""
+    device = next(d for d in answer(V4_MAPPED).devices if d.gpu == 2)
+    reading = device.reading()
+    assert reading.used_bytes == 72_981 * MIB
+    assert reading.reserved_bytes == RESERVED_MIB * MIB
+    assert reading.total_bytes == TOTAL_MIB * MIB
+    assert reading.allocated_bytes == reading.used_bytes
+    assert reading.memory_api is MemoryApi.V2
+    assert reading.processes is None  # DCGM does not say which process holds the memory
+
+
+def test_without_reserved_memory_the_reservation_is_estimated_as_for_nvml_v1() -> None:
+    """3.x has no FB_RESERVED: the reading is v1-like and the views subtract the estimate."""
+    parsed = answer(V3_MAPPED)
+    picked, failure = pick_devices(parsed, pod=VLLM_POD)
+    assert failure is None
+    reading = picked[0].reading()
+    assert reading.reserved_bytes is None
+    assert reading.memory_api is MemoryApi.V1
+    assert reading.total_bytes == (TOTAL_MIB - RESERVED_MIB) * MIB
+
+
+def test_a_mig_instance_is_read_as_its_own_device_named_by_profile() -> None:
+    """MIG: instances of one GPU are told apart by GPU_I_ID; the name carries the profile."""
+    devices = answer(V4_MIG).devices
+    instances = sorted(d.instance for d in devices if d.gpu == 0 and d.instance is not None)
+    assert instances == ["1", "13", "5"]
+    (ours,) = (d for d in devices if MIG_POD in d.pods)
+    reading = ours.reading()
+    assert reading.uuid.endswith("/gi1")
+    assert reading.name == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    assert reading.used_bytes == 36_200 * MIB
+    assert len({d.label_uuid for d in devices}) == len(devices)
+
+
+# --- which GPUs are this pod's ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [V3_MAPPED, V4_MAPPED, V4_OLD_NAMES])
+def test_the_pod_mapping_picks_the_2_gpus_of_8_this_pod_holds(name: str) -> None:
+    """Of a node's 8 GPUs, vLLM's pod holds 2: exactly those are read."""
+    source = DcgmGpuSource(served(name), pod=VLLM_POD, discover=no_process)
+    views, failure = source.read(0.9)
+    assert failure is None
+    assert sorted(v.uuid for v in views) == sorted([GPU2, GPU5])
+    assert sorted(v.index for v in views) == ["2", "5"]
+
+
+def test_a_mig_instance_of_the_pod_is_read_and_no_other() -> None:
+    """On a MIG node only the pod's instance is read, not its GPU's other instances."""
+    views, failure = DcgmGpuSource(served(V4_MIG), pod=MIG_POD, discover=no_process).read(0.9)
+    assert failure is None
+    assert [v.name for v in views] == ["NVIDIA H100 80GB HBM3 MIG 3g.40gb"]
+
+
+def test_foreign_memory_is_unknown_and_unexplained_memory_carries_the_alert() -> None:
+    """DCGM lists no processes: vLLM's and foreign shares are None, unexplained is measured.
+
+    GPU 5 of the 4.x node holds 3,072 MiB more than vLLM claims at 0.9 of CUDA's total.
+    """
+    views, _ = DcgmGpuSource(served(V4_MAPPED), pod=VLLM_POD, discover=no_process).read(0.9)
+    by_uuid = {v.uuid: v for v in views}
+    assert all(v.vllm_bytes is None and v.foreign_bytes is None for v in views)
+    cuda_total = (TOTAL_MIB - RESERVED_MIB) * MIB
+    assert by_uuid[GPU5].cuda_total_bytes == cuda_total
+    assert by_uuid[GPU5].unexplained_bytes == pytest.approx(
+        76_053 * MIB - 0.9 * cuda_total, abs=MIB
+    )
+    assert by_uuid[GPU5].unexplained_bytes == pytest.approx(3072 * MIB, abs=MIB)
+    assert by_uuid[GPU2].unexplained_bytes == pytest.approx(0, abs=MIB)
+
+
+def test_the_3x_error_bound_without_reserved_memory_is_the_reservation_estimate() -> None:
+    """Without FB_RESERVED, unexplained memory reads high by at most the estimate's share.
+
+    CUDA's total is then used + free less DEFAULT_RESERVED_BYTES, so vLLM's claim is short by
+    utilization x the estimate (docs/kubernetes.md's bound).
+    """
+    views, _ = DcgmGpuSource(served(V3_MAPPED), pod=VLLM_POD, discover=no_process).read(0.9)
+    gpu2 = next(v for v in views if v.uuid == GPU2)
+    assert gpu2.unexplained_bytes is not None
+    assert 0 < gpu2.unexplained_bytes <= 0.9 * DEFAULT_RESERVED_BYTES + MIB
+
+
+def test_the_gpus_setting_wins_over_the_pod_mapping() -> None:
+    """Explicit GPU UUIDs (or indices) are read even where the mapping says otherwise."""
+    parsed = answer(V4_MAPPED)
+    picked, failure = pick_devices(parsed, explicit=(UuidSelector(GPU5),), pod=VLLM_POD)
+    assert failure is None
+    assert [d.uuid for d in picked] == [GPU5]
+    picked, _ = pick_devices(parsed, explicit=(IndexSelector(7),), pod=VLLM_POD)
+    assert [d.gpu for d in picked] == [7]
+
+
+def test_without_a_pod_mapping_vllms_uuids_from_its_environment_are_the_fallback() -> None:
+    """No pod labels: the GPU UUIDs of vLLM's NVIDIA_VISIBLE_DEVICES pick its GPUs."""
+    source = DcgmGpuSource(served(V3_UNMAPPED), pod=VLLM_POD, discover=vllm_env(GPU2, GPU5))
+    views, failure = source.read(0.9)
+    assert failure is None
+    assert sorted(v.uuid for v in views) == sorted([GPU2, GPU5])
+
+
+def test_without_a_pod_mapping_or_uuids_nothing_is_read_and_the_line_says_what_to_enable() -> None:
+    """Never every GPU of the node: no mapping and no UUID is no_pod_mapping, no views."""
+    views, failure = DcgmGpuSource(served(V3_UNMAPPED), pod=VLLM_POD, discover=no_process).read(0.9)
+    assert views == ()
+    assert failure is not None
+    assert failure.reason == DcgmReason.NO_POD_MAPPING
+    assert "pod-resources" in str(failure)
+    assert "\n" not in str(failure)
+
+
+def test_a_pod_another_node_holds_is_pod_not_found() -> None:
+    """The mapping is on but names no GPU of this pod: another node's dcgm-exporter."""
+    stranger = PodIdentity("llama-70b-5c8d-zzzzz", "inference")
+    result = DcgmGpuSource(served(V4_MAPPED), pod=stranger, discover=no_process).read(0.9)
+    assert result[0] == ()
+    assert failure_of(result) == DcgmReason.POD_NOT_FOUND
+    assert "inference/llama-70b-5c8d-zzzzz" in str(result[1])
+
+
+def test_uuids_this_exporter_does_not_list_are_gpus_not_found() -> None:
+    """vLLM's UUIDs known but absent from the answer: the URL reads another node."""
+    elsewhere = "GPU-00000000-0000-4000-8000-000000000000"
+    source = DcgmGpuSource(served(V3_UNMAPPED), discover=vllm_env(elsewhere))
+    assert failure_of(source.read(0.9)) == DcgmReason.GPUS_NOT_FOUND
+    explicit = DcgmGpuSource(served(V4_MAPPED), explicit=(UuidSelector(elsewhere),))
+    assert failure_of(explicit.read(0.9)) == DcgmReason.GPUS_NOT_FOUND
+
+
+def test_discovery_off_means_the_environment_is_never_read() -> None:
+    """gpu_discovery=none/settings: no /proc scan, so an unmapped answer stays unread."""
+
+    def forbidden(**_: object) -> GpuVisibility:
+        raise AssertionError("discovery must not run")
+
+    source = DcgmGpuSource(served(V3_UNMAPPED), discover=forbidden, from_process=False)
+    assert failure_of(source.read(0.9)) == DcgmReason.NO_POD_MAPPING
+
+
+# --- answers that are not what dcgm-exporter writes ------------------------------------------
+
+
+def gpu_line(family: str, value: str, *, gpu: str = "0", uuid: str = GPU2, extra: str = "") -> str:
+    """One series line in dcgm-exporter's label order."""
+    return (
+        f'{family}{{gpu="{gpu}",UUID="{uuid}",device="nvidia{gpu}",'
+        f'modelName="NVIDIA H100 80GB HBM3"{extra}}} {value}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"<html><body>login</body></html>\n", DcgmReason.NOT_DCGM),
+        (b'{"status": "ok"}', DcgmReason.NOT_DCGM),
+        (b"\x00\xff\xfe garbage \x80\x81", DcgmReason.NOT_DCGM),
+        (b"", DcgmReason.NOT_DCGM),
+        (gpu_line(FB_USED, "NaN").encode(), DcgmReason.PARSE_ERROR),
+        (gpu_line(FB_USED, "-5").encode(), DcgmReason.PARSE_ERROR),
+        (gpu_line(FB_USED, "1e12").encode(), DcgmReason.PARSE_ERROR),
+        (gpu_line(FB_USED, "12 junk junk").encode(), DcgmReason.PARSE_ERROR),
+        (f'{FB_USED}{{gpu="0",UUID="{GPU2}" 12\n'.encode(), DcgmReason.PARSE_ERROR),
+        (f'{FB_USED}{{UUID="{GPU2}"}} 12\n'.encode(), DcgmReason.MISSING_FIELDS),
+        (f'{FB_USED}{{gpu="0"}} 12\n'.encode(), DcgmReason.MISSING_FIELDS),
+        (gpu_line(FB_USED, "1", gpu="x1").encode(), DcgmReason.MISSING_FIELDS),
+    ],
+)
+def test_what_is_not_a_dcgm_memory_answer_fails_with_one_line(payload: bytes, reason: str) -> None:
+    """HTML, JSON, binary noise, NaN, negative or absurd MiB, broken lines: bounded reasons."""
+    with pytest.raises(SourceError) as caught:
+        parse_dcgm_metrics(payload)
+    assert caught.value.reason == reason
+    assert "\n" not in str(caught.value)
+
+
+def test_a_gpu_with_used_but_no_free_memory_is_missing_fields_and_kept_out() -> None:
+    """One of the pod's GPUs lacks FB_FREE: the other is read, the failure names the field."""
+    payload = (
+        gpu_line(FB_USED, "100", extra=',namespace="inference",pod="llama-70b-5c8d-qw7zt"')
+        + gpu_line(FB_FREE, "200", extra=',namespace="inference",pod="llama-70b-5c8d-qw7zt"')
+        + gpu_line(
+            FB_USED,
+            "100",
+            gpu="5",
+            uuid=GPU5,
+            extra=',namespace="inference",pod="llama-70b-5c8d-qw7zt"',
+        )
+    ).encode()
+    views, failure = DcgmGpuSource(lambda: payload, pod=VLLM_POD, discover=no_process).read(0.9)
+    assert [v.uuid for v in views] == [GPU2]
+    assert failure is not None
+    assert failure.reason == DcgmReason.MISSING_FIELDS
+    assert FB_FREE in str(failure)
+
+
+def test_a_gpu_listed_once_per_pod_counts_once() -> None:
+    """Time-slicing: dcgm-exporter repeats a shared GPU's series per pod; one device, both pods."""
+    payload = "".join(
+        gpu_line(family, value, extra=f',namespace="inference",pod="{pod}"')
+        for family, value in ((FB_USED, "100"), (FB_FREE, "200"))
+        for pod in ("llama-70b-5c8d-qw7zt", "other-0")
+    ).encode()
+    (device,) = parse_dcgm_metrics(payload).devices
+    assert device.pods == {VLLM_POD, PodIdentity("other-0", "inference")}
+
+
+def test_an_answer_with_more_memory_series_than_a_node_has_is_too_large() -> None:
+    """Past MAX_SAMPLES memory series the answer is refused, its samples never built."""
+    payload = "".join(
+        gpu_line(FB_USED, "1", gpu=str(i % 100_000), uuid=f"GPU-{i:08x}")
+        for i in range(MAX_SAMPLES + 1)
+    ).encode()
+    with pytest.raises(SourceError) as caught:
+        parse_dcgm_metrics(payload)
+    assert caught.value.reason == DcgmReason.TOO_LARGE
+
+
+def test_a_reading_uses_fb_total_when_a_counters_file_adds_it() -> None:
+    """FB_TOTAL, when exported, is the total (not used + free + reserved)."""
+    device = DcgmDevice(0, GPU2, used_mib=10, free_mib=20, reserved_mib=5, total_mib=36)
+    assert device.reading().total_bytes == 36 * MIB
