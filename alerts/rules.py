@@ -1067,14 +1067,22 @@ GROUPS: tuple[Group, ...] = (
             ),
             Alert(
                 "VllmHeadroomNvmlUnavailable",
-                expr='headroom_source_up{<scraped>,source="nvml"} == 0',
+                comment="""
+                    Either GPU source: the name is older than gpu_source=dcgm and is kept, as silences
+                    and routes match it.
+                """,
+                expr='headroom_source_up{<scraped>,source=~"nvml|dcgm"} == 0',
                 for_="15m",
                 severity="warning",
-                summary="vllm-headroom {{ $labels.instance }} cannot read GPU memory through NVML.",
+                summary="""
+                    vllm-headroom {{ $labels.instance }} cannot read GPU memory through
+                    {{ if eq $labels.source "dcgm" }}dcgm-exporter{{ else }}NVML{{ end }}.
+                """,
                 description="""
                     vllm-headroom {{ $labels.instance }} (job {{ $labels.job }}) keeps failing to read
-                    NVML: the GPU memory gauges are missing, so the GPU memory alerts cannot fire and the
-                    capacity prediction has no GPU size.
+                    {{ if eq $labels.source "dcgm" }}dcgm-exporter{{ else }}NVML{{ end }}: the GPU memory
+                    gauges are missing, so the GPU memory alerts cannot fire and the capacity prediction
+                    has no GPU size.
                 """,
                 dashboard_url="/d/vllm-headroom-instance?var-job={{ $labels.job | urlquery }}&var-instance={{ $labels.instance | urlquery }}",
             ),
