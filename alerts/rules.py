@@ -906,13 +906,13 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "vllm-headroom-gpu",
-        comment="GPU memory (NVML, sidecar mode only).",
+        comment="GPU memory (NVML or dcgm-exporter, sidecar mode only).",
         rules=(
             Alert(
                 "VllmHeadroomGpuForeignMemory",
                 comment="""
                     Foreign memory when the sidecar could match NVML's processes to vLLM's PIDs; otherwise
-                    the memory used beyond what vLLM claims (total x utilization), with its own threshold
+                    (always with dcgm-exporter, which lists no processes) the memory used beyond what vLLM claims (total x utilization), with its own threshold
                     because older vLLM (< 0.21) legitimately spends its CUDA graphs out of that slack.
                 """,
                 expr="""
@@ -943,7 +943,8 @@ GROUPS: tuple[Group, ...] = (
                     {{ $value | humanize1024 }}B in use beyond what vLLM claims (total x
                     gpu_memory_utilization; threshold
                     {{ with printf "headroom:threshold:gpu_unexplained_memory_bytes{headroom_release=%q}" $labels.headroom_release | query }}{{ . | first | value | humanize1024 }}{{ end }}B);
-                    NVML's processes could not be matched to vLLM's, so this is another process or vLLM
+                    which processes hold it is not known (NVML's could not be matched to vLLM's, or the
+                    source is dcgm-exporter, which lists none), so this is another process or vLLM
                     outgrowing its budget.{{ end }}
                     vLLM sized its KV cache assuming the GPU was its own: any allocation it makes now can
                     fail with CUDA out of memory.

@@ -935,7 +935,7 @@ def _gpu(facts: RuleFacts) -> Row:
             one(
                 "Free GPU memory",
                 "free",
-                "Memory free on each of vLLM's GPUs, as NVML reports it.",
+                "Memory free on each of vLLM's GPUs, as NVML or dcgm-exporter reports it.",
                 limits.FREE_MEMORY,
             ),
         ],
@@ -970,7 +970,7 @@ def _health(facts: RuleFacts) -> Row:
                     "Sources",
                     description=(
                         "Whether the last read of each source (vLLM's endpoints, the model "
-                        "config, NVML) succeeded."
+                        "config, NVML or dcgm-exporter) succeeded."
                     ),
                     unit="none",
                     queries=[Query(metric("headroom_source_up", TARGET), legend="{{source}}")],
