@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from prometheus_client import make_wsgi_app
 from exporter.service import app
 from exporter.service.settings import load_settings
 from exporter.testing.fakevllm import FakeVllm, VllmState
-from exporter.testing.processes import free_port, wait_http
+from exporter.testing.processes import free_port, read_metrics_slowly, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -74,20 +73,6 @@ def child(target: str, port: int, *, cached: bool) -> None:
     asyncio.run(app.serve(settings))
 
 
-def slow_reader(url: str, stop: threading.Event) -> None:
-    """Ask for /metrics again and again and read each answer 4 KiB every 10 ms."""
-    host, port = url.removeprefix("http://").split(":")
-    while not stop.is_set():
-        try:
-            with socket.create_connection((host, int(port)), timeout=15) as conn:
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                while not stop.is_set() and conn.recv(4096):
-                    time.sleep(0.01)
-        except OSError:
-            time.sleep(0.1)
-
-
 def drive(url: str, scrapers: int, slow: int, seconds: float) -> dict[str, float]:
     """Scrape ``url`` from ``scrapers`` threads for ``seconds``; figures of the run."""
     times: list[float] = []
@@ -112,7 +97,10 @@ def drive(url: str, scrapers: int, slow: int, seconds: float) -> dict[str, float
 
     base = url.removesuffix("/metrics")
     threads = [threading.Thread(target=scrape, args=(n % 2 == 0,)) for n in range(scrapers)]
-    threads += [threading.Thread(target=slow_reader, args=(base, stop)) for _ in range(slow)]
+    threads += [
+        threading.Thread(target=read_metrics_slowly, args=(base, stop), kwargs={"pause_s": 0.01})
+        for _ in range(slow)
+    ]
     for thread in threads:
         thread.start()
     time.sleep(seconds)

@@ -406,3 +406,21 @@ def _wait_for(
     shown = last.text[-3000:] if last else "no scrape"
     msg = f"condition not met within {timeout}s; last /metrics tail:\n{shown}"
     raise AssertionError(msg)
+
+
+def read_metrics_slowly(url: str, stop: threading.Event, *, pause_s: float) -> None:
+    """Ask ``url``'s /metrics again and again, reading each answer 4 KiB every ``pause_s``.
+
+    A scraper on a slow link, until ``stop`` is set (shared by the slow-reader reliability test
+    and benchmarks/scrapes.py).
+    """
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    while not stop.is_set():
+        try:
+            with socket.create_connection((host, int(port)), timeout=15) as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                while not stop.is_set() and conn.recv(4096):
+                    time.sleep(pause_s)
+        except OSError:
+            stop.wait(0.1)

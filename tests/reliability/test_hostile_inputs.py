@@ -41,6 +41,7 @@ from exporter.testing.processes import (
     ExporterProcess,
     ExporterThread,
     Scrape,
+    read_metrics_slowly,
     reset_peak_rss,
     wait_http,
 )
@@ -782,20 +783,6 @@ def test_a_foreign_key_in_dotenv_does_not_stop_start_up(
         assert exporter.non_json_lines() == []
 
 
-def read_slowly(url: str, stop: threading.Event) -> None:
-    """Ask for /metrics again and again, reading each answer 4 KiB every 50 ms."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    while not stop.is_set():
-        try:
-            with socket.create_connection((host, int(port)), timeout=15) as conn:
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                while not stop.is_set() and conn.recv(4096):
-                    time.sleep(0.05)
-        except OSError:
-            stop.wait(0.1)
-
-
 def test_slow_readers_of_a_large_metrics_never_delay_other_scrapers(figures: Figures) -> None:
     """24 slow readers of a 64-engine sidecar's /metrics beside 8 scrapers for 6 s.
 
@@ -809,7 +796,12 @@ def test_slow_readers_of_a_large_metrics_never_delay_other_scrapers(figures: Fig
     ):
         wait_http(f"{exporter.url}/-/ready", timeout=20, status=200)
         readers = [
-            threading.Thread(target=read_slowly, args=(exporter.url, stop), daemon=True)
+            threading.Thread(
+                target=read_metrics_slowly,
+                args=(exporter.url, stop),
+                kwargs={"pause_s": 0.05},
+                daemon=True,
+            )
             for _ in range(24)
         ]
         for reader in readers:
