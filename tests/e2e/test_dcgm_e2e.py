@@ -17,7 +17,7 @@ import pytest
 from exporter.core.reasons import DcgmReason
 from exporter.testing.fakevllm import FakeVllm
 from exporter.testing.processes import Scrape
-from tests import paths
+from tests.dcgm import DCGM, GPU2, GPU5, V4_MAPPED, VLLM_POD
 from tests.e2e.harness import VllmServer, loopback_client, start_sidecar, wait_until
 
 if TYPE_CHECKING:
@@ -26,10 +26,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-ANSWER = (paths.FIXTURES / "dcgm" / "dcgm-exporter-4.5.3-4.8.2_8gpu_pod-mapping.prom").read_bytes()
-POD, NAMESPACE = "llama-70b-5c8d-qw7zt", "inference"
-GPU2 = "GPU-b5c6d7e8-f9a0-4b1c-8d2e-3f4a5b6c7d03"
-GPU5 = "GPU-e2f3a4b5-c6d7-4e8f-9a0b-1c2d3e4f5a06"
+ANSWER = (DCGM / V4_MAPPED).read_bytes()
 MIB = 1024 * 1024
 
 
@@ -46,8 +43,8 @@ def scrape(vllm_server: VllmServer, dcgm_exporter: FakeVllm, e2e_logs: Path) -> 
     settings = {
         "HEADROOM_GPU_SOURCE": "dcgm",
         "HEADROOM_DCGM_URL": f"{dcgm_exporter.url}/metrics",
-        "HEADROOM_POD_NAME": POD,
-        "HEADROOM_POD_NAMESPACE": NAMESPACE,
+        "HEADROOM_POD_NAME": VLLM_POD.name,
+        "HEADROOM_POD_NAMESPACE": VLLM_POD.namespace,
     }
     sidecar, url = start_sidecar(
         vllm_server.base_url,

@@ -27,23 +27,23 @@ from exporter.gpu.memory import DEFAULT_RESERVED_BYTES
 from exporter.gpu.model import IndexSelector, MemoryApi, UuidSelector
 from exporter.gpu.visibility import GpuVisibility
 from exporter.service.dcgm import DcgmGpuSource, parse_dcgm_metrics
-from tests import paths
+from tests.dcgm import (
+    DCGM,
+    GPU2,
+    GPU5,
+    MIG_POD,
+    RESERVED_MIB,
+    TOTAL_MIB,
+    V3_MAPPED,
+    V3_UNMAPPED,
+    V4_MAPPED,
+    V4_MIG,
+    V4_OLD_NAMES,
+    VLLM_POD,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-DCGM = paths.FIXTURES / "dcgm"
-V3_MAPPED = "dcgm-exporter-3.3.9-3.6.1_8gpu_pod-mapping.prom"
-V3_UNMAPPED = "dcgm-exporter-3.3.9-3.6.1_8gpu_no-pod-mapping.prom"
-V4_MAPPED = "dcgm-exporter-4.5.3-4.8.2_8gpu_pod-mapping.prom"
-V4_OLD_NAMES = "dcgm-exporter-4.5.3-4.8.2_8gpu_old-namespace.prom"
-V4_MIG = "dcgm-exporter-4.5.3-4.8.2_mig.prom"
-VLLM_POD = PodIdentity("llama-70b-5c8d-qw7zt", "inference")
-MIG_POD = PodIdentity("llama-8b-6f7a-mig01", "inference")
-GPU2 = "GPU-b5c6d7e8-f9a0-4b1c-8d2e-3f4a5b6c7d03"
-GPU5 = "GPU-e2f3a4b5-c6d7-4e8f-9a0b-1c2d3e4f5a06"
-#: The fixtures' node: NVML total and driver reservation of an H100 80GB HBM3, in MiB.
-TOTAL_MIB, RESERVED_MIB = 81_559, 469
 
 
 def answer(name: str) -> DcgmAnswer:

@@ -14,14 +14,12 @@ import pytest
 from exporter.core.reasons import DcgmReason
 from exporter.testing.fakevllm import FakeVllm, Fault
 from exporter.testing.processes import ExporterThread, Scrape
-from tests import paths
+from tests.dcgm import DCGM, GPU2, GPU5, V4_MAPPED, VLLM_POD
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-ANSWER = (paths.FIXTURES / "dcgm" / "dcgm-exporter-4.5.3-4.8.2_8gpu_pod-mapping.prom").read_bytes()
-GPU2 = "GPU-b5c6d7e8-f9a0-4b1c-8d2e-3f4a5b6c7d03"
-GPU5 = "GPU-e2f3a4b5-c6d7-4e8f-9a0b-1c2d3e4f5a06"
+ANSWER = (DCGM / V4_MAPPED).read_bytes()
 MIB = 1024 * 1024
 
 
@@ -42,8 +40,8 @@ def sidecar(fake_vllm: FakeVllm, dcgm: FakeVllm) -> Iterator[ExporterThread]:
             "poll_timeout_seconds": 0.3,
             "gpu_source": "dcgm",
             "dcgm_url": f"{dcgm.url}/metrics",
-            "pod_name": "llama-70b-5c8d-qw7zt",
-            "pod_namespace": "inference",
+            "pod_name": VLLM_POD.name,
+            "pod_namespace": VLLM_POD.namespace,
             "gpu_discovery": "none",
         }
     )

@@ -13,14 +13,10 @@ import pytest
 
 from exporter.core.reasons import DcgmReason
 from exporter.errors import SourceError
-from exporter.gpu.dcgm import PodIdentity
 from exporter.service.dcgm import DcgmFetcher, DcgmGpuSource
 from exporter.testing.fakevllm import FakeVllm, Fault
 from tests import paths
-
-DCGM = paths.FIXTURES / "dcgm"
-V4_MAPPED = "dcgm-exporter-4.5.3-4.8.2_8gpu_pod-mapping.prom"
-VLLM_POD = PodIdentity("llama-70b-5c8d-qw7zt", "inference")
+from tests.dcgm import DCGM, V4_MAPPED, VLLM_POD
 
 
 def fetch_failure(fetcher: DcgmFetcher) -> str:
