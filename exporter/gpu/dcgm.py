@@ -61,6 +61,20 @@ _UUID_LABELS: Final = ("UUID", "uuid")
 _POD_LABELS: Final = (("pod", "namespace"), ("pod_name", "pod_namespace"))
 
 
+def check_kubernetes_name(value: str) -> str:
+    """``value`` stripped if it can be a Kubernetes name; else :class:`ValueError` saying why."""
+    text = value.strip()
+    if (
+        not text
+        or len(text) > 253
+        or not text.isascii()
+        or not all(c.isalnum() or c in "-." for c in text)
+    ):
+        msg = "is not a Kubernetes name (lower-case letters, digits, '-' and '.')"
+        raise ValueError(msg)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class PodIdentity:
     """A pod by name and namespace (the downward API's ``metadata.name``/``.namespace``)."""
