@@ -157,6 +157,7 @@ def fleet_dcgm_answers(
         fetch,
         max_age_seconds=settings.poll_interval_seconds,
         max_entries=settings.probe_max_targets,
+        max_bytes=settings.memory_limit_bytes // DCGM_MEMORY_SHARE,
     )
 
 
@@ -192,6 +193,9 @@ WINDOW_MEMORY_SHARE = 4
 #: Share of ``memory_limit_bytes`` the /metrics answers fleet mode reads at once may hold
 #: together, whatever the number of probes (shared fairly: ResponseBudget).
 RESPONSE_MEMORY_SHARE = 4
+#: Share of ``memory_limit_bytes`` the parsed dcgm-exporter answers fleet mode holds may take
+#: (8 MiB of 256: some 1,300 answers of 8 GPUs, each mapped to one pod; the oldest goes first).
+DCGM_MEMORY_SHARE = 32
 
 
 def window_memory_bytes(settings: Settings) -> int:

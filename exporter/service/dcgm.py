@@ -27,7 +27,15 @@ import structlog
 
 from exporter.core.reasons import DcgmReason, VisibilityState
 from exporter.errors import ParseError, SourceError
-from exporter.gpu.dcgm import FAMILIES, MAX_SAMPLES, DcgmAnswer, pick_devices, read_dcgm_samples
+from exporter.gpu.dcgm import (
+    FAMILIES,
+    FLEET_FIXES,
+    MAX_SAMPLES,
+    SIDECAR_FIXES,
+    DcgmAnswer,
+    pick_devices,
+    read_dcgm_samples,
+)
 from exporter.gpu.memory import gpu_views
 from exporter.gpu.model import GpuSnapshot
 from exporter.gpu.visibility import discover_gpu_visibility
@@ -39,7 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Collection, Sequence
 
     from exporter.core.views import GpuMemoryView
-    from exporter.gpu.dcgm import PodIdentity
+    from exporter.gpu.dcgm import PickFixes, PodIdentity
     from exporter.gpu.model import GpuSelector
     from exporter.gpu.visibility import GpuVisibility
     from exporter.service.allowlist import ProbeTarget
@@ -74,13 +82,14 @@ def answer_views(
     pod: PodIdentity | None = None,
     discovered: Callable[[], tuple[tuple[GpuSelector, ...], str]] | None = None,
     where: str = "dcgm-exporter",
+    fixes: PickFixes = SIDECAR_FIXES,
 ) -> tuple[tuple[GpuMemoryView, ...], SourceError | None]:
     """Views of the pod's GPUs in a parsed answer (:func:`pick_devices`), and the failure if any.
 
     The one way from an answer to views, for the sidecar's source and fleet mode's alike.
     """
     picked, failure = pick_devices(
-        answer, explicit=explicit, pod=pod, discovered=discovered, where=where
+        answer, explicit=explicit, pod=pod, discovered=discovered, where=where, fixes=fixes
     )
     snapshot = GpuSnapshot(gpus=tuple(device.reading() for device in picked))
     return gpu_views(snapshot, None, gpu_memory_utilization), failure
@@ -266,15 +275,39 @@ class DcgmRequest:
         return self.endpoint.url
 
 
+#: Bytes one device of a held answer is counted for, besides its strings (a slotted
+#: dataclass, its floats, its tuple slot and its pods' set).
+DEVICE_BYTES: Final = 512
+#: Bytes one pod of a device is counted for, besides its name and namespace.
+POD_BYTES: Final = 160
+
+
+def answer_bytes(answer: DcgmAnswer | SourceError) -> int:
+    """What a held answer is counted for: an estimate of its memory, from its devices' strings.
+
+    An answer's devices are bounded by count (:data:`~exporter.gpu.dcgm.MAX_SAMPLES`) but not
+    by the length of their labels: the estimate bounds what many answers hold together.
+    """
+    if isinstance(answer, SourceError):
+        return DEVICE_BYTES + len(str(answer))
+    total = 0
+    for device in answer.devices:
+        total += DEVICE_BYTES + len(device.uuid) + len(device.model_name)
+        total += len(device.instance or "") + len(device.profile or "")
+        total += sum(POD_BYTES + len(p.name) + len(p.namespace) for p in device.pods)
+    return total
+
+
 class SharedDcgmAnswers:
     """dcgm-exporter answers in fleet mode, shared by the targets of one node.
 
     The vLLM pods of a node name one dcgm-exporter: each URL is read at most once per
     ``max_age_seconds`` (a failure too: a dead exporter costs one read per period, not one
     per target), probes asking while a read runs share it, and at most ``max_entries`` URLs
-    are held (the fleet drops those no remembered target names: :meth:`retain`). ``fetch``
-    does the bounded, pinned read. Used from the event loop; :meth:`latest` also from the
-    pollers' GPU threads (one dictionary look-up).
+    and ``max_bytes`` of parsed answers (:func:`answer_bytes`) are held, the oldest read
+    forgotten first (the fleet also drops those no remembered target names: :meth:`retain`).
+    ``fetch`` does the bounded, pinned read. Used from the event loop; :meth:`latest` also
+    from the pollers' GPU threads (one dictionary look-up).
     """
 
     def __init__(
@@ -283,13 +316,18 @@ class SharedDcgmAnswers:
         *,
         max_age_seconds: float,
         max_entries: int,
+        max_bytes: int = 8 * 2**20,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fetch = fetch
         self._max_age = max_age_seconds
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
         self._clock = clock
         self._answers: OrderedDict[str, tuple[float, DcgmAnswer | SourceError]] = OrderedDict()
+        #: answer_bytes of each held answer, and their sum.
+        self._sizes: dict[str, int] = {}
+        self.held_bytes = 0
         self._pending: dict[str, asyncio.Task[None]] = {}
         #: Reads made (not answered from what is held), for tests and logs.
         self.reads = 0
@@ -324,10 +362,24 @@ class SharedDcgmAnswers:
         except Exception as exc:  # a bug must not end the probes: one traceback, then data
             log.exception("dcgm_read_crashed", url=redact_url(url))
             result = SourceError(DcgmReason.CALL_FAILED, f"{shown}: {type(exc).__name__}")
+        size = answer_bytes(result)
+        if size > self._max_bytes:
+            result = SourceError(
+                DcgmReason.TOO_LARGE,
+                f"{shown}: its memory series take more than the {self._max_bytes} bytes all "
+                "held answers may: not one node's dcgm-exporter",
+            )
+            size = answer_bytes(result)
+        self._forget(url)
         self._answers[url] = (self._clock(), result)
-        self._answers.move_to_end(url)
-        while len(self._answers) > self._max_entries:
-            self._answers.popitem(last=False)
+        self._sizes[url] = size
+        self.held_bytes += size
+        while len(self._answers) > self._max_entries or self.held_bytes > self._max_bytes:
+            self._forget(next(iter(self._answers)))
+
+    def _forget(self, url: str) -> None:
+        if self._answers.pop(url, None) is not None:
+            self.held_bytes -= self._sizes.pop(url)
 
     def latest(self, url: str) -> DcgmAnswer | SourceError | None:
         """The latest answer read from ``url`` (or why it failed); None before the first."""
@@ -337,7 +389,7 @@ class SharedDcgmAnswers:
     def retain(self, urls: Collection[str]) -> None:
         """Forget the answers of every URL but ``urls`` (those the remembered targets name)."""
         for url in [u for u in self._answers if u not in urls]:
-            del self._answers[url]
+            self._forget(url)
 
 
 class FleetDcgmSource:
@@ -372,7 +424,9 @@ class FleetDcgmSource:
             return (), SourceError(DcgmReason.TIMEOUT, f"{where} has not answered yet")
         if isinstance(latest, SourceError):
             return (), latest
-        return answer_views(latest, gpu_memory_utilization, pod=request.pod, where=where)
+        return answer_views(
+            latest, gpu_memory_utilization, pod=request.pod, where=where, fixes=FLEET_FIXES
+        )
 
     def close(self) -> None:
         """Nothing to release: the shared answers are the fleet's."""

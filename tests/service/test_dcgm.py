@@ -26,10 +26,12 @@ from exporter.service.dcgm import (
     DcgmRequest,
     FleetDcgmSource,
     SharedDcgmAnswers,
+    answer_bytes,
+    parse_dcgm_metrics,
 )
 from exporter.testing.fakevllm import FakeVllm, Fault
 from tests import paths
-from tests.dcgm import DCGM, EMBED_POD, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
+from tests.dcgm import DCGM, EMBED_POD, GPU0, GPU2, GPU5, V3_UNMAPPED, V4_MAPPED, VLLM_POD
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -244,7 +246,10 @@ def test_before_the_first_answer_a_target_reads_as_a_timeout() -> None:
 
 
 def test_a_pod_the_exporter_does_not_map_is_pod_not_found() -> None:
-    """Another node's dcgm-exporter named for the pod: pod_not_found, no GPU of other pods."""
+    """Another node's dcgm-exporter named for the pod: pod_not_found, no GPU of other pods.
+
+    The line tells to fix the probe's dcgm=, not the sidecar's settings.
+    """
     answers = shared(Fetch((DCGM / V4_MAPPED).read_bytes()))
     asyncio.run(answers.refresh(NODE_URL))
     stranger = PodIdentity("llama-70b-5c8d-zzzzz", "inference")
@@ -252,6 +257,21 @@ def test_a_pod_the_exporter_does_not_map_is_pod_not_found() -> None:
     assert views == ()
     assert failure is not None
     assert failure.reason == DcgmReason.POD_NOT_FOUND
+    assert "pod inference/llama-70b-5c8d-zzzzz" in str(failure)
+    assert "the probe's dcgm= must be the dcgm-exporter of the pod's node" in str(failure)
+    assert "gpus setting" not in str(failure)
+    assert "dcgm_url" not in str(failure)
+
+
+def test_an_exporter_without_pod_mapping_tells_the_fleet_to_enable_it() -> None:
+    """no_pod_mapping, as in the sidecar, without the sidecar's gpus setting as a way out."""
+    answers = shared(Fetch((DCGM / V3_UNMAPPED).read_bytes()))
+    asyncio.run(answers.refresh(NODE_URL))
+    _, failure = FleetDcgmSource(answers, request()).read(0.9)
+    assert failure is not None
+    assert failure.reason == DcgmReason.NO_POD_MAPPING
+    assert "enable its Kubernetes pod mapping" in str(failure)
+    assert "gpus setting" not in str(failure)
 
 
 def test_answers_are_bounded_and_forgotten_with_their_targets() -> None:
@@ -268,3 +288,41 @@ def test_answers_are_bounded_and_forgotten_with_their_targets() -> None:
     answers.retain({urls[2]})
     assert len(answers) == 1
     assert answers.latest(urls[1]) is None
+
+
+def test_the_answers_held_are_bounded_in_bytes_the_oldest_forgotten_first() -> None:
+    """Room for two answers of the fixture's size: a third read forgets the oldest."""
+    payload = (DCGM / V4_MAPPED).read_bytes()
+    one = answer_bytes(parse_dcgm_metrics(payload))
+    answers = SharedDcgmAnswers(
+        Fetch(payload), max_age_seconds=5.0, max_entries=10, max_bytes=2 * one + one // 2
+    )
+    urls = [f"http://10.0.3.{n}:9400/metrics" for n in (1, 2, 3)]
+
+    async def go() -> None:
+        for url in urls:
+            await answers.refresh(url)
+
+    asyncio.run(go())
+    assert [answers.latest(u) is not None for u in urls] == [False, True, True]
+    assert answers.held_bytes == 2 * one
+
+
+def test_an_answer_too_big_to_hold_is_too_large_and_holds_nothing_of_it() -> None:
+    """64 GPUs with 4 KB UUIDs: counted past the bound, it is too_large, not held."""
+    lines = [
+        f'{field}{{gpu="{n}",UUID="GPU-{"f" * 4096}{n}",pod="p",namespace="n"}} 1'
+        for n in range(64)
+        for field in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
+    ]
+    answers = SharedDcgmAnswers(
+        Fetch("\n".join(lines).encode() + b"\n"),
+        max_age_seconds=5.0,
+        max_entries=10,
+        max_bytes=64 * 1024,
+    )
+    asyncio.run(answers.refresh(NODE_URL))
+    _, failure = FleetDcgmSource(answers, request()).read(0.9)
+    assert failure is not None
+    assert failure.reason == DcgmReason.TOO_LARGE
+    assert answers.held_bytes < 2048
