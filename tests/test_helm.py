@@ -1467,12 +1467,23 @@ def relabel(labels: Mapping[str, str], rules: Sequence[Mapping[str, Any]]) -> di
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("kind", ["ScrapeConfig", "PodMonitor"])
-def test_fleet_discovery_names_each_pods_gpus_with_gpu_source_dcgm(helm: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "host_ip", "dcgm"),
+    [
+        ("ScrapeConfig", "10.0.3.7", "http://10.0.3.7:9400/metrics"),
+        ("PodMonitor", "10.0.3.7", "http://10.0.3.7:9400/metrics"),
+        ("ScrapeConfig", "fd00:3::7", "http://[fd00:3::7]:9400/metrics"),
+        ("PodMonitor", "fd00:3::7", "http://[fd00:3::7]:9400/metrics"),
+    ],
+)
+def test_fleet_discovery_names_each_pods_gpus_with_gpu_source_dcgm(
+    helm: Path, kind: str, host_ip: str, dcgm: str
+) -> None:
     """gpu.source=dcgm: each probe carries the pod, its namespace and its node's dcgm-exporter.
 
-    The relabelling applied to a discovered pod gives the parameters the exporter admits, and
-    the exporter is told gpu_source=dcgm; without it, no such parameter is sent.
+    The relabelling applied to a discovered pod (on an IPv4 or an IPv6 node) gives the
+    parameters the exporter admits, and the exporter is told gpu_source=dcgm; without it, no
+    such parameter is sent.
     """
     sets = (f"--set fleet.discovery.kind={kind}", "--set gpu.source=dcgm")
     manifests = render(helm, ci("fleet"), sets=sets)
@@ -1481,18 +1492,18 @@ def test_fleet_discovery_names_each_pods_gpus_with_gpu_source_dcgm(helm: Path, k
     else:
         monitor = only(manifests, kind, f"{RELEASE}-vllm-headroom-probe")["spec"]
         rules = monitor["podMetricsEndpoints"][0]["relabelings"]
-    scraped = relabel(DISCOVERED_POD, rules)
+    scraped = relabel({**DISCOVERED_POD, "__meta_kubernetes_pod_host_ip": host_ip}, rules)
     assert scraped is not None
     params = {k.removeprefix("__param_"): v for k, v in scraped.items() if k.startswith("__param_")}
     assert params == {
         "target": "http://10.244.3.17:8000",
         "pod": "llama-70b-5c8d-qw7zt",
         "namespace": "inference",
-        "dcgm": "http://10.0.3.7:9400/metrics",
+        "dcgm": dcgm,
     }
     request = parse_gpu_params(params)
     assert request is not None
-    assert request.url == "http://10.0.3.7:9400/metrics"
+    assert request.url == dcgm
     exporter_env = env_of(container(pod_specs(manifests)[0][1], "vllm-headroom"))
     assert exporter_env["HEADROOM_GPU_SOURCE"] == "dcgm"
     assert "HEADROOM_DCGM_URL" not in exporter_env
