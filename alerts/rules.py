@@ -906,7 +906,7 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "vllm-headroom-gpu",
-        comment="GPU memory (NVML or dcgm-exporter, sidecar mode only).",
+        comment="GPU memory (NVML or dcgm-exporter; fleet mode: dcgm-exporter only, gpu_source=dcgm).",
         rules=(
             Alert(
                 "VllmHeadroomGpuForeignMemory",

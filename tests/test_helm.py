@@ -43,6 +43,7 @@ from kubernetes_validate.utils import all_versions, latest_version
 import exporter
 from alerts.generate import CHART_COPY, generate
 from exporter.service.allowlist import AllowlistError, parse_allowlist
+from exporter.service.fleet import parse_gpu_params
 from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
 from tests import paths
 
@@ -1432,6 +1433,104 @@ def test_fleet_scrape_config_sends_each_vllm_pod_through_probe(helm: Path) -> No
     assert exporter_env["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
+#: A vLLM pod as Prometheus's Kubernetes discovery labels it (role pod, one container port).
+DISCOVERED_POD = {
+    "__address__": "10.244.3.17:8000",
+    "__meta_kubernetes_pod_container_port_number": "8000",
+    "__meta_kubernetes_pod_phase": "Running",
+    "__meta_kubernetes_namespace": "inference",
+    "__meta_kubernetes_pod_name": "llama-70b-5c8d-qw7zt",
+    "__meta_kubernetes_pod_host_ip": "10.0.3.7",
+}
+
+
+def relabel(labels: Mapping[str, str], rules: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+    """Prometheus's relabelling, as far as the chart uses it: replace (the default) and keep.
+
+    Source values joined by ``;``, the regex anchored, ``$1`` expanded; None when dropped.
+    """
+    out = dict(labels)
+    for rule in rules:
+        value = ";".join(out.get(name, "") for name in rule.get("sourceLabels", []))
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        action = rule.get("action", "replace")
+        if action == "keep":
+            if match is None:
+                return None
+            continue
+        assert action == "replace", rule
+        if match is not None:
+            out[rule["targetLabel"]] = match.expand(
+                rule.get("replacement", "$1").replace("$1", r"\1")
+            )
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("kind", "host_ip", "dcgm"),
+    [
+        ("ScrapeConfig", "10.0.3.7", "http://10.0.3.7:9400/metrics"),
+        ("PodMonitor", "10.0.3.7", "http://10.0.3.7:9400/metrics"),
+        ("ScrapeConfig", "fd00:3::7", "http://[fd00:3::7]:9400/metrics"),
+        ("PodMonitor", "fd00:3::7", "http://[fd00:3::7]:9400/metrics"),
+    ],
+)
+def test_fleet_discovery_names_each_pods_gpus_with_gpu_source_dcgm(
+    helm: Path, kind: str, host_ip: str, dcgm: str
+) -> None:
+    """gpu.source=dcgm: each probe carries the pod, its namespace and its node's dcgm-exporter.
+
+    The relabelling applied to a discovered pod (on an IPv4 or an IPv6 node) gives the
+    parameters the exporter admits, and the exporter is told gpu_source=dcgm; without it, no
+    such parameter is sent.
+    """
+    sets = (f"--set fleet.discovery.kind={kind}", "--set gpu.source=dcgm")
+    manifests = render(helm, ci("fleet"), sets=sets)
+    if kind == "ScrapeConfig":
+        rules = only(manifests, kind, f"{RELEASE}-vllm-headroom-probe")["spec"]["relabelings"]
+    else:
+        monitor = only(manifests, kind, f"{RELEASE}-vllm-headroom-probe")["spec"]
+        rules = monitor["podMetricsEndpoints"][0]["relabelings"]
+    scraped = relabel({**DISCOVERED_POD, "__meta_kubernetes_pod_host_ip": host_ip}, rules)
+    assert scraped is not None
+    params = {k.removeprefix("__param_"): v for k, v in scraped.items() if k.startswith("__param_")}
+    assert params == {
+        "target": "http://10.244.3.17:8000",
+        "pod": "llama-70b-5c8d-qw7zt",
+        "namespace": "inference",
+        "dcgm": dcgm,
+    }
+    request = parse_gpu_params(params)
+    assert request is not None
+    assert request.url == dcgm
+    exporter_env = env_of(container(pod_specs(manifests)[0][1], "vllm-headroom"))
+    assert exporter_env["HEADROOM_GPU_SOURCE"] == "dcgm"
+    assert "HEADROOM_DCGM_URL" not in exporter_env
+    assert exporter_env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    plain = render(helm, ci("fleet"), sets=sets[:1])
+    assert "__param_dcgm" not in json.dumps(plain)
+    assert "HEADROOM_GPU_SOURCE" not in env_of(container(pod_specs(plain)[0][1], "vllm-headroom"))
+
+
+@pytest.mark.e2e
+def test_the_fleet_exporter_accepts_its_environment_with_gpu_source_dcgm(
+    helm: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The fleet exporter's HEADROOM_* variables with gpu.source=dcgm load as fleet + dcgm."""
+    manifests = render(helm, ci("fleet"), sets=("--set gpu.source=dcgm",))
+    env = env_of(container(pod_specs(manifests)[0][1], "vllm-headroom"))
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith("HEADROOM_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("HEADROOM_"):
+            monkeypatch.setenv(name, value)
+    settings = load_settings(secrets_dir=tmp_path)
+    assert (settings.mode.value, settings.gpu_source.value) == ("fleet", "dcgm")
+
+
 @pytest.mark.e2e
 def test_fleet_pod_monitor_variant_rewrites_the_address(helm: Path) -> None:
     """The fleet PodMonitor variant scrapes /probe through the Service and /metrics direct."""
@@ -1801,9 +1900,20 @@ BAD_VALUES = [
             "--set shape=fleet",
             "--set fleet.allowlist={10.0.0.0/8}",
             "--set gpu.source=dcgm",
+            "--set gpu.dcgm.url=http://dcgm.gpu.svc:9400/metrics",
         ),
-        "gpu.source=dcgm does not fit shape=fleet",
-        id="dcgm-in-fleet-mode",
+        "gpu.dcgm.url must hold $(NODE_IP) with shape=fleet",
+        id="dcgm-in-fleet-mode-not-per-node",
+    ),
+    pytest.param(
+        (
+            "--set shape=fleet",
+            "--set fleet.allowlist={10.0.0.0/8}",
+            "--set gpu.source=dcgm",
+            "--set gpu.uuids={GPU-b5c6d7e8-f9a0-4b1c-8d2e-3f4a5b6c7d03}",
+        ),
+        "gpu.uuids does not fit shape=fleet",
+        id="dcgm-in-fleet-mode-with-uuids",
     ),
     pytest.param(
         ("--set vllm.model=m", "--set exporter.settings.mode=fleet"),
@@ -2085,6 +2195,13 @@ def test_notes_say_where_gpu_memory_comes_from(helm: Path, notes_chart: Path) ->
     assert 'headroom_source_errors_total{source="dcgm"}' in text
     default = only(render(helm, ci("vllm"), chart=notes_chart), "ConfigMap", "notes-render")
     assert "set gpu.source=dcgm" in default["data"]["notes"]
+    fleet = only(
+        render(helm, ci("fleet"), sets=("--set gpu.source=dcgm",), chart=notes_chart),
+        "ConfigMap",
+        "notes-render",
+    )["data"]["notes"]
+    assert "&dcgm=http://<its node IP>:9400/metrics" in fleet
+    assert "fleet.allowlist must also allow the nodes' addresses" in fleet
 
 
 @pytest.mark.e2e

@@ -236,6 +236,9 @@ class DcgmReason(StrEnum):
     POD_NOT_FOUND = "pod_not_found"
     #: vLLM's GPU UUIDs are known but this dcgm-exporter does not list them (another node's).
     GPUS_NOT_FOUND = "gpus_not_found"
+    #: Fleet mode: the probe named no dcgm-exporter and pod (its ``dcgm``, ``pod`` and
+    #: ``namespace`` parameters), so no GPU can be told to be the target's.
+    NOT_GIVEN = "not_given"
     #: A bug of ours while reading (logged once with its traceback).
     CALL_FAILED = "call_failed"
 

@@ -61,6 +61,20 @@ _UUID_LABELS: Final = ("UUID", "uuid")
 _POD_LABELS: Final = (("pod", "namespace"), ("pod_name", "pod_namespace"))
 
 
+def check_kubernetes_name(value: str) -> str:
+    """``value`` stripped if it can be a Kubernetes name; else :class:`ValueError` saying why."""
+    text = value.strip()
+    if (
+        not text
+        or len(text) > 253
+        or not text.isascii()
+        or not all(c.isalnum() or c in "-." for c in text)
+    ):
+        msg = "is not a Kubernetes name (lower-case letters, digits, '-' and '.')"
+        raise ValueError(msg)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class PodIdentity:
     """A pod by name and namespace (the downward API's ``metadata.name``/``.namespace``)."""
@@ -261,6 +275,28 @@ def _pod_of(labels: Mapping[str, str]) -> PodIdentity | None:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class PickFixes:
+    """What an error line of a pick tells to do: the sidecar's settings, or a fleet probe's."""
+
+    #: How to name the right dcgm-exporter (the pod's node's).
+    node: str
+    #: How to name vLLM's GPUs instead of the pod mapping, where there is a way.
+    uuids: str | None
+
+
+SIDECAR_FIXES: Final = PickFixes(
+    node="dcgm_url must be the dcgm-exporter of this pod's node (http://$(NODE_IP):9400/metrics)",
+    uuids="set the gpus setting to vLLM's GPU UUIDs",
+)
+#: Fleet mode: the probe names the exporter; no setting can name one target's GPUs.
+FLEET_FIXES: Final = PickFixes(
+    node="the probe's dcgm= must be the dcgm-exporter of the pod's node "
+    "(http://<its host IP>:9400/metrics)",
+    uuids=None,
+)
+
+
 def _matches(device: DcgmDevice, selector: GpuSelector) -> bool:
     if isinstance(selector, UuidSelector):
         return device.uuid == selector.uuid
@@ -276,6 +312,7 @@ def pick_devices(
     pod: PodIdentity | None = None,
     discovered: Callable[[], tuple[tuple[GpuSelector, ...], str]] | None = None,
     where: str = "dcgm-exporter",
+    fixes: PickFixes = SIDECAR_FIXES,
 ) -> tuple[tuple[DcgmDevice, ...], SourceError | None]:
     """The devices of ``answer`` that are this pod's, and the failure if any.
 
@@ -310,23 +347,23 @@ def pick_devices(
             f"{where} lists none of vLLM's GPUs ({how}): dcgm_url must be the dcgm-exporter "
             "of this pod's node",
         )
-    return (), _not_mapped(answer, pod, where)
+    return (), _not_mapped(answer, pod, where, fixes)
 
 
-def _not_mapped(answer: DcgmAnswer, pod: PodIdentity | None, where: str) -> SourceError:
+def _not_mapped(
+    answer: DcgmAnswer, pod: PodIdentity | None, where: str, fixes: PickFixes
+) -> SourceError:
     """Why no device could be picked when nothing but the pod mapping was left to try."""
+    instead = f", or {fixes.uuids}" if fixes.uuids else ""
     if answer.pod_mapped:
         whom = f"pod {pod}" if pod is not None else "this pod (pod_name/pod_namespace unset)"
         return SourceError(
-            DcgmReason.POD_NOT_FOUND,
-            f"{where} maps no GPU to {whom}: dcgm_url must be the dcgm-exporter of this pod's "
-            "node (http://$(NODE_IP):9400/metrics), or set the gpus setting to vLLM's GPU UUIDs",
+            DcgmReason.POD_NOT_FOUND, f"{where} maps no GPU to {whom}: {fixes.node}{instead}"
         )
     return SourceError(
         DcgmReason.NO_POD_MAPPING,
         f"{where} maps no GPU to any pod: enable its Kubernetes pod mapping (kubelet "
-        "pod-resources socket, on with the GPU Operator), or set the gpus setting to vLLM's "
-        "GPU UUIDs",
+        f"pod-resources socket, on with the GPU Operator){instead}",
     )
 
 

@@ -285,7 +285,10 @@ def parse_target(target: str) -> ProbeTarget:
     text = target.strip()
     if "://" not in text:
         text = f"http://{text}"
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # an unclosed [IPv6
+        raise AllowlistError("the target is not a URL") from None
     if parts.scheme not in ("http", "https"):
         raise AllowlistError(f"scheme {parts.scheme!r} is not allowed; use http or https")
     if parts.username or parts.password:
@@ -298,6 +301,46 @@ def parse_target(target: str) -> ProbeTarget:
     port = target_port(parts) or (443 if parts.scheme == "https" else 80)
     shown = f"[{host}]" if ":" in host else host
     return ProbeTarget(parts.scheme, host, port, f"{parts.scheme}://{shown}:{port}")
+
+
+#: Characters of an endpoint's path (:func:`parse_endpoint`): what metrics paths are made of.
+_PATH_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
+#: Longest path of an endpoint.
+MAX_PATH_CHARS = 256
+
+
+def parse_endpoint(url: str) -> ProbeTarget:
+    """Parse a probe parameter naming an HTTP endpoint (``http(s)://host:port/path``), normalised.
+
+    Checked as :func:`parse_target` checks a target (host, port, no credentials, no query), and
+    its path limited to plain characters: it is chosen by whoever can reach ``/probe``. The
+    ``url`` keeps the path (``/metrics`` when none is given). :class:`AllowlistError` says
+    what is wrong.
+    """
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # an unclosed [IPv6
+        raise AllowlistError("is not a URL") from None
+    if parts.scheme not in ("http", "https"):
+        raise AllowlistError(
+            "must be an http:// or https:// URL, like http://10.0.0.7:9400/metrics"
+        )
+    if parts.username or parts.password:
+        raise AllowlistError("credentials in the URL are not allowed")
+    if parts.query or parts.fragment:
+        raise AllowlistError("must have no query or fragment")
+    path = parts.path or "/metrics"
+    if len(path) > MAX_PATH_CHARS or not set(path) <= _PATH_CHARS or ".." in path:
+        raise AllowlistError(
+            f"the path must be at most {MAX_PATH_CHARS} plain characters "
+            "(letters, digits, -._~/), without '..'"
+        )
+    if not parts.hostname:
+        raise AllowlistError("has no host")
+    host = canonical_host(parts.hostname)
+    port = target_port(parts) or (443 if parts.scheme == "https" else 80)
+    shown = f"[{host}]" if ":" in host else host
+    return ProbeTarget(parts.scheme, host, port, f"{parts.scheme}://{shown}:{port}{path}")
 
 
 def is_allowed(

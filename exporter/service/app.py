@@ -36,7 +36,7 @@ from exporter.service.collector import (
     exporter_families,
     target_families,
 )
-from exporter.service.dcgm import DcgmGpuSource
+from exporter.service.dcgm import MAX_ANSWER_BYTES, DcgmGpuSource, SharedDcgmAnswers
 from exporter.service.fleet import Fleet, Refusal
 from exporter.service.httpserver import (
     MAX_CONNECTIONS,
@@ -57,7 +57,7 @@ from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
     from prometheus_client.core import Metric
@@ -128,6 +128,39 @@ def default_gpu_source(settings: Settings) -> GpuSource | None:
     )
 
 
+def fleet_dcgm_answers(
+    settings: Settings, http: httpx.AsyncClient, answers: ResponseBudget | None
+) -> SharedDcgmAnswers | None:
+    """Fleet mode's dcgm-exporter answers (gpu_source=dcgm): read as targets are.
+
+    Each read is a pinned client's (only the addresses its probe checked), never with the
+    bearer token, within DCGM_TIMEOUT_SHARE of poll_timeout_seconds and 8 MiB, its bytes
+    counted in the fleet's answer budget; each URL at most once per poll_interval_seconds.
+    """
+    if settings.mode is not Mode.FLEET or settings.gpu_source is not GpuSourceKind.DCGM:
+        return None
+
+    async def fetch(url: str) -> bytes:
+        parts = httpx.URL(url)
+        client = VllmClient(
+            str(parts.copy_with(path="/")),
+            client=http,
+            timeout_seconds=settings.poll_timeout_seconds * DCGM_TIMEOUT_SHARE,
+            max_bytes=MAX_ANSWER_BYTES,
+            bearer_token=None,
+            budget=answers,
+            pinned=True,
+        )
+        return await client.fetch_text(parts.path)
+
+    return SharedDcgmAnswers(
+        fetch,
+        max_age_seconds=settings.poll_interval_seconds,
+        max_entries=settings.probe_max_targets,
+        max_bytes=settings.memory_limit_bytes // DCGM_MEMORY_SHARE,
+    )
+
+
 def default_predictor(settings: Settings) -> Predictor:
     """The sizing model over the model vLLM serves (or the ``model`` setting)."""
     return ModelPredictor(
@@ -160,6 +193,9 @@ WINDOW_MEMORY_SHARE = 4
 #: Share of ``memory_limit_bytes`` the /metrics answers fleet mode reads at once may hold
 #: together, whatever the number of probes (shared fairly: ResponseBudget).
 RESPONSE_MEMORY_SHARE = 4
+#: Share of ``memory_limit_bytes`` the parsed dcgm-exporter answers fleet mode holds may take
+#: (8 MiB of 256: some 1,300 answers of 8 GPUs, each mapped to one pod; the oldest goes first).
+DCGM_MEMORY_SHARE = 32
 
 
 def window_memory_bytes(settings: Settings) -> int:
@@ -286,10 +322,13 @@ async def serve(
         fleet: Fleet | None = None
         poller: TargetPoller | None = None
         if settings.mode is Mode.SIDECAR:
-            poller = make_poller(settings.target, settings.bearer_token)
+            poller = make_poller(settings.target, settings.bearer_token, None)
         else:
             fleet = _fleet(
-                settings, make_poller, BoundedResolver(resolve=parts.resolve or system_resolve)
+                settings,
+                make_poller,
+                BoundedResolver(resolve=parts.resolve or system_resolve),
+                dcgm=fleet_dcgm_answers(settings, http, answers),
             )
 
         def exporter_view() -> ExporterView:
@@ -392,14 +431,17 @@ def _poller_factory(
     *,
     workers: Workers | None = None,
     answers: ResponseBudget | None = None,
-) -> Callable[[str, SecretStr | None], TargetPoller]:
+) -> Callable[[str, SecretStr | None, GpuSource | None], TargetPoller]:
     """How a target's poller is made: its client, the predictor, the GPUs, the settings.
 
-    ``answers`` bounds the /metrics answers all the pollers read at once (fleet mode).
+    ``answers`` bounds the /metrics answers all the pollers read at once (fleet mode). A
+    poller's own GPU source (a fleet target's) replaces ``gpus``.
     """
     memory = MemoryBudget(window_memory_bytes(settings))
 
-    def make_poller(url: str, token: SecretStr | None) -> TargetPoller:
+    def make_poller(
+        url: str, token: SecretStr | None, target_gpus: GpuSource | None = None
+    ) -> TargetPoller:
         client = VllmClient(
             url,
             client=http,
@@ -414,7 +456,7 @@ def _poller_factory(
             client=client,
             parse=parse_vllm_metrics,
             predictor=predictor_for(settings),
-            gpus=gpus,
+            gpus=target_gpus or gpus,
             launch=launch_for(settings, url),
             settings=_poll_settings(settings),
             workers=workers,
@@ -426,14 +468,16 @@ def _poller_factory(
 
 def _fleet(
     settings: Settings,
-    make_poller: Callable[[str, SecretStr | None], TargetPoller],
+    make_poller: Callable[[str, SecretStr | None, GpuSource | None], TargetPoller],
     resolver: BoundedResolver,
+    dcgm: SharedDcgmAnswers | None = None,
 ) -> Fleet:
     """Fleet mode's targets, with the bearer token only for the targets bound to it."""
     return Fleet(
         allowlist=parse_allowlist(settings.probe_allowlist),
         # The token goes with a probe's requests only where its route allows (see Fleet).
-        make_poller=lambda target: make_poller(target.url, settings.bearer_token),
+        make_poller=lambda target, gpus: make_poller(target.url, settings.bearer_token, gpus),
+        dcgm=dcgm,
         max_targets=settings.probe_max_targets,
         ttl_seconds=settings.probe_target_ttl_seconds,
         resolver=resolver,
@@ -469,9 +513,11 @@ def _landing(settings: Settings, poller: TargetPoller | None) -> str:
 
 def _prober(
     settings: Settings, fleet: Fleet, loop: asyncio.AbstractEventLoop
-) -> Callable[[str, float | None, str], ProbeAnswer]:
-    def probe(target: str, scrape_timeout: float | None, client: str) -> ProbeAnswer:
-        ticket = fleet.enter(target, client)
+) -> Callable[[str, float | None, str, Mapping[str, str]], ProbeAnswer]:
+    def probe(
+        target: str, scrape_timeout: float | None, client: str, params: Mapping[str, str]
+    ) -> ProbeAnswer:
+        ticket = fleet.enter(target, client, params)
         if isinstance(ticket, Refusal):
             return ProbeAnswer(status=ticket.status, message=ticket.message)
         try:

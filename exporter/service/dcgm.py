@@ -5,19 +5,37 @@ The answer is parsed by the project's own exposition parser (only the four
 this pod's GPUs by :mod:`exporter.gpu.dcgm` (the pure core), and into the same views the NVML
 source gives (:func:`~exporter.gpu.memory.gpu_views`). docs/kubernetes.md, "Choosing the GPU
 source", says what it needs, costs and cannot tell.
+
+Fleet mode reads the same answers per probe: each probe names its target's pod and the
+dcgm-exporter of that pod's node (:class:`DcgmRequest`); the answers are shared by the targets
+of a node (:class:`SharedDcgmAnswers`) and each target's GPUs picked from them exactly as the
+sidecar picks its own (:class:`FleetDcgmSource`, :func:`answer_views`). docs/kubernetes.md,
+"GPU memory in fleet mode".
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import httpx
+import structlog
 
 from exporter.core.reasons import DcgmReason, VisibilityState
 from exporter.errors import ParseError, SourceError
-from exporter.gpu.dcgm import FAMILIES, MAX_SAMPLES, DcgmAnswer, pick_devices, read_dcgm_samples
+from exporter.gpu.dcgm import (
+    FAMILIES,
+    FLEET_FIXES,
+    MAX_SAMPLES,
+    SIDECAR_FIXES,
+    DcgmAnswer,
+    pick_devices,
+    read_dcgm_samples,
+)
 from exporter.gpu.memory import gpu_views
 from exporter.gpu.model import GpuSnapshot
 from exporter.gpu.visibility import discover_gpu_visibility
@@ -26,12 +44,15 @@ from exporter.vllm.client import check_head, connection_refused
 from exporter.vllm.promtext import parse_exposition, wanted_families
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Collection, Sequence
 
     from exporter.core.views import GpuMemoryView
-    from exporter.gpu.dcgm import PodIdentity
+    from exporter.gpu.dcgm import PickFixes, PodIdentity
     from exporter.gpu.model import GpuSelector
     from exporter.gpu.visibility import GpuVisibility
+    from exporter.service.allowlist import ProbeTarget
+
+log = structlog.get_logger(__name__)
 
 # Exact names only: DCGM fields are gauges, and a DCGM_FI_DEV_FB_USED_total is something else.
 _WANTED: Final = wanted_families(FAMILIES, suffixes=())
@@ -51,6 +72,27 @@ def parse_dcgm_metrics(payload: bytes | str) -> DcgmAnswer:
         msg = f"more than {MAX_SAMPLES} memory series: not one node's dcgm-exporter"
         raise SourceError(DcgmReason.TOO_LARGE, msg)
     return read_dcgm_samples(exposition.samples)
+
+
+def answer_views(
+    answer: DcgmAnswer,
+    gpu_memory_utilization: float | None,
+    *,
+    explicit: Sequence[GpuSelector] = (),
+    pod: PodIdentity | None = None,
+    discovered: Callable[[], tuple[tuple[GpuSelector, ...], str]] | None = None,
+    where: str = "dcgm-exporter",
+    fixes: PickFixes = SIDECAR_FIXES,
+) -> tuple[tuple[GpuMemoryView, ...], SourceError | None]:
+    """Views of the pod's GPUs in a parsed answer (:func:`pick_devices`), and the failure if any.
+
+    The one way from an answer to views, for the sidecar's source and fleet mode's alike.
+    """
+    picked, failure = pick_devices(
+        answer, explicit=explicit, pod=pod, discovered=discovered, where=where, fixes=fixes
+    )
+    snapshot = GpuSnapshot(gpus=tuple(device.reading() for device in picked))
+    return gpu_views(snapshot, None, gpu_memory_utilization), failure
 
 
 class DcgmFetcher:
@@ -196,17 +238,195 @@ class DcgmGpuSource:
             answer = parse_dcgm_metrics(self._fetch())
         except SourceError as exc:
             return (), exc
-        picked, failure = pick_devices(
+        return answer_views(
             answer,
+            gpu_memory_utilization,
             explicit=self._explicit,
             pod=self._pod,
             discovered=self._discovered if self._from_process else None,
             where=self._where,
         )
-        snapshot = GpuSnapshot(gpus=tuple(device.reading() for device in picked))
-        return gpu_views(snapshot, None, gpu_memory_utilization), failure
 
     def close(self) -> None:
         """Close the HTTP client."""
         if self._close is not None:
             self._close()
+
+
+# --------------------------------------------------------------------------------------------
+# Fleet mode: one answer per node, shared by its targets
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmRequest:
+    """What a fleet probe names for its target's GPUs: its node's dcgm-exporter and its pod.
+
+    Part of the target's identity: the same vLLM URL named with another pod is another target,
+    whose GPU figures never mix with the first's.
+    """
+
+    endpoint: ProbeTarget
+    pod: PodIdentity
+
+    @property
+    def url(self) -> str:
+        """The dcgm-exporter URL, normalised (the shared answers' key)."""
+        return self.endpoint.url
+
+
+#: Bytes one device of a held answer is counted for, besides its strings (a slotted
+#: dataclass, its floats, its tuple slot and its pods' set).
+DEVICE_BYTES: Final = 512
+#: Bytes one pod of a device is counted for, besides its name and namespace.
+POD_BYTES: Final = 160
+
+
+def answer_bytes(answer: DcgmAnswer | SourceError) -> int:
+    """What a held answer is counted for: an estimate of its memory, from its devices' strings.
+
+    An answer's devices are bounded by count (:data:`~exporter.gpu.dcgm.MAX_SAMPLES`) but not
+    by the length of their labels: the estimate bounds what many answers hold together.
+    """
+    if isinstance(answer, SourceError):
+        return DEVICE_BYTES + len(str(answer))
+    total = 0
+    for device in answer.devices:
+        total += DEVICE_BYTES + len(device.uuid) + len(device.model_name)
+        total += len(device.instance or "") + len(device.profile or "")
+        total += sum(POD_BYTES + len(p.name) + len(p.namespace) for p in device.pods)
+    return total
+
+
+class SharedDcgmAnswers:
+    """dcgm-exporter answers in fleet mode, shared by the targets of one node.
+
+    The vLLM pods of a node name one dcgm-exporter: each URL is read at most once per
+    ``max_age_seconds`` (a failure too: a dead exporter costs one read per period, not one
+    per target), probes asking while a read runs share it, and at most ``max_entries`` URLs
+    and ``max_bytes`` of parsed answers (:func:`answer_bytes`) are held, the oldest read
+    forgotten first (the fleet also drops those no remembered target names: :meth:`retain`).
+    ``fetch`` does the bounded, pinned read. Used from the event loop; :meth:`latest` also
+    from the pollers' GPU threads (one dictionary look-up).
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[str], Awaitable[bytes]],
+        *,
+        max_age_seconds: float,
+        max_entries: int,
+        max_bytes: int = 8 * 2**20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self._max_age = max_age_seconds
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._answers: OrderedDict[str, tuple[float, DcgmAnswer | SourceError]] = OrderedDict()
+        #: answer_bytes of each held answer, and their sum.
+        self._sizes: dict[str, int] = {}
+        self.held_bytes = 0
+        self._pending: dict[str, asyncio.Task[None]] = {}
+        #: Reads made (not answered from what is held), for tests and logs.
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    async def refresh(self, url: str) -> None:
+        """Read ``url`` unless an answer younger than ``max_age_seconds`` is held. Never raises.
+
+        The read is a task of its own, started in the caller's context (the route its probe
+        checked): a probe that gives up leaves it running for the others.
+        """
+        held = self._answers.get(url)
+        if held is not None and self._clock() - held[0] < self._max_age:
+            return
+        task = self._pending.get(url)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._read(url))
+            self._pending[url] = task
+            task.add_done_callback(lambda _: self._pending.pop(url, None))
+            self.reads += 1
+        await asyncio.shield(task)
+
+    async def _read(self, url: str) -> None:
+        shown = f"dcgm-exporter {redact_url(url)}"
+        result: DcgmAnswer | SourceError
+        try:
+            result = parse_dcgm_metrics(await self._fetch(url))
+        except SourceError as exc:
+            result = SourceError(exc.reason, f"{shown}: {exc}")
+        except Exception as exc:  # a bug must not end the probes: one traceback, then data
+            log.exception("dcgm_read_crashed", url=redact_url(url))
+            result = SourceError(DcgmReason.CALL_FAILED, f"{shown}: {type(exc).__name__}")
+        size = answer_bytes(result)
+        if size > self._max_bytes:
+            result = SourceError(
+                DcgmReason.TOO_LARGE,
+                f"{shown}: its memory series take more than the {self._max_bytes} bytes all "
+                "held answers may: not one node's dcgm-exporter",
+            )
+            size = answer_bytes(result)
+        self._forget(url)
+        self._answers[url] = (self._clock(), result)
+        self._sizes[url] = size
+        self.held_bytes += size
+        while len(self._answers) > self._max_entries or self.held_bytes > self._max_bytes:
+            self._forget(next(iter(self._answers)))
+
+    def _forget(self, url: str) -> None:
+        if self._answers.pop(url, None) is not None:
+            self.held_bytes -= self._sizes.pop(url)
+
+    def latest(self, url: str) -> DcgmAnswer | SourceError | None:
+        """The latest answer read from ``url`` (or why it failed); None before the first."""
+        held = self._answers.get(url)
+        return None if held is None else held[1]
+
+    def retain(self, urls: Collection[str]) -> None:
+        """Forget the answers of every URL but ``urls`` (those the remembered targets name)."""
+        for url in [u for u in self._answers if u not in urls]:
+            self._forget(url)
+
+
+class FleetDcgmSource:
+    """A fleet target's GPU source: its pod's GPUs in its node's shared dcgm-exporter answer.
+
+    The fleet refreshes the answer (pinned to the addresses its probe checked) before each
+    poll; picking the pod's GPUs here is CPU only. Without a request (the probe named no
+    dcgm-exporter), every read fails with ``not_given``.
+    """
+
+    #: The ``source`` label of its health gauges.
+    source: Final = "dcgm"
+
+    def __init__(self, answers: SharedDcgmAnswers, request: DcgmRequest | None) -> None:
+        self._answers = answers
+        self._request = request
+
+    def read(
+        self, gpu_memory_utilization: float | None
+    ) -> tuple[tuple[GpuMemoryView, ...], SourceError | None]:
+        """Views of the target's GPUs, and the failure if any. Never raises a SourceError."""
+        request = self._request
+        if request is None:
+            return (), SourceError(
+                DcgmReason.NOT_GIVEN,
+                "the probe named no dcgm-exporter: give /probe the dcgm=, pod= and namespace= "
+                "parameters (the chart's fleet discovery does with gpu.source=dcgm)",
+            )
+        where = f"dcgm-exporter {redact_url(request.url)} (pod {request.pod})"
+        latest = self._answers.latest(request.url)
+        if latest is None:
+            return (), SourceError(DcgmReason.TIMEOUT, f"{where} has not answered yet")
+        if isinstance(latest, SourceError):
+            return (), latest
+        return answer_views(
+            latest, gpu_memory_utilization, pod=request.pod, where=where, fixes=FLEET_FIXES
+        )
+
+    def close(self) -> None:
+        """Nothing to release: the shared answers are the fleet's."""

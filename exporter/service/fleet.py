@@ -17,6 +17,14 @@ A probe connects only to the addresses it checked: the poll runs within a
 pinned), so a name that resolves otherwise by the time of the connection (DNS rebinding) cannot
 lead a request elsewhere. Whether the bearer token goes with the requests is decided by the same
 probe, for the same addresses (``bearer_token_targets``), never once for a target's lifetime.
+
+With ``gpu_source=dcgm`` a probe may also name its target's pod and the dcgm-exporter of that
+pod's node (``dcgm``, ``pod`` and ``namespace`` parameters, which Prometheus's relabelling
+knows). That URL is checked exactly as a target is (allowlist, forbidden addresses, the same
+resolver, a pinned route), is never sent the bearer token, and its answer is read within the
+fleet's answer budget, once per poll interval for all the targets of its node
+(:class:`~exporter.service.dcgm.SharedDcgmAnswers`). The parameters are part of the target's
+identity: the same URL named with another pod is another target.
 """
 
 from __future__ import annotations
@@ -31,21 +39,25 @@ from typing import TYPE_CHECKING
 import structlog
 
 from exporter.core.reasons import ProbeOutcome
+from exporter.gpu.dcgm import PodIdentity, check_kubernetes_name
 from exporter.service.allowlist import (
     AllowlistError,
     canonical_address,
     is_allowed,
+    parse_endpoint,
     parse_target,
 )
+from exporter.service.dcgm import DcgmRequest, FleetDcgmSource
 from exporter.service.resolver import BoundedResolver, Lookup
 from exporter.vllm.client import Route, routed
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from exporter.core.views import TargetView
     from exporter.service.allowlist import AllowEntry, IPAddress, ProbeTarget
-    from exporter.service.poller import TargetPoller
+    from exporter.service.dcgm import SharedDcgmAnswers
+    from exporter.service.poller import GpuSource, TargetPoller
 
 log = structlog.get_logger(__name__)
 
@@ -81,12 +93,45 @@ class Ticket:
 
     target: ProbeTarget
     client: str
+    #: The target's pod and its node's dcgm-exporter, when the probe named them.
+    gpu: DcgmRequest | None = None
+
+
+#: The probe parameters that name a target's GPUs (``gpu_source=dcgm``), given together.
+GPU_PARAMS = ("dcgm", "pod", "namespace")
+
+
+def parse_gpu_params(params: Mapping[str, str]) -> DcgmRequest | None:
+    """The ``dcgm``, ``pod`` and ``namespace`` parameters of a probe; AllowlistError if bad.
+
+    None when none is given. All three or none: a dcgm-exporter lists every GPU of its node,
+    and only the pod tells which are the target's.
+    """
+    given = {name: params[name] for name in GPU_PARAMS if params.get(name)}
+    if not given:
+        return None
+    missing = [name for name in GPU_PARAMS if name not in given]
+    if missing:
+        msg = f"give dcgm=, pod= and namespace= together (missing {', '.join(missing)})"
+        raise AllowlistError(msg)
+    try:
+        endpoint = parse_endpoint(given["dcgm"])
+    except AllowlistError as exc:
+        raise AllowlistError(f"dcgm {exc}") from None
+    names = []
+    for name in ("pod", "namespace"):
+        try:
+            names.append(check_kubernetes_name(given[name]))
+        except ValueError as exc:
+            raise AllowlistError(f"{name} {exc}") from None
+    return DcgmRequest(endpoint, PodIdentity(names[0], names[1]))
 
 
 @dataclass(slots=True)
 class _Entry:
     poller: TargetPoller
     last_probe: float
+    gpu: DcgmRequest | None = None
 
 
 class Fleet:
@@ -96,7 +141,7 @@ class Fleet:
         self,
         *,
         allowlist: Sequence[AllowEntry],
-        make_poller: Callable[[ProbeTarget], TargetPoller],
+        make_poller: Callable[[ProbeTarget, GpuSource | None], TargetPoller],
         max_targets: int,
         ttl_seconds: float,
         resolver: BoundedResolver | None = None,
@@ -104,8 +149,10 @@ class Fleet:
         max_in_flight: int = 48,
         max_per_client: int = 32,
         max_per_target: int = 4,
+        dcgm: SharedDcgmAnswers | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``dcgm``: the shared dcgm-exporter answers (``gpu_source=dcgm``); None: no GPUs."""
         self._allowlist = tuple(allowlist)
         self._make_poller = make_poller
         self._max_targets = max_targets
@@ -115,8 +162,10 @@ class Fleet:
         self._max_in_flight = max_in_flight
         self._max_per_client = max_per_client
         self._max_per_target = max_per_target
+        self._dcgm = dcgm
         self._clock = clock
-        self._targets: OrderedDict[str, _Entry] = OrderedDict()
+        #: By target URL and what the probe named for its GPUs (part of its identity).
+        self._targets: OrderedDict[tuple[str, DcgmRequest | None], _Entry] = OrderedDict()
         # enter() and leave() run on HTTP threads, probe() on the event loop: one lock for the
         # counts they share.
         self._lock = threading.Lock()
@@ -150,13 +199,30 @@ class Fleet:
         with self._lock:
             self._outcomes[outcome] += 1
 
-    def enter(self, target: str, client: str) -> Ticket | Refusal:
-        """Admit a probe into the limits (no I/O: on the HTTP thread), or refuse it."""
+    def enter(
+        self, target: str, client: str, params: Mapping[str, str] | None = None
+    ) -> Ticket | Refusal:
+        """Admit a probe into the limits (no I/O: on the HTTP thread), or refuse it.
+
+        ``params``: the probe's other parameters (:data:`GPU_PARAMS`).
+        """
         try:
             parsed = parse_target(target)
         except AllowlistError as exc:
             self._count(ProbeOutcome.BAD_TARGET)
             return Refusal(ProbeOutcome.BAD_TARGET, f"Bad target: {exc}.")
+        try:
+            gpu = parse_gpu_params(params or {})
+        except AllowlistError as exc:
+            self._count(ProbeOutcome.BAD_TARGET)
+            return Refusal(ProbeOutcome.BAD_TARGET, f"Bad GPU parameters: {exc}.")
+        if gpu is not None and self._dcgm is None:
+            self._count(ProbeOutcome.BAD_TARGET)
+            return Refusal(
+                ProbeOutcome.BAD_TARGET,
+                "Bad GPU parameters: dcgm=, pod= and namespace= are read only with "
+                "gpu_source=dcgm; set it, or stop sending them.",
+            )
         with self._lock:
             full = (
                 self._in_flight >= self._max_in_flight
@@ -173,7 +239,7 @@ class Fleet:
             self._in_flight += 1
             self._per_client[client] += 1
             self._per_target[parsed.url] += 1
-            admitted = Ticket(parsed, client)
+            admitted = Ticket(parsed, client, gpu)
             self._admitted.add(admitted)
         return admitted
 
@@ -195,12 +261,13 @@ class Fleet:
     async def probe(self, ticket: Ticket, timeout_seconds: float) -> TargetView | Refusal:
         """Check an admitted target's addresses, then poll it once, within ``timeout_seconds``."""
         try:
-            return await asyncio.wait_for(self._probe(ticket.target), timeout=timeout_seconds)
+            return await asyncio.wait_for(self._probe(ticket), timeout=timeout_seconds)
         except TimeoutError:
             self._count(ProbeOutcome.TIMEOUT)
             return Refusal(ProbeOutcome.TIMEOUT, "The probe timed out.")
 
-    async def _probe(self, target: ProbeTarget) -> TargetView | Refusal:
+    async def _check(self, target: ProbeTarget, what: str) -> tuple[IPAddress, ...] | Refusal:
+        """The addresses ``target`` may be reached at (resolved, allowed), or the refusal."""
         addresses: Sequence[IPAddress] = ()
         literal = target.address
         if literal is None:
@@ -215,37 +282,62 @@ class Fleet:
         if not allowed:
             outcome = ProbeOutcome(f"denied_{reason}")
             self._count(outcome)
-            log.warning("probe_denied", reason=reason, host=target.host, port=target.port)
-            return Refusal(outcome, f"Target not allowed ({reason.replace('_', ' ')}).")
+            log.warning(
+                "probe_denied", reason=reason, host=target.host, port=target.port, what=what
+            )
+            return Refusal(outcome, f"{what} not allowed ({reason.replace('_', ' ')}).")
+        return (literal,) if literal is not None else tuple(addresses)
+
+    async def _probe(self, ticket: Ticket) -> TargetView | Refusal:
+        target, gpu = ticket.target, ticket.gpu
+        addresses = await self._check(target, "Target")
+        if isinstance(addresses, Refusal):
+            return addresses
+        dcgm_route: Route | None = None
+        if gpu is not None:
+            checked = await self._check(gpu.endpoint, "The dcgm URL")
+            if isinstance(checked, Refusal):
+                return checked
+            # Never the token: the dcgm URL is chosen by whoever can reach /probe.
+            dcgm_route = Route(addresses=checked, send_token=False)
         # A probe target is chosen by whoever can reach /probe: it must not harvest vLLM's API
         # key unless a setting binds the token to it, for the addresses this probe checked.
         route = Route(
-            addresses=(literal,) if literal is not None else tuple(addresses),
+            addresses=addresses,
             send_token=is_allowed(target, self._token_targets, addresses)[0],
         )
-        entry = self._entry(target)
+        entry = self._entry(target, gpu)
+        if self._dcgm is not None and gpu is not None and dcgm_route is not None:
+            with routed(dcgm_route):
+                await self._dcgm.refresh(gpu.url)
         with routed(route):
             view = await entry.poller.poll_once()
         self._count(ProbeOutcome.OK)
         return view
 
-    def _entry(self, target: ProbeTarget) -> _Entry:
+    def _entry(self, target: ProbeTarget, gpu: DcgmRequest | None) -> _Entry:
         """The target's poller (made on its first probe); forget the stale and the excess."""
         now = self._clock()
-        entry = self._targets.get(target.url)
+        key = (target.url, gpu)
+        entry = self._targets.get(key)
         if entry is None:
-            entry = _Entry(self._make_poller(target), now)
-            self._targets[target.url] = entry
+            gpus = FleetDcgmSource(self._dcgm, gpu) if self._dcgm is not None else None
+            entry = _Entry(self._make_poller(target, gpus), now, gpu)
+            self._targets[key] = entry
         entry.last_probe = now
-        self._targets.move_to_end(target.url)
+        self._targets.move_to_end(key)
+        forgot = False
         while self._targets:
-            url, oldest = next(iter(self._targets.items()))
+            (url, _), oldest = next(iter(self._targets.items()))
             if len(self._targets) <= self._max_targets and oldest.last_probe >= now - self._ttl:
                 break
-            del self._targets[url]
+            self._targets.popitem(last=False)
+            forgot = True
             with self._lock:
                 self._evictions += 1
             log.info("probe_target_forgotten", target=url)
+        if forgot and self._dcgm is not None:
+            self._dcgm.retain({e.gpu.url for e in self._targets.values() if e.gpu is not None})
         return entry
 
     def close(self) -> None:

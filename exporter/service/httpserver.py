@@ -50,7 +50,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
     from pathlib import Path
 
     from prometheus_client.registry import Collector
@@ -89,6 +89,9 @@ class ProbeAnswer:
 #: Variants (format and compression) of one rendering kept at most: a client picks the format
 #: by its Accept header, whose version strings are free text.
 MAX_CACHED_VARIANTS = 8
+#: The ``/probe`` parameters passed on besides ``target``, each at most once: the target's pod
+#: and its node's dcgm-exporter (fleet mode with gpu_source=dcgm; checked by the fleet).
+PROBE_PARAMS = ("dcgm", "pod", "namespace")
 
 
 class CachedExposition:
@@ -176,7 +179,7 @@ class HeadroomApp:
         registry: Collector,
         ready: Callable[[], tuple[bool, str]],
         landing: Callable[[], str],
-        probe: Callable[[str, float | None, str], ProbeAnswer] | None = None,
+        probe: Callable[[str, float | None, str, Mapping[str, str]], ProbeAnswer] | None = None,
         metrics: Callable[[Environ, StartResponse], Iterable[bytes]] | None = None,
     ) -> None:
         #: ``/metrics``: prometheus_client's app over ``registry`` unless given (cached).
@@ -239,8 +242,16 @@ class HeadroomApp:
         targets = params.get("target", [])
         if len(targets) != 1 or not targets[0]:
             return _text(start_response, "400 Bad Request", "Give exactly one ?target=URL.\n")
+        extra: dict[str, str] = {}
+        for name in PROBE_PARAMS:
+            given = params.get(name, [])
+            if len(given) > 1:
+                return _text(start_response, "400 Bad Request", f"Give at most one ?{name}=.\n")
+            if given:
+                extra[name] = given[0]
         scrape_timeout = _scrape_timeout(environ.get("HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"))
-        answer = self._probe(targets[0], scrape_timeout, str(environ.get("REMOTE_ADDR", "")))
+        client = str(environ.get("REMOTE_ADDR", ""))
+        answer = self._probe(targets[0], scrape_timeout, client, extra)
         if answer.registry is None:
             return _text(start_response, answer.status, f"{answer.message}\n")
         inner = dict(environ)

@@ -22,6 +22,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from exporter.boundedread import FileReadError, read_bounded
 from exporter.errors import UsageError
+from exporter.gpu.dcgm import check_kubernetes_name
 from exporter.gpu.model import IndexSelector, UuidSelector
 from exporter.gpu.visibility import GpuSelectorError, parse_gpu_selectors, parse_selector
 from exporter.service.allowlist import AllowlistError, check_url, parse_allowlist, redact_url
@@ -238,7 +239,8 @@ class Settings(BaseSettings):
         default=GpuSourceKind.NVML,
         description=(
             "Where to read vLLM's GPU memory: nvml (in the sidecar, on the GPUs gpu_discovery "
-            "finds), dcgm (the node's dcgm-exporter at dcgm_url; sidecar mode only) or none."
+            "finds), dcgm (the node's dcgm-exporter at dcgm_url; in fleet mode the one each "
+            "probe names) or none."
         ),
     )
     dcgm_url: str | None = Field(
@@ -246,7 +248,8 @@ class Settings(BaseSettings):
         description=(
             "gpu_source=dcgm: the /metrics URL of the dcgm-exporter on vLLM's node, e.g. "
             "http://$(NODE_IP):9400/metrics (the chart sets it). Read on every poll, within "
-            "poll_timeout_seconds and 8 MiB."
+            "poll_timeout_seconds and 8 MiB. Sidecar mode only: in fleet mode each probe's "
+            "dcgm= parameter names it."
         ),
     )
     pod_name: str | None = Field(
@@ -337,13 +340,7 @@ class Settings(BaseSettings):
     @field_validator("pod_name", "pod_namespace", "node_name")
     @classmethod
     def _kubernetes_name(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        text = value.strip()
-        if not text or len(text) > 253 or not all(c.isalnum() or c in "-." for c in text):
-            msg = "is not a Kubernetes name (lower-case letters, digits, '-' and '.')"
-            raise ValueError(msg)
-        return text
+        return None if value is None else check_kubernetes_name(value)
 
     @field_validator("listen_address")
     @classmethod
@@ -503,12 +500,13 @@ class Settings(BaseSettings):
                 raise ValueError(msg)
             return
         if self.mode is Mode.FLEET:
-            msg = (
-                "gpu_source=dcgm works in sidecar mode only: fleet mode cannot tell which GPUs "
-                "of which node are each target's; set gpu_source=none and gpu_memory_bytes"
-            )
-            raise ValueError(msg)
-        if self.dcgm_url is None:
+            if self.dcgm_url is not None:
+                msg = (
+                    "in fleet mode each probe names its target's dcgm-exporter (the dcgm=, pod= "
+                    f"and namespace= parameters): unset dcgm_url ({env_name('dcgm_url')})"
+                )
+                raise ValueError(msg)
+        elif self.dcgm_url is None:
             msg = (
                 f"gpu_source=dcgm needs dcgm_url ({env_name('dcgm_url')}): the /metrics URL of "
                 "the dcgm-exporter on vLLM's node, e.g. http://$(NODE_IP):9400/metrics"

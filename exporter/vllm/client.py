@@ -383,6 +383,11 @@ class VllmClient:
             )
         return body
 
+    async def fetch_text(self, path: str) -> bytes:
+        """``GET path`` within the bounds of ``/metrics`` (fleet mode: a dcgm-exporter's)."""
+        body, _ = await self._get(path, max_bytes=self._max_bytes)
+        return body
+
     async def _json(self, path: str) -> Any:
         body, _ = await self._get(path, max_bytes=1024 * 1024)
         try:

@@ -109,13 +109,13 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("gpu_source", {"HEADROOM_GPU_SOURCE": "dcgm-exporter"}, "'nvml', 'dcgm' or 'none'"),
     ("gpu_source", {"HEADROOM_GPU_SOURCE": "dcgm"}, "needs dcgm_url"),
     (
-        "gpu_source",
+        "dcgm_url",
         {
             "HEADROOM_GPU_SOURCE": "dcgm",
             "HEADROOM_MODE": "fleet",
             "HEADROOM_DCGM_URL": "http://n:9400/metrics",
         },
-        "sidecar mode only",
+        "each probe names its target's dcgm-exporter",
     ),
     (
         "dcgm_url",

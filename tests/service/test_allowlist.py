@@ -10,6 +10,7 @@ from exporter.service.allowlist import (
     AllowlistError,
     is_allowed,
     parse_allowlist,
+    parse_endpoint,
     parse_entry,
     parse_target,
 )
@@ -85,6 +86,7 @@ def test_a_name_resolving_to_the_metadata_address_is_refused() -> None:
         ("http://10.0.0.1:8000/admin", "path"),
         ("http://10.0.0.1:99999", "port"),
         ("http://:8000", "host"),
+        ("http://[::1:8000", "not a URL"),
     ],
 )
 def test_targets_other_than_plain_http_base_urls_are_rejected(target: str, problem: str) -> None:
@@ -181,3 +183,33 @@ def test_an_entry_port_of_non_ascii_digits_is_refused_not_a_crash(port: str) -> 
     """Digits Python's int() reads (superscripts, Arabic-Indic) are not ports: a clear error."""
     with pytest.raises(AllowlistError, match="port must be a number"):
         parse_entry(f"10.0.0.1:{port}")
+
+
+def test_an_endpoint_keeps_its_path_and_is_normalised_like_a_target() -> None:
+    """A dcgm-exporter URL: host and port as a target's, the path kept (/metrics by default)."""
+    assert parse_endpoint("http://10.0.0.7:9400/metrics").url == "http://10.0.0.7:9400/metrics"
+    assert parse_endpoint("HTTP://[::FFFF:10.0.0.7]:9400").url == "http://10.0.0.7:9400/metrics"
+    assert parse_endpoint("https://dcgm.node.local/m").url == "https://dcgm.node.local:443/m"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("ftp://10.0.0.7/metrics", "http"),
+        ("10.0.0.7:9400/metrics", "http"),
+        ("http://u:p@10.0.0.7:9400/metrics", "credentials"),
+        ("http://10.0.0.7:9400/metrics?x=1", "query"),
+        ("http://10.0.0.7:9400/../admin", "path"),
+        ("http://10.0.0.7:9400/m%65trics", "path"),
+        ("http://10.0.0.7:9400/" + "m" * 300, "path"),
+        ("http://127.1:9400/metrics", "non-standard"),
+        ("http://10.0.0.7:0/metrics", "port"),
+        ("http://[::1/metrics", "not a URL"),
+    ],
+)
+def test_an_endpoint_other_than_a_plain_http_url_is_rejected_naming_why(
+    url: str, problem: str
+) -> None:
+    """What a probe parameter may not be: another scheme, credentials, a query, an odd path."""
+    with pytest.raises(AllowlistError, match=problem):
+        parse_endpoint(url)

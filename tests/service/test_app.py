@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import time
 from typing import TYPE_CHECKING
 
@@ -10,14 +12,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core.reasons import AnswerRefusal
-from exporter.service.app import response_memory_bytes, window_memory_bytes
+from exporter.errors import SourceError
+from exporter.service.app import fleet_dcgm_answers, response_memory_bytes, window_memory_bytes
 from exporter.service.settings import Settings
+from exporter.testing.fakevllm import FakeVllm
 from exporter.testing.processes import ExporterThread
+from exporter.vllm.client import ResponseBudget, Route, routed
+from tests.dcgm import DCGM, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-    from exporter.testing.fakevllm import FakeVllm
 
 
 @pytest.fixture
@@ -141,3 +145,83 @@ def test_the_sidecar_renders_metrics_once_per_poll(static_vllm: FakeVllm) -> Non
         )
     finally:
         running.stop()
+
+
+def test_fleet_mode_reads_each_targets_gpus_from_the_dcgm_exporter_its_probe_names(
+    static_vllm: FakeVllm,
+) -> None:
+    """gpu_source=dcgm in fleet mode, over real sockets: the pod's GPUs, one read, no token.
+
+    The token is bound to 127.0.0.0/8, which holds the dcgm-exporter too: vLLM gets it, the
+    dcgm-exporter never. A probe without the parameters reads as not_given; a dcgm URL outside
+    the allowlist is refused.
+    """
+    settings = {
+        "mode": "fleet",
+        "probe_allowlist": "127.0.0.0/8",
+        "gpu_source": "dcgm",
+        "bearer_token": "s3cret",
+        "bearer_token_targets": "127.0.0.0/8",
+        "poll_interval_seconds": 60.0,
+    }
+    with FakeVllm(payload=(DCGM / V4_MAPPED).read_bytes()) as dcgm:
+        running = ExporterThread(settings)
+        try:
+            params = {
+                "target": static_vllm.url,
+                "dcgm": f"{dcgm.url}/metrics",
+                "pod": VLLM_POD.name,
+                "namespace": VLLM_POD.namespace,
+            }
+            first = httpx.get(f"{running.url}/probe", params=params)
+            again = httpx.get(f"{running.url}/probe", params=params)
+            bare = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
+            outside = httpx.get(
+                f"{running.url}/probe", params={**params, "dcgm": "http://10.9.9.9:9400/metrics"}
+            )
+        finally:
+            running.stop()
+    for answer in (first, again):
+        assert answer.status_code == 200
+        assert 'headroom_source_up{source="dcgm"} 1.0' in answer.text
+        assert f'uuid="{GPU2}"' in answer.text
+        assert f'uuid="{GPU5}"' in answer.text
+        assert f'uuid="{GPU0}"' not in answer.text  # another pod's GPU on that node
+    assert dcgm.counts.requests == {"/metrics": 1}
+    assert dcgm.counts.authorizations == set()
+    assert static_vllm.counts.authorizations == {"Bearer s3cret"}
+    assert bare.status_code == 200
+    assert 'headroom_source_errors_total{reason="not_given",source="dcgm"} 1.0' in bare.text
+    assert "headroom_gpu_memory_total_bytes{" not in bare.text
+    assert outside.status_code == 403
+    assert outside.text == "The dcgm URL not allowed (not in allowlist).\n"
+
+
+def test_a_dcgm_answer_is_read_pinned_and_within_the_fleets_answer_budget() -> None:
+    """The fleet's read of a dcgm-exporter holds its bytes in the shared answer budget.
+
+    With a budget smaller than the answer, the read is refused over its share and counted,
+    as a vLLM answer would be; with room, it is read at the checked address only.
+    """
+    settings = Settings(mode="fleet", gpu_source="dcgm")
+    payload = (DCGM / V4_MAPPED).read_bytes()
+
+    async def read(budget: ResponseBudget, url: str) -> object:
+        async with httpx.AsyncClient(trust_env=False) as http:
+            answers = fleet_dcgm_answers(settings, http, budget)
+            assert answers is not None
+            with routed(Route(addresses=(ipaddress.ip_address("127.0.0.1"),), send_token=False)):
+                await answers.refresh(url)
+            return answers.latest(url)
+
+    with FakeVllm(payload=payload) as dcgm:
+        # A name: the route, not a lookup of it, says where to connect.
+        url = f"http://dcgm.invalid:{dcgm.port}/metrics"
+        small = ResponseBudget(len(payload) // 2)
+        refused = asyncio.run(read(small, url))
+        assert isinstance(refused, SourceError)
+        assert refused.reason == "too_large"
+        assert small.refusals[AnswerRefusal.OVER_SHARE] == 1
+        roomy = ResponseBudget(len(payload) * 2)
+        assert not isinstance(asyncio.run(read(roomy, url)), SourceError)
+        assert roomy.in_use == 0  # given back once parsed

@@ -1,27 +1,33 @@
-"""Specification of fleet mode's probes: limits, address checks, pollers, bounds and timeouts."""
+"""Specification of fleet mode's probes: limits, address checks, pollers, bounds and timeouts.
+
+And, with gpu_source=dcgm, the GPU parameters a probe names its target's GPUs by.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.core.reasons import ProbeOutcome
+from exporter.core.reasons import DcgmReason, ProbeOutcome
 from exporter.core.views import TargetView
 from exporter.service.allowlist import parse_allowlist
+from exporter.service.dcgm import SharedDcgmAnswers
 from exporter.service.fleet import Fleet, Refusal, Ticket
 from exporter.service.resolver import BoundedResolver
 from exporter.vllm.client import Route, current_route
+from tests.dcgm import DCGM, EMBED_POD, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
 from tests.service.test_allowlist import LOOPBACK_V6_SPELLINGS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from exporter.service.allowlist import IPAddress, ProbeTarget
+    from exporter.service.poller import GpuSource
 
     #: The ``make_fleet`` fixture's factory (keywords of :class:`Fleet` and the fakes).
     MakeFleet = Callable[..., Fleet]
@@ -45,8 +51,9 @@ class FakePoller:
     It records the route each poll ran within: where a pinned client would have connected.
     """
 
-    def __init__(self, target: ProbeTarget, *, hangs: bool) -> None:
+    def __init__(self, target: ProbeTarget, gpus: GpuSource | None, *, hangs: bool) -> None:
         self.target = target
+        self.gpus = gpus
         self.hangs = hangs
         self.polls = 0
         self.routes: list[Route | None] = []
@@ -67,8 +74,8 @@ class Pollers:
         self.hangs = hangs
         self.made: list[FakePoller] = []
 
-    def __call__(self, target: ProbeTarget) -> FakePoller:
-        poller = FakePoller(target, hangs=self.hangs)
+    def __call__(self, target: ProbeTarget, gpus: GpuSource | None) -> FakePoller:
+        poller = FakePoller(target, gpus, hangs=self.hangs)
         self.made.append(poller)
         return poller
 
@@ -128,6 +135,7 @@ def make_fleet() -> Iterator[MakeFleet]:
         max_targets: int = 10,
         ttl_seconds: float = 600.0,
         token_targets: tuple[str, ...] = (),
+        dcgm: SharedDcgmAnswers | None = None,
         **limits: int,
     ) -> Fleet:
         fleet = Fleet(
@@ -138,6 +146,7 @@ def make_fleet() -> Iterator[MakeFleet]:
             resolver=resolver or BoundedResolver(resolve=resolve or Resolve()),
             token_targets=parse_allowlist(token_targets),
             clock=clock or Clock(),
+            dcgm=dcgm,
             **limits,
         )
         fleets.append(fleet)
@@ -596,3 +605,218 @@ def test_twelve_spellings_of_one_address_share_its_limit_and_its_poller(
         probe(fleet, spelling)
     assert pollers.urls == ["http://[::1]:80"]
     assert pollers.made[0].polls == len(LOOPBACK_V6_SPELLINGS)
+
+
+# --- the target's GPUs: dcgm=, pod=, namespace= (gpu_source=dcgm) -------------------------------
+
+NODE = "http://10.0.3.7:9400/metrics"
+GPU_PARAMS = {"dcgm": NODE, "pod": VLLM_POD.name, "namespace": VLLM_POD.namespace}
+
+
+class DcgmReads:
+    """The injected dcgm-exporter read: the fixture's answer; every URL and its route noted."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, Route | None]] = []
+
+    async def __call__(self, url: str) -> bytes:
+        self.reads.append((url, current_route()))
+        return (DCGM / V4_MAPPED).read_bytes()
+
+    @property
+    def urls(self) -> list[str]:
+        """The URLs read, in order."""
+        return [url for url, _ in self.reads]
+
+
+def dcgm_fleet(
+    make_fleet: MakeFleet, reads: DcgmReads, *, clock: Clock | None = None, **kw: Any
+) -> Fleet:
+    """A fleet with gpu_source=dcgm over ``reads`` (answers held 5 s on ``clock``)."""
+    clock = clock or Clock()
+    answers = SharedDcgmAnswers(reads, max_age_seconds=5.0, max_entries=10, clock=clock)
+    return make_fleet(dcgm=answers, clock=clock, **kw)
+
+
+def gpu_probe(fleet: Fleet, target: str, params: dict[str, str]) -> TargetView | Refusal:
+    """Probe ``target`` with GPU parameters (it must be admitted)."""
+    admitted = fleet.enter(target, CLIENT, params)
+    assert isinstance(admitted, Ticket), admitted
+    try:
+        return asyncio.run(fleet.probe(admitted, 5.0))
+    finally:
+        fleet.leave(admitted)
+
+
+def read_gpus(poller: FakePoller) -> tuple[list[str], str | None]:
+    """The UUIDs of the GPUs its source reads now, and the failure's reason."""
+    assert poller.gpus is not None
+    views, failure = poller.gpus.read(0.9)
+    return sorted(v.uuid for v in views), failure.reason if failure else None
+
+
+def test_a_probe_with_gpu_parameters_gets_its_pods_gpus_from_its_nodes_exporter(
+    make_fleet: MakeFleet,
+) -> None:
+    """The node's answer is read (pinned to its address, never the token), the pod's GPUs picked."""
+    pollers, reads = Pollers(), DcgmReads()
+    fleet = dcgm_fleet(
+        make_fleet, reads, pollers=pollers, clock=Clock(), token_targets=("10.0.0.0/8",)
+    )
+    assert isinstance(gpu_probe(fleet, "10.1.2.3:8000", GPU_PARAMS), TargetView)
+    assert reads.reads == [(NODE, Route(addresses=(ip("10.0.3.7"),), send_token=False))]
+    (poller,) = pollers.made
+    assert poller.routes == [Route(addresses=(ip("10.1.2.3"),), send_token=True)]
+    assert read_gpus(poller) == (sorted([GPU2, GPU5]), None)
+
+
+def test_targets_of_one_node_share_one_read_per_interval(make_fleet: MakeFleet) -> None:
+    """Two pods on one node, probed in turn: one read; after the poll interval, one more."""
+    clock, pollers, reads = Clock(), Pollers(), DcgmReads()
+    fleet = dcgm_fleet(make_fleet, reads, pollers=pollers, clock=clock)
+    embed = {**GPU_PARAMS, "pod": EMBED_POD.name}
+    gpu_probe(fleet, "10.1.2.3:8000", GPU_PARAMS)
+    gpu_probe(fleet, "10.1.2.4:8000", embed)
+    assert reads.urls == [NODE]
+    clock.now += 5.0
+    gpu_probe(fleet, "10.1.2.3:8000", GPU_PARAMS)
+    assert reads.urls == [NODE, NODE]
+    assert [read_gpus(p)[0] for p in pollers.made] == [sorted([GPU2, GPU5]), [GPU0]]
+
+
+def test_the_same_url_named_with_another_pod_is_another_target(make_fleet: MakeFleet) -> None:
+    """Pod and dcgm URL are part of the identity: each gets its own poller and GPUs, never mixed.
+
+    A probe without the parameters is a third target, whose GPUs read as not_given.
+    """
+    pollers = Pollers()
+    fleet = dcgm_fleet(make_fleet, DcgmReads(), pollers=pollers, clock=Clock())
+    gpu_probe(fleet, "10.1.2.3:8000", GPU_PARAMS)
+    gpu_probe(fleet, "10.1.2.3:8000", {**GPU_PARAMS, "pod": EMBED_POD.name})
+    gpu_probe(fleet, "10.1.2.3:8000", {})
+    gpu_probe(fleet, "10.1.2.3:8000", GPU_PARAMS)
+    assert fleet.target_count == 3
+    assert [p.polls for p in pollers.made] == [2, 1, 1]
+    assert [read_gpus(p) for p in pollers.made] == [
+        (sorted([GPU2, GPU5]), None),
+        ([GPU0], None),
+        ([], DcgmReason.NOT_GIVEN),
+    ]
+
+
+def test_a_forgotten_targets_node_answer_is_forgotten_with_it(make_fleet: MakeFleet) -> None:
+    """max_targets=1: the second node's target evicts the first, and the first node's answer."""
+    reads = DcgmReads()
+    answers = SharedDcgmAnswers(reads, max_age_seconds=5.0, max_entries=10)
+    fleet = make_fleet(dcgm=answers, max_targets=1)
+    gpu_probe(fleet, "10.1.2.3:8000", GPU_PARAMS)
+    gpu_probe(fleet, "10.1.2.4:8000", {**GPU_PARAMS, "dcgm": "http://10.0.3.8:9400/metrics"})
+    assert fleet.evictions == 1
+    assert answers.latest(NODE) is None
+    assert answers.latest("http://10.0.3.8:9400/metrics") is not None
+
+
+@pytest.mark.parametrize(
+    ("dcgm", "expected"),
+    [
+        ("http://192.168.7.7:9400/metrics", ProbeOutcome.DENIED_NOT_IN_ALLOWLIST),
+        ("http://169.254.169.254/latest/meta-data", ProbeOutcome.DENIED_FORBIDDEN_ADDRESS),
+        ("http://dcgm.node:9400/metrics", ProbeOutcome.DENIED_FORBIDDEN_ADDRESS),
+    ],
+    ids=["outside", "metadata", "name-to-metadata"],
+)
+def test_a_dcgm_url_the_allowlist_refuses_denies_the_probe_before_any_read(
+    make_fleet: MakeFleet, dcgm: str, expected: ProbeOutcome
+) -> None:
+    """The dcgm URL passes the targets' checks: 403, counted, logged, nothing read.
+
+    A name goes through the same resolver; the target itself is not polled either.
+    """
+    pollers, reads = Pollers(), DcgmReads()
+    resolve = Resolve({"dcgm.node": ["169.254.169.254"]})
+    fleet = dcgm_fleet(make_fleet, reads, pollers=pollers, resolve=resolve, clock=Clock())
+    admitted = ticket_with(fleet, "10.1.2.3:8000", {**GPU_PARAMS, "dcgm": dcgm})
+    with capture_logs() as logs:
+        refused = refusal(asyncio.run(fleet.probe(admitted, 5.0)))
+    assert (refused.outcome, refused.status) == (expected, "403 Forbidden")
+    assert refused.message.startswith("The dcgm URL not allowed")
+    assert fleet.outcome_counts()[expected] == 1
+    assert [(e["event"], e["what"]) for e in logs] == [("probe_denied", "The dcgm URL")]
+    assert (pollers.made, reads.reads) == ([], [])
+
+
+def ticket_with(fleet: Fleet, target: str, params: dict[str, str]) -> Ticket:
+    """Enter ``target`` with ``params``; it must be admitted."""
+    admitted = fleet.enter(target, CLIENT, params)
+    assert isinstance(admitted, Ticket), admitted
+    return admitted
+
+
+def test_a_dcgm_host_name_is_read_at_the_addresses_it_was_checked_at(
+    make_fleet: MakeFleet,
+) -> None:
+    """A name is resolved once per probe, checked, and the read pinned there (no rebinding)."""
+    reads = DcgmReads()
+    resolve = Resolve({"dcgm.node": ["10.0.3.9"]})
+    fleet = dcgm_fleet(make_fleet, reads, resolve=resolve, clock=Clock())
+    gpu_probe(fleet, "10.1.2.3:8000", {**GPU_PARAMS, "dcgm": "http://dcgm.node:9400/metrics"})
+    assert resolve.asked == ["dcgm.node"]
+    assert reads.reads == [
+        ("http://dcgm.node:9400/metrics", Route(addresses=(ip("10.0.3.9"),), send_token=False))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ({"dcgm": NODE}, "missing pod, namespace"),
+        ({"pod": "llama-0", "namespace": "inference"}, "missing dcgm"),
+        ({**GPU_PARAMS, "dcgm": "ftp://10.0.3.7/metrics"}, "dcgm must be an http://"),
+        ({**GPU_PARAMS, "dcgm": "http://u:p@10.0.3.7:9400/metrics"}, "dcgm credentials"),
+        ({**GPU_PARAMS, "dcgm": "http://10.0.3.7:9400/metrics?x=y"}, "dcgm must have no query"),
+        ({**GPU_PARAMS, "dcgm": "http://127.1:9400/metrics"}, "non-standard form"),
+        ({**GPU_PARAMS, "dcgm": "http://[::1/metrics"}, "dcgm is not a URL"),
+        ({**GPU_PARAMS, "pod": "Llama 70b!"}, "pod is not a Kubernetes name"),
+        ({**GPU_PARAMS, "namespace": "x" * 254}, "namespace is not a Kubernetes name"),
+    ],
+    ids=[
+        "no-pod",
+        "no-dcgm",
+        "scheme",
+        "credentials",
+        "query",
+        "odd-ipv4",
+        "unclosed-ipv6",
+        "pod-name",
+        "namespace-length",
+    ],
+)
+def test_bad_gpu_parameters_are_a_bad_target_in_one_line(
+    make_fleet: MakeFleet, params: dict[str, str], said: str
+) -> None:
+    """400 at entry (no I/O), counted as bad_target, the line naming the parameter and why."""
+    reads = DcgmReads()
+    fleet = dcgm_fleet(make_fleet, reads, clock=Clock())
+    refused = refusal(fleet.enter("10.1.2.3:8000", CLIENT, params))
+    assert (refused.outcome, refused.status) == (ProbeOutcome.BAD_TARGET, "400 Bad Request")
+    assert refused.message.startswith("Bad GPU parameters: ")
+    assert said in refused.message
+    assert "\n" not in refused.message
+    assert fleet.outcome_counts()[ProbeOutcome.BAD_TARGET] == 1
+    assert reads.reads == []
+
+
+def test_gpu_parameters_without_gpu_source_dcgm_are_refused_not_ignored(
+    make_fleet: MakeFleet,
+) -> None:
+    """A fleet without the dcgm source says so rather than answer without the GPUs asked for."""
+    refused = refusal(make_fleet().enter("10.1.2.3:8000", CLIENT, GPU_PARAMS))
+    assert refused.outcome is ProbeOutcome.BAD_TARGET
+    assert "gpu_source=dcgm" in refused.message
+
+
+def test_without_the_dcgm_source_a_target_has_no_gpu_source(make_fleet: MakeFleet) -> None:
+    """gpu_source none (no shared answers): pollers are made without GPUs, as before."""
+    pollers = Pollers()
+    probe(make_fleet(pollers=pollers), "10.1.2.3:8000")
+    assert pollers.made[0].gpus is None

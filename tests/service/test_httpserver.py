@@ -26,7 +26,7 @@ from exporter.service.httpserver import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from typing import Any
 
     from prometheus_client.core import Metric
@@ -48,10 +48,14 @@ class Probe:
         self.answer = answer
         self.calls: list[tuple[str, float | None]] = []
         self.clients: list[str] = []
+        self.params: list[Mapping[str, str]] = []
 
-    def __call__(self, target: str, scrape_timeout: float | None, client: str) -> ProbeAnswer:
+    def __call__(
+        self, target: str, scrape_timeout: float | None, client: str, params: Mapping[str, str]
+    ) -> ProbeAnswer:
         self.calls.append((target, scrape_timeout))
         self.clients.append(client)
+        self.params.append(params)
         return self.answer
 
 
@@ -198,6 +202,38 @@ def test_probe_passes_the_requester_s_address_as_the_client(
     probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
     serve(make_app(probe=probe)).get("/probe", params={"target": "http://10.0.0.1:8000"})
     assert probe.clients == ["127.0.0.1"]
+
+
+def test_probe_passes_the_gpu_parameters_on_and_nothing_else(
+    serve: Callable[..., httpx.Client],
+) -> None:
+    """dcgm, pod and namespace reach the probe as given (the fleet checks them); others not."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
+    query = {
+        "target": "t:1",
+        "dcgm": "http://10.0.0.7:9400/metrics",
+        "pod": "llama-0",
+        "namespace": "inference",
+        "module": "x",
+    }
+    serve(make_app(probe=probe)).get("/probe", params=query)
+    assert probe.params == [
+        {"dcgm": "http://10.0.0.7:9400/metrics", "pod": "llama-0", "namespace": "inference"}
+    ]
+
+
+@pytest.mark.parametrize("name", ["dcgm", "pod", "namespace"])
+def test_a_gpu_parameter_given_twice_is_refused_without_calling_the_probe(
+    serve: Callable[..., httpx.Client], name: str
+) -> None:
+    """Two values of one parameter would be a guess: 400, naming the parameter."""
+    probe = Probe(ProbeAnswer(registry=registry_with("probed_value", 1.0)))
+    response = serve(make_app(probe=probe)).get(
+        "/probe", params={"target": "t:1", name: ["a", "b"]}
+    )
+    assert response.status_code == 400
+    assert f"?{name}=" in response.text
+    assert probe.calls == []
 
 
 @pytest.mark.parametrize("header", [None, "", "abc", "0", "-3", "3600", "nan"])

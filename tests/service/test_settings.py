@@ -226,6 +226,12 @@ def test_the_dcgm_source_takes_its_url_and_the_pods_identity() -> None:
     assert (settings.pod_name, settings.pod_namespace) == ("llama-0", "inference")
 
 
+def test_fleet_mode_takes_the_dcgm_source_without_a_url_each_probe_names_its_own() -> None:
+    """Fleet mode reads the dcgm-exporter each probe names (dcgm=): no dcgm_url to set."""
+    settings = load_settings({"gpu_source": "dcgm", "mode": "fleet"})
+    assert (settings.gpu_source.value, settings.dcgm_url) == ("dcgm", None)
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [
@@ -237,7 +243,7 @@ def test_the_dcgm_source_takes_its_url_and_the_pods_identity() -> None:
         ),
         (
             {"gpu_source": "dcgm", "dcgm_url": "http://h:9400/metrics", "mode": "fleet"},
-            "works in sidecar mode only",
+            "each probe names its target's dcgm-exporter",
         ),
         (
             {"gpu_source": "dcgm", "dcgm_url": "http://h:9400/metrics", "gpu_discovery": "all"},

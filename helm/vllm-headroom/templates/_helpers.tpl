@@ -268,7 +268,12 @@ line naming the value and the fix.
 {{- fail "gpu.discovery=uuids needs gpu.uuids: the GPU UUIDs (GPU-... or MIG-...) vLLM uses, as nvidia-smi -L lists them" -}}
 {{- end -}}
 {{- if and (eq $v.shape "fleet") (eq $v.gpu.source "dcgm") -}}
-{{- fail "gpu.source=dcgm does not fit shape=fleet: fleet mode cannot tell which node's GPUs are each target's; give the sidecar to vLLM's pods (shape vllm or sidecar), or set exporter.settings.gpu_memory_bytes" -}}
+{{- if not (contains "$(NODE_IP)" $v.gpu.dcgm.url) -}}
+{{- fail "gpu.dcgm.url must hold $(NODE_IP) with shape=fleet and gpu.source=dcgm: each target's dcgm-exporter is the one on its own node, at the pod's host IP (a Service with internalTrafficPolicy Local would route to the fleet exporter's node)" -}}
+{{- end -}}
+{{- if $v.gpu.uuids -}}
+{{- fail "gpu.uuids does not fit shape=fleet: each target's GPUs are those dcgm-exporter's pod mapping gives its pod; unset gpu.uuids" -}}
+{{- end -}}
 {{- end -}}
 {{- if and (ne $v.shape "fleet") (eq $v.gpu.source "nvml") (ne (include "vllm-headroom.gpuDiscovery" $) "uuids") -}}
 {{- fail "gpu.source=nvml needs gpu.discovery=uuids and gpu.uuids: the chart gives the sidecar only the GPUs it lists (never every GPU of the node); or use gpu.source=dcgm" -}}
