@@ -97,6 +97,21 @@ SURVEY = (
     ),
     SurveyCase("qwen2", "qwen2", why="Qwen2 (QKV bias), same KV shape as the reference"),
     SurveyCase("deepseek-v2", "deepseek-v2", why="MLA: latent 128 + rope 64 per layer"),
+    SurveyCase(
+        "qwen3-next",
+        "qwen3-next",
+        why="gated delta net: 67 KiB state (fp32 SSM on AVX512-BF16 CPUs) > a 128-token page",
+    ),
+    SurveyCase(
+        "qwen3-next-ssm-bf16",
+        "qwen3-next",
+        extra_args=("--mamba-ssm-cache-dtype", "bfloat16"),
+        why="the same with a bf16 SSM state (kept by the CPU's accelerated GDN backend)",
+    ),
+    SurveyCase("granite-4.0-h", "granite-4.0-h", why="Mamba2 + attention: 132 KiB state"),
+    SurveyCase("falcon-h1", "falcon-h1", why="attention and Mamba2 in every layer"),
+    SurveyCase("lfm2", "lfm2", why="short conv: a 1 KiB state padded to the attention page"),
+    SurveyCase("nemotron-h", "nemotron-h", why="Mamba2 + attention, fp32 SSM from config.json"),
 )
 
 #: Start-up log lines worth keeping: what vLLM says about the KV pool and its groups.
