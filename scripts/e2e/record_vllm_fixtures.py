@@ -114,10 +114,20 @@ SURVEY = (
     SurveyCase("nemotron-h", "nemotron-h", why="Mamba2 + attention, fp32 SSM from config.json"),
 )
 
+#: Hybrids: the labels that say how vLLM keeps their state (the API server's copy, see
+#: docs/sizing.md: mamba_block_size is the front end's, not the worker's aligned one).
+_HYBRID_LABELS = (
+    "mamba_cache_mode",
+    "mamba_cache_dtype",
+    "mamba_ssm_cache_dtype",
+    "mamba_block_size",
+)
+_HYBRID_MODEL_TYPES = {"qwen3_next", "granitemoehybrid", "falcon_h1", "lfm2", "nemotron_h"}
 #: Start-up log lines worth keeping: what vLLM says about the KV pool and its groups.
 _KV_LOG_LINE = re.compile(
     r"KV cache size|Maximum concurrency|KV cache (memory|spec|groups?)|num_gpu_blocks|"
-    r"sliding window|for KV cache|hybrid",
+    r"sliding window|for KV cache|hybrid|attention block size|Padding mamba|Mamba cache mode|"
+    r"SSM cache type|SSM state storage",
     re.IGNORECASE,
 )
 #: The burst: two shapes at once so the context distribution has two modes. 6 clients of 480
@@ -213,6 +223,7 @@ def record_case(case: SurveyCase, out: Path, logs: Path) -> dict[str, Any]:
             "kv_cache_size_tokens",
             "kv_cache_max_concurrency",
             "sliding_window",
+            *(_HYBRID_LABELS if summary["model_type"] in _HYBRID_MODEL_TYPES else ()),
         )
     }
     say(f"survey: {case.name}: {summary['cache_config_info']}")

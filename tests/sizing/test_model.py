@@ -307,9 +307,10 @@ def test_sequences_never_exceed_tokens_over_context(model: ModelArch, context: i
 
 # --- hybrid state-space / linear-attention models -----------------------------------------------
 
-#: Qwen3-Next-80B-A3B as transformers 5.19's Qwen3NextConfig defaults describe it: 48 layers, one
-#: full-attention layer in four (2 KV heads x 256), 36 gated-delta-net layers (16 key heads and
-#: 32 value heads of 128, a 4-tap convolution).
+#: Qwen3-Next-80B-A3B's attention and linear-attention fields as transformers 5.19's
+#: Qwen3NextConfig defaults give them (its docstring names Qwen/Qwen3-Next-80B-A3B-Instruct):
+#: 48 layers, one full-attention layer in four (2 KV heads x 256), 36 gated-delta-net layers (16
+#: key heads and 32 value heads of 128, a 4-tap convolution). The context length is given.
 QWEN3_NEXT = {
     "model_type": "qwen3_next",
     "hidden_size": 2048,
