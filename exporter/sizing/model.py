@@ -586,14 +586,14 @@ def _admission_blocks(
 # --- hybrid state layers -----------------------------------------------------------------------
 #
 # vLLM 0.32's arithmetic, read from its source (file:line of the installed 0.32.0 package):
-# - state shapes: model_executor/layers/mamba/mamba_utils.py:178-320 (MambaStateShapeCalculator);
-#   dtypes: mamba_utils.py:54-150 (conv = --mamba-cache-dtype or the model dtype, SSM =
+# - state shapes: model_executor/layers/mamba/mamba_utils.py:161-350 (MambaStateShapeCalculator);
+#   dtypes: mamba_utils.py:53-158 (conv = --mamba-cache-dtype or the model dtype, SSM =
 #   --mamba-ssm-cache-dtype or the conv dtype); Nemotron-H's SSM default is its config's
-#   mamba_ssm_cache_dtype, else float32 (model_executor/models/config.py:712-738); the CPU
+#   mamba_ssm_cache_dtype, else float32 (model_executor/models/config.py:712-739); the CPU
 #   backend on AVX512-BF16 CPUs resets any SSM dtype but float32 to float32 unless the
-#   accelerated GDN path takes a 16-bit one (platforms/cpu.py:39-90, 301-320).
-# - one state page = sum of the state tensors' bytes (v1/kv_cache_interface.py:1051-1070).
-# - block size: platforms/interface.py:939-1125 (_align_hybrid_block_size): with the attention
+#   accelerated GDN path takes a 16-bit one (platforms/cpu.py:39-91, 301-321).
+# - one state page = sum of the state tensors' bytes (v1/kv_cache_interface.py:1035-1070).
+# - block size: platforms/interface.py:939-1126 (_align_hybrid_block_size): with the attention
 #   page of one token P1 and the state page S, align = max(smallest kernel block, block_size),
 #   block = align x cdiv(S, align x P1), rounded up to the kernel block; the block size is raised
 #   to it when smaller (even over a user's --block-size), and the state page is padded to the
@@ -601,13 +601,15 @@ def _admission_blocks(
 # - groups: v1/core/kv_cache_utils.py:1362-1502: one bucket per spec (attention kinds, state),
 #   group size = the smallest bucket (the largest when within 1.5x), buckets split into
 #   cdiv(layers, group size) groups; num_blocks = budget // (page x group size)
-#   (kv_cache_utils.py:1520-1552, 1588-1620).
+#   (kv_cache_utils.py:1520-1552, 1588-1623).
 # - a request's blocks (kv_cache_interface.py:1076-1094): attention as usual; a state group 1
 #   block (mamba cache mode none) or 2 + checkpoint blocks (align, the default with prefix
-#   caching: model_executor/models/config.py:685-709); MambaMixer2 layers keep one prefill
+#   caching: model_executor/models/config.py:672-709); MambaMixer2 layers keep one prefill
 #   checkpoint block (mamba_mixer2.py:1098-1108), gated-delta-net and short-conv layers none.
 # - max concurrency = num_blocks / sum of the groups' blocks per request; kv_cache_size_tokens
 #   = int(concurrency x max_model_len) (kv_cache_utils.py:1195-1228, 2300-2335).
+# - kernel blocks: v1/attention/backends/flash_attn.py:355-365 (a multiple of 16, except FA4's
+#   head-dim-256 and SM90 FP8 head-dim-512 kernels), cpu_attn.py:65-66 (a multiple of 32).
 
 #: The smallest kernel block of the attention backend vLLM pairs with state layers: FlashAttention
 #: on CUDA (a multiple of 16), CPU_ATTN on the CPU backend (a multiple of 32).
@@ -927,6 +929,11 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
             mode=mode,
         )
         state_dtypes = (conv_dtype, ssm_dtype)
+        if deployment.device == "cuda":
+            assumptions.append(
+                "attention backend assumed FlashAttention 2/3 (kernel blocks of 16 tokens); "
+                "FA4's head-dim-256 kernel on Blackwell picks other block sizes"
+            )
         if deployment.device == "cpu" and arch.state.kind != "short_conv":
             assumptions.append(
                 "the CPU is assumed to have AVX512-BF16 (vLLM then keeps the SSM state in "
