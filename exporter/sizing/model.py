@@ -45,7 +45,7 @@ from exporter.vllm.version import LATEST_KNOWN, VllmVersion
 LayerKind = Literal["full", "sliding", "chunked"]
 #: A KV-cache group's kind: an attention kind, or ``state`` (Mamba / linear-attention layers).
 GroupKind = Literal["full", "sliding", "chunked", "state"]
-StateKind = Literal["mamba2", "gated_delta_net", "short_conv"]
+StateKind = Literal["mamba1", "mamba2", "gated_delta_net", "short_conv"]
 Device = Literal["cuda", "cpu"]
 
 #: vLLM's default ``--block-size`` on GPUs, and on the CPU backend (16 there for MLA).
@@ -96,7 +96,8 @@ class StateLayers:
     """The recurrent-state layers of a hybrid model: how many, and one layer's state shape.
 
     The fields follow vLLM 0.32's ``MambaStateShapeCalculator``
-    (``vllm/model_executor/layers/mamba/mamba_utils.py``): ``mamba2`` uses ``intermediate_size``,
+    (``vllm/model_executor/layers/mamba/mamba_utils.py``): ``mamba1`` (Jamba) uses
+    ``intermediate_size`` and ``state_size``; ``mamba2`` uses ``intermediate_size``,
     ``n_groups``, ``num_heads``, ``head_dim``, ``state_size``; ``gated_delta_net`` (Qwen3-Next)
     uses ``num_heads`` / ``num_k_heads`` (value / key heads), ``head_dim`` / ``head_k_dim``;
     ``short_conv`` (LFM2) only ``intermediate_size`` (its ``conv_dim``). All have a causal
@@ -124,6 +125,9 @@ class StateLayers:
         """Values of (conv state, temporal state) one layer keeps per sequence on one GPU."""
         tp = tensor_parallel
         taps = self.conv_kernel - 1
+        if self.kind == "mamba1":
+            channels = _divide(self.intermediate_size, tp)
+            return channels * taps, channels * self.state_size
         if self.kind == "mamba2":
             # Groups are replicated so that every head shard has its group (extra_groups...).
             groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
@@ -211,6 +215,7 @@ class ModelArch:
 
 
 _STATE_LABEL: dict[StateKind, str] = {
+    "mamba1": "Mamba1",
     "mamba2": "Mamba2",
     "gated_delta_net": "gated-delta-net",
     "short_conv": "short-conv",

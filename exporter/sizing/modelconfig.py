@@ -189,13 +189,12 @@ def _layer_kinds(
 # The families sized the way vLLM 0.32 sizes them (exporter/sizing/model.py, "hybrid state
 # layers"): model_type -> the state layers' kind. Each reader below mirrors the model's
 # get_mamba_state_shape_from_config in vllm/model_executor/models/<model>.py.
-_HYBRID_TYPES = {"qwen3_next", "granitemoehybrid", "falcon_h1", "nemotron_h", "lfm2"}
+_HYBRID_TYPES = {"qwen3_next", "granitemoehybrid", "falcon_h1", "nemotron_h", "lfm2", "jamba"}
 _MAMBA_NAMES = {"mamba", "mamba2", "linear_attention", "m"}
 _ATTENTION_NAMES = {"attention", "full_attention", "*"}
 #: Nemotron-H layers without any cache: MLP ("-") and MoE ("E") blocks.
 _NO_CACHE_NAMES = {"mlp", "moe", "-", "e"}
 _WHY_NOT = {
-    "jamba": "its Mamba1 layers",
     "bamba": "vLLM 0.32 has no Bamba model class",
     "mamba": "an attention-free Mamba1 model",
     "falcon_mamba": "an attention-free Mamba1 model",
@@ -212,28 +211,54 @@ _WHY_NOT = {
 }
 
 
+def _nemotron_pattern(config: Mapping[str, Any]) -> list[str] | None:
+    pattern = config.get("hybrid_override_pattern") or config.get("layers_block_type")
+    if isinstance(pattern, str):
+        return list(pattern)
+    return [str(t) for t in pattern] if isinstance(pattern, list) else None
+
+
+def _jamba_pattern(config: Mapping[str, Any]) -> list[str] | None:
+    listed = config.get("layers_block_type")
+    if isinstance(listed, list):
+        return [str(t) for t in listed]
+    # transformers' JambaConfig.layers_block_type: attention where i % period == offset.
+    layers = _opt_int(config, "num_hidden_layers") or 0
+    period = _opt_int(config, "attn_layer_period") or 8
+    offset = config.get("attn_layer_offset", 4)
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise ModelConfigError("jamba: config.json field 'attn_layer_offset' is not a number")
+    return ["attention" if i % period == offset else "mamba" for i in range(layers)]
+
+
+def _lfm2_pattern(config: Mapping[str, Any]) -> list[str]:
+    layers = _opt_int(config, "num_hidden_layers") or 0
+    attn = config.get("full_attn_idxs") or []
+    return ["full_attention" if i in attn else "conv" for i in range(layers)]
+
+
+def _qwen3_next_pattern(config: Mapping[str, Any]) -> list[str]:
+    layers = _opt_int(config, "num_hidden_layers") or 0
+    interval = _opt_int(config, "full_attention_interval") or 4
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+    ]
+
+
 def _layer_pattern(config: Mapping[str, Any], model_type: str) -> list[str] | None:
-    """Per-layer names (mamba / attention / none) of a hybrid, from whichever field it uses."""
+    """Per-layer names (mamba / attention / none) of a hybrid, from whichever field it uses.
+
+    None for Falcon-H1, whose every layer has attention and Mamba2 side by side.
+    """
     if model_type == "nemotron_h":
-        pattern = config.get("hybrid_override_pattern") or config.get("layers_block_type")
-        if isinstance(pattern, str):
-            return list(pattern)
-        return [str(t) for t in pattern] if isinstance(pattern, list) else None
-    if model_type == "falcon_h1":
-        return None  # every layer has both
+        return _nemotron_pattern(config)
+    if model_type == "jamba":
+        return _jamba_pattern(config)
     layer_types = config.get("layer_types")
-    if model_type == "lfm2" and not isinstance(layer_types, list):
-        layers = _opt_int(config, "num_hidden_layers") or 0
-        attn = config.get("full_attn_idxs") or []
-        return ["full_attention" if i in attn else "conv" for i in range(layers)]
-    if model_type == "qwen3_next" and not isinstance(layer_types, list):
-        layers = _opt_int(config, "num_hidden_layers") or 0
-        interval = _opt_int(config, "full_attention_interval") or 4
-        return [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(layers)
-        ]
-    return [str(t) for t in layer_types] if isinstance(layer_types, list) else None
+    if isinstance(layer_types, list) and model_type != "falcon_h1":
+        return [str(t) for t in layer_types]
+    fallback = {"lfm2": _lfm2_pattern, "qwen3_next": _qwen3_next_pattern}.get(model_type)
+    return fallback(config) if fallback is not None else None
 
 
 def _state_layers(config: Mapping[str, Any], model_type: str, layers: int) -> StateLayers:
@@ -278,6 +303,14 @@ def _state_layers(config: Mapping[str, Any], model_type: str, layers: int) -> St
     if not isinstance(expand, int | float) or isinstance(expand, bool) or expand <= 0:
         raise ModelConfigError(f"{model_type}: config.json field 'mamba_expand' is not a number")
     intermediate = int(expand * hidden)
+    if model_type == "jamba":
+        return StateLayers(
+            kind="mamba1",
+            num_layers=layers,
+            conv_kernel=need("mamba_d_conv"),
+            intermediate_size=intermediate,
+            state_size=need("mamba_d_state"),
+        )
     if model_type == "falcon_h1":
         intermediate = _opt_int(config, "mamba_d_ssm") or intermediate
     return StateLayers(

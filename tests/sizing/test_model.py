@@ -423,3 +423,44 @@ def test_state_heads_tp_must_divide() -> None:
     """A TP that does not divide the state's heads is refused, as vLLM's divide() does."""
     with pytest.raises(UsageError, match="does not divide"):
         sized(qwen3_next(), replace(HYBRID_GPU, tensor_parallel=64))  # 32 value heads
+
+
+#: Jamba-v0.1's fields as transformers 5.19's JambaConfig defaults give them (its docstring names
+#: ai21labs/Jamba-v0.1): 32 layers, attention at i % 8 == 4 (4 layers, 8 KV heads x 128), 28
+#: Mamba1 layers (expand 2 x 4,096, state 16, a 4-tap convolution).
+JAMBA = {
+    "model_type": "jamba",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_jamba_mamba1_is_sized_by_vllms_arithmetic() -> None:
+    """Jamba-v0.1 at TP 1 on a GPU with 10 GiB of KV cache, derived by hand from vLLM 0.32's source.
+
+    (vLLM's CPU build has no Mamba1 kernel, so no real start checks this one.) A Mamba1 state:
+    conv 3 x 8,192 x 2 B = 49,152 + SSM 8,192 x 16 x 2 B = 262,144 -> 311,296 B. One attention
+    token: 2 x 8 x 128 x 2 = 4,096 B; block = 16 x cdiv(311,296, 65,536) = 80 tokens, page
+    327,680 B. 4 attention and 28 Mamba layers: group size 4, one attention group and seven state
+    groups, 4 pages per block: 10 GiB // 1,310,720 = 8,192 blocks. A 262,144-token request:
+    cdiv(262,144, 80) = 3,277 attention blocks + 7 x 2 state blocks (align mode) = 3,291.
+    """
+    arch = parse_model_config(JAMBA, name="jamba-v0.1")
+    assert arch.state is not None
+    assert (arch.attention_layers, arch.state.num_layers, arch.state.kind) == (4, 28, "mamba1")
+    result = sized(arch, HYBRID_GPU)
+    assert (result.state_bytes, result.block_size) == (311_296, 80)
+    assert len(result.kv_groups) == 8
+    assert result.block_bytes == 1_310_720
+    assert result.kv_blocks == 8_192
+    assert result.blocks_per_max_len_request == 3_291
+    assert result.kv_cache_size_tokens == int(8_192 / 3_291 * 262_144)

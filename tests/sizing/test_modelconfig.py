@@ -84,15 +84,15 @@ def test_deepseek_v3_mla_moe_and_fp8() -> None:
 
 
 def test_state_space_hybrid_is_declined() -> None:
-    """A Jamba-style hybrid is declined with a reason instead of mis-sized."""
+    """A MiniMax-style hybrid is declined with a reason instead of mis-sized."""
     arch = parse_model_config(
         {
-            "model_type": "jamba",
+            "model_type": "minimax",
             "num_hidden_layers": 32,
             "num_attention_heads": 32,
             "hidden_size": 4096,
         },
-        name="jamba",
+        name="minimax",
     )
     assert arch.declined is not None
     assert "state" in arch.declined
@@ -255,7 +255,7 @@ def test_lfm2_short_conv_from_full_attn_idxs() -> None:
 
 @pytest.mark.parametrize(
     ("model_type", "why"),
-    [("jamba", "Mamba1"), ("bamba", "no Bamba model"), ("kimi_linear", "KDA")],
+    [("zamba", "Mamba1"), ("bamba", "no Bamba model"), ("kimi_linear", "KDA")],
 )
 def test_unmodelled_state_families_are_declined_in_one_line(model_type: str, why: str) -> None:
     """Families vLLM 0.32 sizes differently (or does not serve) say so instead of a guess."""
