@@ -27,7 +27,7 @@ the way vLLM's hybrid allocator groups them; state-space hybrids are declined (:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from exporter.core.ceiling import Ceiling, ceiling
@@ -64,6 +64,9 @@ CAPACITY_LABEL_SINCE = VllmVersion(0, 24, 0)
 #: From this release the hybrid allocator gives sliding-window layers their own block tables;
 #: before, every layer was allocated as full attention.
 HYBRID_ALLOCATOR_SINCE = VllmVersion(0, 10, 0)
+#: The release whose state-layer arithmetic (state pages, raised block size, align-mode blocks)
+#: the hybrid sizing follows, read from its source; older releases are declined.
+STATE_ARITHMETIC_OF = VllmVersion(0, 32, 0)
 
 _FP8_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
 
@@ -210,7 +213,9 @@ class ModelArch:
         if "chunked" in kinds:
             base += " + chunked local"
         if self.state is not None:
-            base += f" + {self.state.num_layers} {_STATE_LABEL[self.state.kind]} layers"
+            count = self.state.num_layers
+            label = _STATE_LABEL[self.state.kind]
+            base += f" + {count} {label} layer{'s' if count != 1 else ''}"
         return base
 
 
@@ -310,7 +315,8 @@ class SizingResult:
     kv_cache_dtype: str
     kv_bytes_per_element: int
     kv_heads_per_gpu: int
-    #: Layers on the limiting GPU (all layers without pipeline parallelism).
+    #: Layers holding KV on the limiting GPU (all layers without pipeline parallelism; a
+    #: hybrid's attention layers only).
     layers_per_gpu: int
     #: KV bytes one token costs on the limiting GPU, over all its layers.
     bytes_per_token: int
@@ -877,6 +883,92 @@ def _stage(
     return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks)
 
 
+@dataclass(slots=True)
+class _Layout:
+    """KV-cache groups, group size and block size; for hybrids also the state's facts."""
+
+    groups: tuple[KvCacheGroup, ...]
+    group_size: int
+    block_size: int
+    state_bytes: int = 0
+    state_dtypes: tuple[str, ...] = ()
+    requested_block_size: int | None = None
+    mamba_cache_mode: str | None = None
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _hybrid_layout(
+    arch: ModelArch,
+    state: StateLayers,
+    deployment: Deployment,
+    *,
+    model_dtype: str,
+    attention_token_bytes: int,
+    block_size: int,
+    max_model_len: int,
+    batched: int,
+) -> _Layout | Declined:
+    """Groups and block size of a hybrid as vLLM 0.32 lays them out, or why not."""
+    version = deployment.vllm_version
+    if version < STATE_ARITHMETIC_OF:
+        return Declined(
+            arch.name,
+            f"hybrid state-space model on vLLM {version}: its state pages are sized the way "
+            f"vLLM {STATE_ARITHMETIC_OF} sizes them, and older releases differ; give "
+            f"--vllm-version {STATE_ARITHMETIC_OF} or later",
+        )
+    if deployment.pipeline_parallel > 1 or arch.mla is not None:
+        return Declined(
+            arch.name,
+            "hybrid state-space model with "
+            + ("pipeline parallelism" if deployment.pipeline_parallel > 1 else "MLA attention")
+            + ": vLLM's per-stage state pages are not modelled; size it with --pp 1",
+        )
+    conv_dtype, ssm_dtype = _state_dtypes(state, deployment, model_dtype=model_dtype)
+    state_bytes = state_page_bytes(
+        state,
+        tensor_parallel=deployment.tensor_parallel,
+        conv_dtype=conv_dtype,
+        ssm_dtype=ssm_dtype,
+    )
+    raised = hybrid_block_size(
+        block_size=block_size,
+        attention_token_bytes=attention_token_bytes,
+        state_bytes=state_bytes,
+        device=deployment.device,
+    )
+    mode = "align" if deployment.enable_prefix_caching else "none"
+    groups, group_size = hybrid_groups(
+        arch, state, max_model_len=max_model_len, block_size=raised, batched=batched, mode=mode
+    )
+    assumptions = []
+    if version > STATE_ARITHMETIC_OF:
+        assumptions.append(
+            f"hybrid state sized with vLLM {STATE_ARITHMETIC_OF}'s arithmetic (read from its "
+            f"source), assumed unchanged in {version}"
+        )
+    if deployment.device == "cuda":
+        assumptions.append(
+            "attention backend assumed FlashAttention 2/3 (kernel blocks of 16 tokens); "
+            "FA4's head-dim-256 kernel on Blackwell picks other block sizes"
+        )
+    elif state.kind != "short_conv":
+        assumptions.append(
+            "the CPU is assumed to have AVX512-BF16 (vLLM then keeps the SSM state in "
+            "float32 unless --mamba-ssm-cache-dtype picks its 16-bit GDN path)"
+        )
+    return _Layout(
+        groups,
+        group_size,
+        raised,
+        state_bytes=state_bytes,
+        state_dtypes=(conv_dtype, ssm_dtype),
+        requested_block_size=block_size,
+        mamba_cache_mode=mode,
+        assumptions=assumptions,
+    )
+
+
 def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult | Declined:
     """Size the KV cache of ``arch`` under ``deployment``; :class:`Declined` if it cannot be.
 
@@ -901,57 +993,31 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         )
     scheduler = batch_limits(deployment, max_model_len=max_model_len)
     max_num_seqs, batched = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
-    state_bytes = 0
-    state_dtypes: tuple[str, ...] = ()
-    requested: int | None = None
-    mode: str | None = None
+    layout = _Layout((), 0, block_size)
     if arch.state is not None:
-        if pp > 1 or arch.mla is not None:
-            return Declined(
-                arch.name,
-                "hybrid state-space model with "
-                + ("pipeline parallelism" if pp > 1 else "MLA attention")
-                + ": vLLM's per-stage state pages are not modelled; size it with --pp 1",
-            )
-        conv_dtype, ssm_dtype = _state_dtypes(arch.state, deployment, model_dtype=model_dtype)
-        state_bytes = state_page_bytes(
-            arch.state, tensor_parallel=tp, conv_dtype=conv_dtype, ssm_dtype=ssm_dtype
-        )
-        requested = block_size
-        block_size = hybrid_block_size(
-            block_size=block_size,
-            attention_token_bytes=layer_bytes,
-            state_bytes=state_bytes,
-            device=deployment.device,
-        )
-        mode = "align" if deployment.enable_prefix_caching else "none"
-        groups, group_size = hybrid_groups(
+        found = _hybrid_layout(
             arch,
             arch.state,
-            max_model_len=max_model_len,
+            deployment,
+            model_dtype=model_dtype,
+            attention_token_bytes=layer_bytes,
             block_size=block_size,
+            max_model_len=max_model_len,
             batched=batched,
-            mode=mode,
         )
-        state_dtypes = (conv_dtype, ssm_dtype)
-        if deployment.device == "cuda":
-            assumptions.append(
-                "attention backend assumed FlashAttention 2/3 (kernel blocks of 16 tokens); "
-                "FA4's head-dim-256 kernel on Blackwell picks other block sizes"
-            )
-        if deployment.device == "cpu" and arch.state.kind != "short_conv":
-            assumptions.append(
-                "the CPU is assumed to have AVX512-BF16 (vLLM then keeps the SSM state in "
-                "float32 unless --mamba-ssm-cache-dtype picks its 16-bit GDN path)"
-            )
+        if isinstance(found, Declined):
+            return found
+        layout = found
+        assumptions.extend(layout.assumptions)
     else:
-        groups, group_size = kv_cache_groups(
+        layout.groups, layout.group_size = kv_cache_groups(
             arch,
             max_model_len=max_model_len,
             block_size=block_size,
             max_num_batched_tokens=batched,
             hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
         )
+    groups, group_size, block_size = layout.groups, layout.group_size, layout.block_size
 
     util = deployment.gpu_memory_utilization
     if util is None:
@@ -1005,7 +1071,8 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         kv_cache_dtype=deployment.kv_cache_dtype,
         kv_bytes_per_element=kv_element,
         kv_heads_per_gpu=1 if arch.mla is not None else kv_heads_per_gpu(arch.num_kv_heads, tp),
-        layers_per_gpu=max(layers),
+        # A hybrid's KV per token is its attention layers'; the state is per sequence.
+        layers_per_gpu=arch.attention_layers or max(layers),
         bytes_per_token=layer_bytes * (arch.attention_layers or max(layers)),
         block_size=block_size,
         gpu_memory_bytes=deployment.gpu_memory_bytes,
@@ -1025,10 +1092,10 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         scheduler=scheduler,
         stages=stages,
         assumptions=tuple(assumptions),
-        state_bytes=state_bytes,
-        state_dtypes=state_dtypes,
-        requested_block_size=requested,
-        mamba_cache_mode=mode,
+        state_bytes=layout.state_bytes,
+        state_dtypes=layout.state_dtypes,
+        requested_block_size=layout.requested_block_size,
+        mamba_cache_mode=layout.mamba_cache_mode,
     )
 
 

@@ -464,3 +464,14 @@ def test_jamba_mamba1_is_sized_by_vllms_arithmetic() -> None:
     assert result.kv_blocks == 8_192
     assert result.blocks_per_max_len_request == 3_291
     assert result.kv_cache_size_tokens == int(8_192 / 3_291 * 262_144)
+
+
+def test_a_hybrid_on_a_vllm_older_than_the_arithmetic_read_is_declined() -> None:
+    """The state arithmetic is 0.32's; an older vLLM is declined, a newer one assumed the same."""
+    old = size_deployment(
+        qwen3_next(), deployment=replace(HYBRID_GPU, vllm_version=VllmVersion(0, 31))
+    )
+    assert isinstance(old, Declined)
+    assert "0.32.0" in old.reason
+    newer = sized(qwen3_next(), replace(HYBRID_GPU, vllm_version=VllmVersion(0, 33)))
+    assert any("assumed unchanged in 0.33.0" in line for line in newer.assumptions)
