@@ -21,7 +21,9 @@ out: no I/O, no clock, no logging. The chain, per GPU:
    scheduler's ``max_num_seqs`` (:mod:`exporter.sizing.scheduler`): the smaller one binds.
 
 Sliding-window and chunked-local layers (Mistral v0.1, Gemma 2/3, gpt-oss, Llama 4) are modelled
-the way vLLM's hybrid allocator groups them; state-space hybrids are declined (:class:`Declined`).
+the way vLLM's hybrid allocator groups them, and so are the Mamba / linear-attention layers of
+state-space hybrids (vLLM 0.32's arithmetic: see "hybrid state layers" below); what is not
+modelled is :class:`Declined` with the reason.
 """
 
 from __future__ import annotations

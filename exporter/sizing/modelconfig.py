@@ -11,7 +11,8 @@ What is normalised: ``head_dim`` when given, else ``hidden_size / num_attention_
 (``kv_lora_rank``, ``qk_rope_head_dim``); sliding windows from ``layer_types``, Gemma 2's
 alternation, Gemma 3's ``sliding_window_pattern``, Qwen2's ``use_sliding_window`` and Mistral's
 all-layer window; Llama 4's chunked local attention; ``quantization_config``; ``torch_dtype`` or
-``dtype``. State-space hybrids are recognised and declined with a reason.
+``dtype``; the state layers of hybrid state-space models (Qwen3-Next, Granite-4.0-H, Falcon-H1,
+Nemotron-H, LFM2, Jamba), other state-space families being declined with a reason.
 """
 
 from __future__ import annotations
@@ -261,12 +262,14 @@ def _layer_pattern(config: Mapping[str, Any], model_type: str) -> list[str] | No
     return fallback(config) if fallback is not None else None
 
 
-def _state_layers(config: Mapping[str, Any], model_type: str, layers: int) -> StateLayers:
+def _state_layers(
+    config: Mapping[str, Any], model_type: str, layers: int, *, source: str
+) -> StateLayers:
     """One state layer's shape as vLLM's model class computes it, and how many there are."""
-    hidden = _int(config, "hidden_size", source=model_type)
+    hidden = _int(config, "hidden_size", source=source)
 
     def need(key: str) -> int:
-        return _int(config, key, source=model_type)
+        return _int(config, key, source=source)
 
     if model_type == "qwen3_next":
         return StateLayers(
@@ -301,7 +304,7 @@ def _state_layers(config: Mapping[str, Any], model_type: str, layers: int) -> St
         )
     expand = config.get("mamba_expand", 2)
     if not isinstance(expand, int | float) or isinstance(expand, bool) or expand <= 0:
-        raise ModelConfigError(f"{model_type}: config.json field 'mamba_expand' is not a number")
+        raise ModelConfigError(f"{source}: config.json field 'mamba_expand' is not a number")
     intermediate = int(expand * hidden)
     if model_type == "jamba":
         return StateLayers(
@@ -335,7 +338,7 @@ def _hybrid(config: Mapping[str, Any], *, source: str) -> tuple[int, int, StateL
     pattern = _layer_pattern(config, model_type)
     if pattern is None:  # Falcon-H1: attention and Mamba2 side by side in every layer
         layers = _int(config, "num_hidden_layers", source=source)
-        return layers, layers, _state_layers(config, model_type, layers)
+        return layers, layers, _state_layers(config, model_type, layers, source=source)
     names = [name.lower() for name in pattern]
     unknown = sorted(
         {n for n in names if n not in _MAMBA_NAMES | _ATTENTION_NAMES | _NO_CACHE_NAMES | {"conv"}}
@@ -352,7 +355,7 @@ def _hybrid(config: Mapping[str, Any], *, source: str) -> tuple[int, int, StateL
             f"{source}: {model_type} with {attention} attention and {state} state layers is not "
             "a hybrid vLLM's hybrid allocator serves"
         )
-    return len(names), attention, _state_layers(config, model_type, state)
+    return len(names), attention, _state_layers(config, model_type, state, source=source)
 
 
 def _declined(config: Mapping[str, Any]) -> str | None:
