@@ -88,6 +88,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="--max-num-batched-tokens (default: vLLM's for that version and GPU)",
     )
+    hardware.add_argument(
+        "--mamba-cache-dtype",
+        default="auto",
+        help="hybrids: --mamba-cache-dtype (conv state; auto = the model dtype)",
+    )
+    hardware.add_argument(
+        "--mamba-ssm-cache-dtype",
+        default="auto",
+        help="hybrids: --mamba-ssm-cache-dtype (SSM state; auto = the conv state's)",
+    )
+    hardware.add_argument(
+        "--no-enable-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="hybrids: vLLM without prefix caching keeps 1 state block per request, not 2-3",
+    )
     overhead = hardware.add_mutually_exclusive_group()
     overhead.add_argument("--overhead-gib", type=float, help="overhead per GPU, GiB (override)")
     overhead.add_argument("--overhead-gb", type=float, help="overhead per GPU, GB (override)")
@@ -218,6 +234,9 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
         quantization=args.quant,
         gpu_name=gpu_name,
         enforce_eager=args.enforce_eager,
+        mamba_cache_dtype=args.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
+        enable_prefix_caching=args.prefix_caching,
     )
 
 
@@ -300,6 +319,16 @@ def to_json(
             }
             for group in result.kv_groups
         ],
+        "state": (
+            {
+                "bytes_per_layer": result.state_bytes,
+                "dtypes": list(result.state_dtypes),
+                "requested_block_size": result.requested_block_size,
+                "mamba_cache_mode": result.mamba_cache_mode,
+            }
+            if result.mamba_cache_mode is not None
+            else None
+        ),
         "sequences": ceiling_rows(result, contexts),
         "needs": needs,
         "what_if": what_if,
@@ -350,6 +379,17 @@ def render(
             f"{g.kind}{'/' + str(g.window) if g.window else ''}" for g in result.kv_groups
         )
         lines.append(f"  KV-cache groups            {len(result.kv_groups)}: {kinds}")
+    if result.mamba_cache_mode is not None:
+        raised = (
+            f", block raised from {result.requested_block_size} so one page holds it"
+            if result.requested_block_size != result.block_size
+            else ", padded to the attention page"
+        )
+        lines.append(
+            f"  state per layer            {result.state_bytes:,} bytes "
+            f"({'/'.join(result.state_dtypes)}{raised}; mamba cache mode "
+            f"{result.mamba_cache_mode})"
+        )
     if not result.max_model_len_fits:
         lines.append(
             "  warning: one max-model-len request does not fit; vLLM would refuse to start"

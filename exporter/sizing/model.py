@@ -21,13 +21,15 @@ out: no I/O, no clock, no logging. The chain, per GPU:
    scheduler's ``max_num_seqs`` (:mod:`exporter.sizing.scheduler`): the smaller one binds.
 
 Sliding-window and chunked-local layers (Mistral v0.1, Gemma 2/3, gpt-oss, Llama 4) are modelled
-the way vLLM's hybrid allocator groups them; state-space hybrids are declined (:class:`Declined`).
+the way vLLM's hybrid allocator groups them, and so are the Mamba / linear-attention layers of
+state-space hybrids (vLLM 0.32's arithmetic: see "hybrid state layers" below); what is not
+modelled is :class:`Declined` with the reason.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from exporter.core.ceiling import Ceiling, ceiling
@@ -43,6 +45,9 @@ from exporter.sizing.weights import ParamSplit, dtype_bytes, weight_format, weig
 from exporter.vllm.version import LATEST_KNOWN, VllmVersion
 
 LayerKind = Literal["full", "sliding", "chunked"]
+#: A KV-cache group's kind: an attention kind, or ``state`` (Mamba / linear-attention layers).
+GroupKind = Literal["full", "sliding", "chunked", "state"]
+StateKind = Literal["mamba1", "mamba2", "gated_delta_net", "short_conv"]
 Device = Literal["cuda", "cpu"]
 
 #: vLLM's default ``--block-size`` on GPUs, and on the CPU backend (16 there for MLA).
@@ -61,6 +66,9 @@ CAPACITY_LABEL_SINCE = VllmVersion(0, 24, 0)
 #: From this release the hybrid allocator gives sliding-window layers their own block tables;
 #: before, every layer was allocated as full attention.
 HYBRID_ALLOCATOR_SINCE = VllmVersion(0, 10, 0)
+#: The release whose state-layer arithmetic (state pages, raised block size, align-mode blocks)
+#: the hybrid sizing follows, read from its source; older releases are declined.
+STATE_ARITHMETIC_OF = VllmVersion(0, 32, 0)
 
 _FP8_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
 
@@ -86,6 +94,65 @@ class MoeSpec:
     experts_per_token: int
     expert_intermediate_size: int
     moe_layers: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayers:
+    """The recurrent-state layers of a hybrid model: how many, and one layer's state shape.
+
+    The fields follow vLLM 0.32's ``MambaStateShapeCalculator``
+    (``vllm/model_executor/layers/mamba/mamba_utils.py``): ``mamba1`` (Jamba) uses
+    ``intermediate_size`` and ``state_size``; ``mamba2`` uses ``intermediate_size``,
+    ``n_groups``, ``num_heads``, ``head_dim``, ``state_size``; ``gated_delta_net`` (Qwen3-Next)
+    uses ``num_heads`` / ``num_k_heads`` (value / key heads), ``head_dim`` / ``head_k_dim``;
+    ``short_conv`` (LFM2) only ``intermediate_size`` (its ``conv_dim``). All have a causal
+    convolution of ``conv_kernel`` taps, of which ``conv_kernel - 1`` are kept.
+    """
+
+    kind: StateKind
+    num_layers: int
+    conv_kernel: int
+    intermediate_size: int = 0
+    n_groups: int = 0
+    num_heads: int = 0
+    head_dim: int = 0
+    state_size: int = 0
+    num_k_heads: int = 0
+    head_k_dim: int = 0
+    #: The SSM state dtype ``--mamba-ssm-cache-dtype auto`` means for this model, if it is not
+    #: the conv state's (Nemotron-H: its config's ``mamba_ssm_cache_dtype``, else float32).
+    ssm_dtype_default: str | None = None
+    #: Whether the config lists ``linear_attention`` layers: vLLM's CPU backend then keeps a
+    #: 16-bit SSM state that was asked for (its accelerated GDN path); otherwise it uses float32.
+    lists_linear_attention: bool = False
+
+    def element_counts(self, tensor_parallel: int) -> tuple[int, int]:
+        """Values of (conv state, temporal state) one layer keeps per sequence on one GPU."""
+        tp = tensor_parallel
+        taps = self.conv_kernel - 1
+        if self.kind == "mamba1":
+            channels = _divide(self.intermediate_size, tp)
+            return channels * taps, channels * self.state_size
+        if self.kind == "mamba2":
+            # Groups are replicated so that every head shard has its group (extra_groups...).
+            groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+            conv_dim = self.intermediate_size + 2 * groups * self.state_size
+            temporal = _divide(self.num_heads, tp) * self.head_dim * self.state_size
+            return _divide(conv_dim, tp) * taps, temporal
+        if self.kind == "gated_delta_net":
+            conv_dim = self.head_k_dim * self.num_k_heads * 2 + self.head_dim * self.num_heads
+            temporal = _divide(self.num_heads, tp) * self.head_dim * self.head_k_dim
+            return _divide(conv_dim, tp) * taps, temporal
+        return _divide(self.intermediate_size, tp) * taps, 0
+
+
+def _divide(value: int, tensor_parallel: int) -> int:
+    if value % tensor_parallel:
+        raise UsageError(
+            f"--tp {tensor_parallel} does not divide the state layers' {value} channels/heads; "
+            "vLLM refuses this: pick a TP that divides them"
+        )
+    return value // tensor_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +185,11 @@ class ModelArch:
     quantization: str | None = None
     max_position_embeddings: int | None = None
     declined: str | None = None
+    #: The Mamba / linear-attention layers of a hybrid model (None for pure attention models).
+    #: ``layer_kinds`` then lists only the attention layers' kinds (``attention_layers`` of them).
+    state: StateLayers | None = None
+    #: Attention layers of a hybrid model (``num_layers`` counts every decoder layer).
+    attention_layers: int | None = None
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -142,7 +214,19 @@ class ModelArch:
             base += " + sliding window" if "full" in kinds else " (sliding window)"
         if "chunked" in kinds:
             base += " + chunked local"
+        if self.state is not None:
+            count = self.state.num_layers
+            label = _STATE_LABEL[self.state.kind]
+            base += f" + {count} {label} layer{'s' if count != 1 else ''}"
         return base
+
+
+_STATE_LABEL: dict[StateKind, str] = {
+    "mamba1": "Mamba1",
+    "mamba2": "Mamba2",
+    "gated_delta_net": "gated-delta-net",
+    "short_conv": "short-conv",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +261,12 @@ class Deployment:
     gpu_name: str | None = None
     device: Device = "cuda"
     enforce_eager: bool = False
+    #: ``--mamba-cache-dtype`` (conv state, and SSM state unless the next one is given).
+    mamba_cache_dtype: str = "auto"
+    #: ``--mamba-ssm-cache-dtype`` (the SSM / recurrent state of Mamba2 and gated-delta-net).
+    mamba_ssm_cache_dtype: str = "auto"
+    #: ``--enable-prefix-caching`` (vLLM's default): hybrids then run ``--mamba-cache-mode align``.
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +281,7 @@ class Declined:
 class KvCacheGroup:
     """One of vLLM's KV-cache groups: layers of one attention kind sharing a block table."""
 
-    kind: LayerKind
+    kind: GroupKind
     window: int | None
     #: Layers of the whole model in this group.
     num_layers: int
@@ -227,7 +317,8 @@ class SizingResult:
     kv_cache_dtype: str
     kv_bytes_per_element: int
     kv_heads_per_gpu: int
-    #: Layers on the limiting GPU (all layers without pipeline parallelism).
+    #: Layers holding KV on the limiting GPU (all layers without pipeline parallelism; a
+    #: hybrid's attention layers only).
     layers_per_gpu: int
     #: KV bytes one token costs on the limiting GPU, over all its layers.
     bytes_per_token: int
@@ -254,6 +345,13 @@ class SizingResult:
     stages: tuple[StageSizing, ...]
     #: Things the model had to assume, worded for a user.
     assumptions: tuple[str, ...] = ()
+    #: Hybrids: the state one state layer keeps per sequence (conv + SSM), before padding.
+    state_bytes: int = 0
+    #: Hybrids: the state dtypes (conv, SSM), and the block size asked for before vLLM raised it.
+    state_dtypes: tuple[str, ...] = ()
+    requested_block_size: int | None = None
+    #: Hybrids: ``align`` (prefix caching on) or ``none``.
+    mamba_cache_mode: str | None = None
 
     @property
     def usable_blocks(self) -> int:
@@ -366,6 +464,9 @@ def _all_full(num_layers: int) -> tuple[LayerKind, ...]:
 
 
 def _blocks_for_tokens(group: KvCacheGroup, tokens: int, block_size: int) -> int:
+    if group.kind == "state":
+        # A state group holds the same few blocks whatever the context length.
+        return group.blocks_per_max_len_request
     full = math.ceil(tokens / block_size)
     if group.kind == "sliding" and group.window is not None:
         return min(full, math.ceil((group.window - 1) / block_size) + 1)
@@ -493,6 +594,127 @@ def _admission_blocks(
     if kind == "chunked" and window is not None:
         return math.ceil(min(window + batched, max_model_len) / block_size)
     return math.ceil(max_model_len / block_size)
+
+
+# --- hybrid state layers -----------------------------------------------------------------------
+#
+# vLLM 0.32's arithmetic, read from its source (file:line of the installed 0.32.0 package):
+# - state shapes: model_executor/layers/mamba/mamba_utils.py:161-350 (MambaStateShapeCalculator);
+#   dtypes: mamba_utils.py:53-158 (conv = --mamba-cache-dtype or the model dtype, SSM =
+#   --mamba-ssm-cache-dtype or the conv dtype); Nemotron-H's SSM default is its config's
+#   mamba_ssm_cache_dtype, else float32 (model_executor/models/config.py:712-739); the CPU
+#   backend on AVX512-BF16 CPUs resets any SSM dtype but float32 to float32 unless the
+#   accelerated GDN path takes a 16-bit one (platforms/cpu.py:39-91, 301-321).
+# - one state page = sum of the state tensors' bytes (v1/kv_cache_interface.py:1035-1070).
+# - block size: platforms/interface.py:939-1126 (_align_hybrid_block_size): with the attention
+#   page of one token P1 and the state page S, align = max(smallest kernel block, block_size),
+#   block = align x cdiv(S, align x P1), rounded up to the kernel block; the block size is raised
+#   to it when smaller (even over a user's --block-size), and the state page is padded to the
+#   attention page block x P1, so every layer's page is the same.
+# - groups: v1/core/kv_cache_utils.py:1362-1502: one bucket per spec (attention kinds, state),
+#   group size = the smallest bucket (the largest when within 1.5x), buckets split into
+#   cdiv(layers, group size) groups; num_blocks = budget // (page x group size)
+#   (kv_cache_utils.py:1520-1552, 1588-1623).
+# - a request's blocks (kv_cache_interface.py:1076-1094): attention as usual; a state group 1
+#   block (mamba cache mode none) or 2 + checkpoint blocks (align, the default with prefix
+#   caching: model_executor/models/config.py:672-709); MambaMixer2 layers keep one prefill
+#   checkpoint block (mamba_mixer2.py:1098-1108), gated-delta-net and short-conv layers none.
+# - max concurrency = num_blocks / sum of the groups' blocks per request; kv_cache_size_tokens
+#   = int(concurrency x max_model_len) (kv_cache_utils.py:1195-1228, 2300-2335).
+# - kernel blocks: v1/attention/backends/flash_attn.py:355-365 (a multiple of 16, except FA4's
+#   head-dim-256 and SM90 FP8 head-dim-512 kernels), cpu_attn.py:65-66 (a multiple of 32).
+
+#: The smallest kernel block of the attention backend vLLM pairs with state layers: FlashAttention
+#: on CUDA (a multiple of 16), CPU_ATTN on the CPU backend (a multiple of 32).
+_KERNEL_BLOCK: dict[Device, int] = {"cuda": 16, "cpu": 32}
+
+
+def _state_dtypes(
+    state: StateLayers, deployment: Deployment, *, model_dtype: str
+) -> tuple[str, str]:
+    """The (conv, SSM) state dtypes vLLM 0.32 picks for this deployment."""
+    conv = deployment.mamba_cache_dtype.strip().lower()
+    conv = model_dtype if conv == "auto" else conv
+    ssm = deployment.mamba_ssm_cache_dtype.strip().lower()
+    if ssm == "auto" and state.ssm_dtype_default is not None:
+        ssm = state.ssm_dtype_default
+    ssm = conv if ssm == "auto" else ssm
+    if deployment.device == "cpu" and ssm != "float32" and state.kind != "short_conv":
+        kept = (
+            deployment.mamba_ssm_cache_dtype in {"float16", "bfloat16"}
+            and state.lists_linear_attention
+        )
+        ssm = ssm if kept else "float32"
+    for dtype in (conv, ssm):
+        dtype_bytes(dtype)  # validates
+    return conv, ssm
+
+
+def state_page_bytes(
+    state: StateLayers, *, tensor_parallel: int, conv_dtype: str, ssm_dtype: str
+) -> int:
+    """Bytes one state layer keeps per sequence on one GPU (vLLM's unpadded MambaSpec page)."""
+    conv, temporal = state.element_counts(tensor_parallel)
+    return conv * dtype_bytes(conv_dtype) + temporal * dtype_bytes(ssm_dtype)
+
+
+def hybrid_block_size(
+    *, block_size: int, attention_token_bytes: int, state_bytes: int, device: Device
+) -> int:
+    """The attention block size vLLM uses so that one attention page holds a whole state."""
+    kernel = _KERNEL_BLOCK[device]
+    align = max(kernel, block_size)
+    needed = align * math.ceil(state_bytes / (align * attention_token_bytes))
+    needed = kernel * math.ceil(needed / kernel)
+    return max(block_size, needed)
+
+
+def _state_admission_blocks(state: StateLayers, mode: str) -> int:
+    if mode == "none":
+        return 1
+    checkpoint = 1 if state.kind == "mamba2" else 0
+    return 2 + checkpoint
+
+
+def hybrid_groups(
+    arch: ModelArch,
+    state: StateLayers,
+    *,
+    max_model_len: int,
+    block_size: int,
+    batched: int,
+    mode: str,
+) -> tuple[tuple[KvCacheGroup, ...], int]:
+    """vLLM's KV-cache groups of a hybrid model and its group size (layers per page)."""
+    window_of: dict[LayerKind, int | None] = {
+        "full": None,
+        "sliding": arch.sliding_window,
+        "chunked": arch.attention_chunk_size,
+    }
+    buckets: list[tuple[GroupKind, int | None, int, int]] = []
+    counts: dict[LayerKind, int] = {}
+    for kind in arch.kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    for attention, layers in counts.items():
+        window = window_of[attention]
+        need = _admission_blocks(attention, window, max_model_len, block_size, batched)
+        buckets.append((attention, window, layers, need))
+    buckets.append(("state", None, state.num_layers, _state_admission_blocks(state, mode)))
+    sizes = [layers for _, _, layers, _ in buckets]
+    smallest, largest = min(sizes), max(sizes)
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups: list[KvCacheGroup] = []
+    for group_kind, window, layers, need in buckets:
+        groups.extend(
+            KvCacheGroup(
+                kind=group_kind,
+                window=window,
+                num_layers=group_size,
+                blocks_per_max_len_request=need,
+            )
+            for _ in range(math.ceil(layers / group_size))
+        )
+    return tuple(groups), group_size
 
 
 # --- weights -----------------------------------------------------------------------------------
@@ -663,6 +885,92 @@ def _stage(
     return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks)
 
 
+@dataclass(slots=True)
+class _Layout:
+    """KV-cache groups, group size and block size; for hybrids also the state's facts."""
+
+    groups: tuple[KvCacheGroup, ...]
+    group_size: int
+    block_size: int
+    state_bytes: int = 0
+    state_dtypes: tuple[str, ...] = ()
+    requested_block_size: int | None = None
+    mamba_cache_mode: str | None = None
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _hybrid_layout(
+    arch: ModelArch,
+    state: StateLayers,
+    deployment: Deployment,
+    *,
+    model_dtype: str,
+    attention_token_bytes: int,
+    block_size: int,
+    max_model_len: int,
+    batched: int,
+) -> _Layout | Declined:
+    """Groups and block size of a hybrid as vLLM 0.32 lays them out, or why not."""
+    version = deployment.vllm_version
+    if version < STATE_ARITHMETIC_OF:
+        return Declined(
+            arch.name,
+            f"hybrid state-space model on vLLM {version}: its state pages are sized the way "
+            f"vLLM {STATE_ARITHMETIC_OF} sizes them, and older releases differ; give "
+            f"--vllm-version {STATE_ARITHMETIC_OF} or later",
+        )
+    if deployment.pipeline_parallel > 1 or arch.mla is not None:
+        return Declined(
+            arch.name,
+            "hybrid state-space model with "
+            + ("pipeline parallelism" if deployment.pipeline_parallel > 1 else "MLA attention")
+            + ": vLLM's per-stage state pages are not modelled; size it with --pp 1",
+        )
+    conv_dtype, ssm_dtype = _state_dtypes(state, deployment, model_dtype=model_dtype)
+    state_bytes = state_page_bytes(
+        state,
+        tensor_parallel=deployment.tensor_parallel,
+        conv_dtype=conv_dtype,
+        ssm_dtype=ssm_dtype,
+    )
+    raised = hybrid_block_size(
+        block_size=block_size,
+        attention_token_bytes=attention_token_bytes,
+        state_bytes=state_bytes,
+        device=deployment.device,
+    )
+    mode = "align" if deployment.enable_prefix_caching else "none"
+    groups, group_size = hybrid_groups(
+        arch, state, max_model_len=max_model_len, block_size=raised, batched=batched, mode=mode
+    )
+    assumptions = []
+    if version > STATE_ARITHMETIC_OF:
+        assumptions.append(
+            f"hybrid state sized with vLLM {STATE_ARITHMETIC_OF}'s arithmetic (read from its "
+            f"source), assumed unchanged in {version}"
+        )
+    if deployment.device == "cuda":
+        assumptions.append(
+            "attention backend assumed FlashAttention 2/3 (kernel blocks of 16 tokens); "
+            "FA4's head-dim-256 kernel on Blackwell picks other block sizes"
+        )
+    elif state.kind != "short_conv":
+        assumptions.append(
+            "the CPU is assumed to have AVX512-BF16 (vLLM then keeps the SSM state in "
+            "float32 unless --mamba-ssm-cache-dtype picks its 16-bit GDN path)"
+        )
+    return _Layout(
+        groups,
+        group_size,
+        raised,
+        state_bytes=state_bytes,
+        state_dtypes=(conv_dtype, ssm_dtype),
+        requested_block_size=block_size,
+        mamba_cache_mode=mode,
+        assumptions=assumptions,
+    )
+
+
 def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult | Declined:
     """Size the KV cache of ``arch`` under ``deployment``; :class:`Declined` if it cannot be.
 
@@ -687,13 +995,31 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         )
     scheduler = batch_limits(deployment, max_model_len=max_model_len)
     max_num_seqs, batched = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
-    groups, group_size = kv_cache_groups(
-        arch,
-        max_model_len=max_model_len,
-        block_size=block_size,
-        max_num_batched_tokens=batched,
-        hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
-    )
+    layout = _Layout((), 0, block_size)
+    if arch.state is not None:
+        found = _hybrid_layout(
+            arch,
+            arch.state,
+            deployment,
+            model_dtype=model_dtype,
+            attention_token_bytes=layer_bytes,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            batched=batched,
+        )
+        if isinstance(found, Declined):
+            return found
+        layout = found
+        assumptions.extend(layout.assumptions)
+    else:
+        layout.groups, layout.group_size = kv_cache_groups(
+            arch,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            max_num_batched_tokens=batched,
+            hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
+        )
+    groups, group_size, block_size = layout.groups, layout.group_size, layout.block_size
 
     util = deployment.gpu_memory_utilization
     if util is None:
@@ -747,8 +1073,9 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         kv_cache_dtype=deployment.kv_cache_dtype,
         kv_bytes_per_element=kv_element,
         kv_heads_per_gpu=1 if arch.mla is not None else kv_heads_per_gpu(arch.num_kv_heads, tp),
-        layers_per_gpu=max(layers),
-        bytes_per_token=layer_bytes * max(layers),
+        # A hybrid's KV per token is its attention layers'; the state is per sequence.
+        layers_per_gpu=arch.attention_layers or max(layers),
+        bytes_per_token=layer_bytes * (arch.attention_layers or max(layers)),
         block_size=block_size,
         gpu_memory_bytes=deployment.gpu_memory_bytes,
         gpu_memory_utilization=util,
@@ -767,6 +1094,10 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         scheduler=scheduler,
         stages=stages,
         assumptions=tuple(assumptions),
+        state_bytes=layout.state_bytes,
+        state_dtypes=layout.state_dtypes,
+        requested_block_size=layout.requested_block_size,
+        mamba_cache_mode=layout.mamba_cache_mode,
     )
 
 

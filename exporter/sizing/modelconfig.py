@@ -11,7 +11,8 @@ What is normalised: ``head_dim`` when given, else ``hidden_size / num_attention_
 (``kv_lora_rank``, ``qk_rope_head_dim``); sliding windows from ``layer_types``, Gemma 2's
 alternation, Gemma 3's ``sliding_window_pattern``, Qwen2's ``use_sliding_window`` and Mistral's
 all-layer window; Llama 4's chunked local attention; ``quantization_config``; ``torch_dtype`` or
-``dtype``. State-space hybrids are recognised and declined with a reason.
+``dtype``; the state layers of hybrid state-space models (Qwen3-Next, Granite-4.0-H, Falcon-H1,
+Nemotron-H, LFM2, Jamba), other state-space families being declined with a reason.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from exporter.boundedread import FileReadError, read_bounded
 from exporter.errors import ModelConfigError, ModelNotFoundError
-from exporter.sizing.model import LayerKind, MlaDims, ModelArch, MoeSpec
+from exporter.sizing.model import LayerKind, MlaDims, ModelArch, MoeSpec, StateLayers
 from exporter.sizing.modelroot import within
 
 # model_type values of models whose layers keep a fixed recurrent state per sequence.
@@ -184,10 +185,186 @@ def _layer_kinds(
     return tuple(kinds), window, chunk
 
 
+# --- hybrid state-space / linear-attention models -------------------------------------------
+#
+# The families sized the way vLLM 0.32 sizes them (exporter/sizing/model.py, "hybrid state
+# layers"): model_type -> the state layers' kind. Each reader below mirrors the model's
+# get_mamba_state_shape_from_config in vllm/model_executor/models/<model>.py.
+_HYBRID_TYPES = {"qwen3_next", "granitemoehybrid", "falcon_h1", "nemotron_h", "lfm2", "jamba"}
+_MAMBA_NAMES = {"mamba", "mamba2", "linear_attention", "m"}
+_ATTENTION_NAMES = {"attention", "full_attention", "*"}
+#: Nemotron-H layers without any cache: MLP ("-") and MoE ("E") blocks.
+_NO_CACHE_NAMES = {"mlp", "moe", "-", "e"}
+_WHY_NOT = {
+    "bamba": "vLLM 0.32 has no Bamba model class",
+    "mamba": "an attention-free Mamba1 model",
+    "falcon_mamba": "an attention-free Mamba1 model",
+    "mamba2": "an attention-free Mamba2 model",
+    "zamba": "its shared-attention Mamba1 layers",
+    "zamba2": "its shared-attention blocks",
+    "minimax": "its lightning-attention layers",
+    "minimax_text_01": "its lightning-attention layers",
+    "kimi_linear": "its KDA linear-attention layers with MLA",
+    "plamo2": "its Mamba layers",
+    "recurrent_gemma": "its recurrent layers",
+    "qwen3_5": "its mixed linear-attention layouts",
+    "qwen3_5_moe": "its mixed linear-attention layouts",
+}
+
+
+def _nemotron_pattern(config: Mapping[str, Any]) -> list[str] | None:
+    pattern = config.get("hybrid_override_pattern") or config.get("layers_block_type")
+    if isinstance(pattern, str):
+        return list(pattern)
+    return [str(t) for t in pattern] if isinstance(pattern, list) else None
+
+
+def _jamba_pattern(config: Mapping[str, Any]) -> list[str] | None:
+    listed = config.get("layers_block_type")
+    if isinstance(listed, list):
+        return [str(t) for t in listed]
+    # transformers' JambaConfig.layers_block_type: attention where i % period == offset.
+    layers = _opt_int(config, "num_hidden_layers") or 0
+    period = _opt_int(config, "attn_layer_period") or 8
+    offset = config.get("attn_layer_offset", 4)
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise ModelConfigError("jamba: config.json field 'attn_layer_offset' is not a number")
+    return ["attention" if i % period == offset else "mamba" for i in range(layers)]
+
+
+def _lfm2_pattern(config: Mapping[str, Any]) -> list[str]:
+    layers = _opt_int(config, "num_hidden_layers") or 0
+    attn = config.get("full_attn_idxs") or []
+    return ["full_attention" if i in attn else "conv" for i in range(layers)]
+
+
+def _qwen3_next_pattern(config: Mapping[str, Any]) -> list[str]:
+    layers = _opt_int(config, "num_hidden_layers") or 0
+    interval = _opt_int(config, "full_attention_interval") or 4
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+    ]
+
+
+def _layer_pattern(config: Mapping[str, Any], model_type: str) -> list[str] | None:
+    """Per-layer names (mamba / attention / none) of a hybrid, from whichever field it uses.
+
+    None for Falcon-H1, whose every layer has attention and Mamba2 side by side.
+    """
+    if model_type == "nemotron_h":
+        return _nemotron_pattern(config)
+    if model_type == "jamba":
+        return _jamba_pattern(config)
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and model_type != "falcon_h1":
+        return [str(t) for t in layer_types]
+    fallback = {"lfm2": _lfm2_pattern, "qwen3_next": _qwen3_next_pattern}.get(model_type)
+    return fallback(config) if fallback is not None else None
+
+
+def _state_layers(
+    config: Mapping[str, Any], model_type: str, layers: int, *, source: str
+) -> StateLayers:
+    """One state layer's shape as vLLM's model class computes it, and how many there are."""
+    hidden = _int(config, "hidden_size", source=source)
+
+    def need(key: str) -> int:
+        return _int(config, key, source=source)
+
+    if model_type == "qwen3_next":
+        return StateLayers(
+            kind="gated_delta_net",
+            num_layers=layers,
+            conv_kernel=need("linear_conv_kernel_dim"),
+            num_heads=need("linear_num_value_heads"),
+            head_dim=need("linear_value_head_dim"),
+            num_k_heads=need("linear_num_key_heads"),
+            head_k_dim=need("linear_key_head_dim"),
+            lists_linear_attention=True,
+        )
+    if model_type == "lfm2":
+        return StateLayers(
+            kind="short_conv",
+            num_layers=layers,
+            conv_kernel=need("conv_L_cache"),
+            intermediate_size=_opt_int(config, "conv_dim") or hidden,
+        )
+    if model_type == "nemotron_h":
+        ssm = config.get("mamba_ssm_cache_dtype")
+        return StateLayers(
+            kind="mamba2",
+            num_layers=layers,
+            conv_kernel=need("conv_kernel"),
+            intermediate_size=need("mamba_num_heads") * need("mamba_head_dim"),
+            n_groups=need("n_groups"),
+            num_heads=need("mamba_num_heads"),
+            head_dim=need("mamba_head_dim"),
+            state_size=need("ssm_state_size"),
+            ssm_dtype_default=str(ssm) if isinstance(ssm, str) and ssm != "auto" else "float32",
+        )
+    expand = config.get("mamba_expand", 2)
+    if not isinstance(expand, int | float) or isinstance(expand, bool) or expand <= 0:
+        raise ModelConfigError(f"{source}: config.json field 'mamba_expand' is not a number")
+    intermediate = int(expand * hidden)
+    if model_type == "jamba":
+        return StateLayers(
+            kind="mamba1",
+            num_layers=layers,
+            conv_kernel=need("mamba_d_conv"),
+            intermediate_size=intermediate,
+            state_size=need("mamba_d_state"),
+        )
+    if model_type == "falcon_h1":
+        intermediate = _opt_int(config, "mamba_d_ssm") or intermediate
+    return StateLayers(
+        kind="mamba2",
+        num_layers=layers,
+        conv_kernel=need("mamba_d_conv"),
+        intermediate_size=intermediate,
+        n_groups=need("mamba_n_groups"),
+        num_heads=need("mamba_n_heads"),
+        head_dim=need("mamba_d_head"),
+        state_size=need("mamba_d_state"),
+        # transformers 5 names Granite-4.0-H's mamba layers linear_attention (CPU GDN path).
+        lists_linear_attention=model_type == "granitemoehybrid",
+    )
+
+
+def _hybrid(config: Mapping[str, Any], *, source: str) -> tuple[int, int, StateLayers] | None:
+    """(decoder layers, attention layers, state layers) of a modelled hybrid, else None."""
+    model_type = str(config.get("model_type", ""))
+    if model_type not in _HYBRID_TYPES:
+        return None
+    pattern = _layer_pattern(config, model_type)
+    if pattern is None:  # Falcon-H1: attention and Mamba2 side by side in every layer
+        layers = _int(config, "num_hidden_layers", source=source)
+        return layers, layers, _state_layers(config, model_type, layers, source=source)
+    names = [name.lower() for name in pattern]
+    unknown = sorted(
+        {n for n in names if n not in _MAMBA_NAMES | _ATTENTION_NAMES | _NO_CACHE_NAMES | {"conv"}}
+    )
+    if unknown or not names:
+        raise ModelConfigError(
+            f"{source}: {model_type} layer pattern has unknown layer types {unknown}; known: "
+            "mamba/linear_attention/conv, attention/full_attention, mlp, moe"
+        )
+    attention = sum(name in _ATTENTION_NAMES for name in names)
+    state = sum(name in _MAMBA_NAMES or name == "conv" for name in names)
+    if attention == 0 or state == 0:
+        raise ModelConfigError(
+            f"{source}: {model_type} with {attention} attention and {state} state layers is not "
+            "a hybrid vLLM's hybrid allocator serves"
+        )
+    return len(names), attention, _state_layers(config, model_type, state, source=source)
+
+
 def _declined(config: Mapping[str, Any]) -> str | None:
     model_type = str(config.get("model_type", ""))
+    if model_type in _HYBRID_TYPES:
+        return None
     if model_type in _STATE_SPACE_TYPES:
-        return _STATE_REASON.format(what=model_type)
+        what = _WHY_NOT.get(model_type, "its state layers")
+        return _STATE_REASON.format(what=f"{model_type}: {what}")
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list) and any(str(t) in _STATE_LAYER_TYPES for t in layer_types):
         return _STATE_REASON.format(what="layer_types with linear/Mamba layers")
@@ -210,7 +387,9 @@ def parse_model_config(
         raise ModelConfigError(f"{name}: config.json must hold a JSON object")
     text = _text_config(config)
     declined = _declined(text) or _declined(config)
-    num_layers = _int(text, "num_hidden_layers", source=name)
+    num_layers = _opt_int(text, "num_hidden_layers") or 0
+    if not num_layers and _hybrid(text, source=name) is None:
+        num_layers = _int(text, "num_hidden_layers", source=name)
     heads = _int(text, "num_attention_heads", source=name)
     hidden = _int(text, "hidden_size", source=name)
     kv_heads = _opt_int(text, "num_key_value_heads") or heads
@@ -226,7 +405,13 @@ def parse_model_config(
     kinds: tuple[LayerKind, ...] = ()
     window: int | None = None
     chunk: int | None = None
-    if declined is None:
+    hybrid = _hybrid(text, source=name) if declined is None else None
+    state: StateLayers | None = None
+    attention_layers: int | None = None
+    if hybrid is not None:
+        num_layers, attention_layers, state = hybrid
+        kinds = tuple("full" for _ in range(attention_layers))
+    elif declined is None:
         kinds, window, chunk = _layer_kinds(text, num_layers, source=name)
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     return ModelArch(
@@ -249,6 +434,8 @@ def parse_model_config(
         quantization=_quantization(text),
         max_position_embeddings=_opt_int(text, "max_position_embeddings"),
         declined=declined,
+        state=state,
+        attention_layers=attention_layers,
     )
 
 

@@ -47,6 +47,23 @@ def _first_cache_config(snapshot: VllmSnapshot) -> CacheConfig | None:
     return next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
 
 
+def _state_settings(cache: CacheConfig | None) -> dict[str, Any]:
+    """Hybrids: the state dtypes and cache mode the running vLLM reports, as Deployment fields.
+
+    ``mamba_cache_mode`` (``align`` with prefix caching) decides a state group's blocks per
+    request; absent labels leave vLLM's defaults.
+    """
+    labels = cache.labels if cache else {}
+    settings: dict[str, Any] = {}
+    for key in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+        if labels.get(key) not in (None, "", "None"):
+            settings[key] = labels[key]
+    mode = labels.get("mamba_cache_mode")
+    if mode in ("align", "none"):
+        settings["enable_prefix_caching"] = mode == "align"
+    return settings
+
+
 def cuda_total_bytes(gpus: Sequence[GpuMemoryView]) -> float | None:
     """Smallest CUDA-visible memory of vLLM's GPUs (the limiting one), if any was read."""
     return min((g.cuda_total_bytes for g in gpus), default=None)
@@ -185,6 +202,7 @@ class ModelPredictor:
             gpu_name=gpus[0].name.lower() if gpus else None,
             device="cuda" if gpus or exact is None else "cpu",
             vllm_version=version,
+            **_state_settings(cache),
         )
         try:
             outcome = size_deployment(arch, deployment=deployment)

@@ -109,6 +109,81 @@ PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
         },
         "DeepSeek-V2-like MLA: latent 128 + rope 64 per layer, 2 x 192 x 2 = 768 B/token",
     ),
+    # Hybrids: one state layer and one attention layer (Falcon-H1: both in every layer). The
+    # attention layers cost 2 x 2 KV heads x 64 x 2 = 512 B/token; the states are sized so that
+    # vLLM must raise the attention block size above 128 (except LFM2's small conv state).
+    "qwen3-next": (
+        "Qwen3NextConfig",
+        {
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 256,
+            # vLLM's Qwen3NextForCausalLM needs at least one MoE layer (4 tiny experts here).
+        },
+        "Qwen3-Next-like: gated-delta-net layer + gated full-attention layer",
+    ),
+    "granite-4.0-h": (
+        "GraniteMoeHybridConfig",
+        {
+            "layer_types": ["mamba", "attention"],
+            "num_local_experts": 0,
+            "shared_intermediate_size": 512,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 64,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 64,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "position_embedding_type": "rope",
+        },
+        "Granite-4.0-H-like: Mamba2 layer + attention layer, dense shared MLP",
+    ),
+    "falcon-h1": (
+        "FalconH1Config",
+        {
+            "mamba_d_ssm": 512,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 64,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 64,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 64,
+        },
+        "Falcon-H1-like: attention and Mamba2 in parallel in both layers",
+    ),
+    "lfm2": (
+        "Lfm2Config",
+        {
+            "layer_types": ["conv", "full_attention"],
+            "conv_L_cache": 3,
+            "conv_dim": 256,
+            "block_dim": 256,
+            "block_ff_dim": 512,
+            "block_auto_adjust_ff_dim": False,
+        },
+        "LFM2-like: short-convolution layer + attention layer (a 1 KiB state)",
+    ),
+    "nemotron-h": (
+        "NemotronHConfig",
+        {
+            "hybrid_override_pattern": "M*",
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 64,
+            "n_groups": 1,
+            "ssm_state_size": 64,
+            "conv_kernel": 4,
+            "mamba_ssm_cache_dtype": "float32",
+        },
+        "Nemotron-H-like: Mamba2 layer + attention layer (pattern M*)",
+    ),
 }
 
 

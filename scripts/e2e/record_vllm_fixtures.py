@@ -97,12 +97,37 @@ SURVEY = (
     ),
     SurveyCase("qwen2", "qwen2", why="Qwen2 (QKV bias), same KV shape as the reference"),
     SurveyCase("deepseek-v2", "deepseek-v2", why="MLA: latent 128 + rope 64 per layer"),
+    SurveyCase(
+        "qwen3-next",
+        "qwen3-next",
+        why="gated delta net: 67 KiB state (fp32 SSM on AVX512-BF16 CPUs) > a 128-token page",
+    ),
+    SurveyCase(
+        "qwen3-next-ssm-bf16",
+        "qwen3-next",
+        extra_args=("--mamba-ssm-cache-dtype", "bfloat16"),
+        why="the same with a bf16 SSM state (kept by the CPU's accelerated GDN backend)",
+    ),
+    SurveyCase("granite-4.0-h", "granite-4.0-h", why="Mamba2 + attention: 132 KiB state"),
+    SurveyCase("falcon-h1", "falcon-h1", why="attention and Mamba2 in every layer"),
+    SurveyCase("lfm2", "lfm2", why="short conv: a 1 KiB state padded to the attention page"),
+    SurveyCase("nemotron-h", "nemotron-h", why="Mamba2 + attention, fp32 SSM from config.json"),
 )
 
+#: Hybrids: the labels that say how vLLM keeps their state (the API server's copy, see
+#: docs/sizing.md: mamba_block_size is the front end's, not the worker's aligned one).
+_HYBRID_LABELS = (
+    "mamba_cache_mode",
+    "mamba_cache_dtype",
+    "mamba_ssm_cache_dtype",
+    "mamba_block_size",
+)
+_HYBRID_MODEL_TYPES = {"qwen3_next", "granitemoehybrid", "falcon_h1", "lfm2", "nemotron_h"}
 #: Start-up log lines worth keeping: what vLLM says about the KV pool and its groups.
 _KV_LOG_LINE = re.compile(
     r"KV cache size|Maximum concurrency|KV cache (memory|spec|groups?)|num_gpu_blocks|"
-    r"sliding window|for KV cache|hybrid",
+    r"sliding window|for KV cache|hybrid|attention block size|Padding mamba|Mamba cache mode|"
+    r"SSM cache type|SSM state storage",
     re.IGNORECASE,
 )
 #: The burst: two shapes at once so the context distribution has two modes. 6 clients of 480
@@ -198,6 +223,7 @@ def record_case(case: SurveyCase, out: Path, logs: Path) -> dict[str, Any]:
             "kv_cache_size_tokens",
             "kv_cache_max_concurrency",
             "sliding_window",
+            *(_HYBRID_LABELS if summary["model_type"] in _HYBRID_MODEL_TYPES else ()),
         )
     }
     say(f"survey: {case.name}: {summary['cache_config_info']}")

@@ -228,3 +228,55 @@ def test_kv_capacity_tokens_means_what_vllm_logs_on_hybrid_models(
     assert out["kv_capacity_tokens"] == out["kv_cache_size_tokens"]
     assert out["kv_pool_tokens"] == out["kv_blocks"] * out["block_size"]
     assert out["kv_capacity_tokens"] != out["kv_pool_tokens"]
+
+
+# --- hybrid state-space models --------------------------------------------------------------------
+
+GRANITE_H = paths.VLLM_CPU / "architectures" / "granite-4.0-h"
+HYBRID = [
+    "plan",
+    "--model",
+    str(GRANITE_H),
+    "--kv-cache-memory-bytes",
+    str(4 * 2**20),
+    "--max-model-len",
+    "1024",
+]
+
+
+def test_plan_sizes_a_hybrid_from_its_model_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    """The tiny Granite-4.0-H on a GPU: its 69,376-byte Mamba2 state raises the block to 144.
+
+    conv 3 x (512 + 2 x 64) x 2 B + SSM 8 x 64 x 64 x 2 B = 69,376 B; one attention token is
+    2 x 2 x 64 x 2 = 512 B: block = 16 x cdiv(69,376, 16 x 512) = 144.
+    """
+    out = run_json(capsys, *HYBRID)
+    assert out["state"] == {
+        "bytes_per_layer": 69_376,
+        "dtypes": ["bfloat16", "bfloat16"],
+        "requested_block_size": 16,
+        "mamba_cache_mode": "align",
+    }
+    assert out["block_size"] == 144
+    assert [g["kind"] for g in out["kv_cache_groups"]] == ["full", "state"]
+
+
+def test_plan_passes_the_mamba_dtype_and_prefix_caching_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--mamba-ssm-cache-dtype float32 doubles the SSM state; no prefix caching: mode none."""
+    out = run_json(
+        capsys, *HYBRID, "--mamba-ssm-cache-dtype", "float32", "--no-enable-prefix-caching"
+    )
+    assert out["state"]["bytes_per_layer"] == 3 * 640 * 2 + 8 * 64 * 64 * 4
+    assert out["state"]["mamba_cache_mode"] == "none"
+    assert out["block_size"] == 16 * 17
+
+
+def test_plan_text_names_the_state(capsys: pytest.CaptureFixture[str]) -> None:
+    """The text report says the state's size, dtypes and why the block grew."""
+    assert main(HYBRID) == 0
+    text = capsys.readouterr().out
+    assert (
+        "state per layer            69,376 bytes (bfloat16/bfloat16, block raised from 16" in text
+    )

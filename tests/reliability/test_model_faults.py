@@ -176,17 +176,17 @@ def test_a_corrupt_config_json_is_data_and_its_repair_is_picked_up(
 def test_an_unsupported_architecture_is_declined_with_its_state(
     sidecar: ExporterProcess, fake_vllm: FakeVllm, model_dir: Path, figures: Figures
 ) -> None:
-    """A hybrid state-space config (Jamba): prediction model_unsupported, vLLM's figures kept."""
+    """A hybrid state-space config (Zamba2): prediction model_unsupported, vLLM's figures kept."""
     config = model_dir / "config.json"
     good = config.read_text()
-    jamba = json.loads(good) | {"model_type": "jamba", "architectures": ["JambaForCausalLM"]}
+    zamba2 = json.loads(good) | {"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"]}
     break_and_repair(
         sidecar,
         fake_vllm,
         name="unsupported_architecture",
         state="model_unsupported",
         reason=None,
-        breaks=lambda: config.write_text(json.dumps(jamba)),
+        breaks=lambda: config.write_text(json.dumps(zamba2)),
         repairs=lambda: config.write_text(good),
         figures=figures,
         restart_to_repair=True,

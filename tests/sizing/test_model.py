@@ -22,7 +22,7 @@ from exporter.sizing.model import (
     size_deployment,
     utilization_needed,
 )
-from exporter.sizing.modelconfig import load_model_arch
+from exporter.sizing.modelconfig import load_model_arch, parse_model_config
 from exporter.vllm.version import VllmVersion
 from tests import paths
 
@@ -303,3 +303,175 @@ def test_sequences_never_exceed_tokens_over_context(model: ModelArch, context: i
     """Full-attention sequences of T tokens never exceed usable tokens / T."""
     result = sized(model, PROP)
     assert result.sequences_at(context) <= result.usable_tokens // context
+
+
+# --- hybrid state-space / linear-attention models -----------------------------------------------
+
+#: Qwen3-Next-80B-A3B's attention and linear-attention fields as transformers 5.19's
+#: Qwen3NextConfig defaults give them (its docstring names Qwen/Qwen3-Next-80B-A3B-Instruct):
+#: 48 layers, one full-attention layer in four (2 KV heads x 256), 36 gated-delta-net layers (16
+#: key heads and 32 value heads of 128, a 4-tap convolution). The context length is given.
+QWEN3_NEXT = {
+    "model_type": "qwen3_next",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+HYBRID_GPU = Deployment(
+    gpu_memory_bytes=80 * GB, kv_cache_memory_bytes=10 * GIB, max_model_len=262144
+)
+
+
+def qwen3_next() -> ModelArch:
+    """The Qwen3-Next-80B-A3B shape above, parsed like any config.json."""
+    return parse_model_config(QWEN3_NEXT, name="qwen3-next-80b-a3b")
+
+
+def test_hybrid_block_size_is_raised_until_one_attention_page_holds_a_state() -> None:
+    """Qwen3-Next at TP 1 on a GPU: the 544-token attention block vLLM logs for it.
+
+    One linear-attention state: conv (4 - 1) x (128 x 16 x 2 + 128 x 32) x 2 B = 49,152 B plus
+    SSM 32 x 128 x 128 x 2 B = 1,048,576 B = 1,097,728 B. One attention token: 2 x 2 x 256 x 2 =
+    2,048 B. Block = 16 x cdiv(1,097,728, 16 x 2,048) = 16 x 34 = 544 tokens.
+    """
+    result = sized(qwen3_next(), HYBRID_GPU)
+    assert result.state_bytes == 1_097_728
+    assert result.state_dtypes == ("bfloat16", "bfloat16")
+    assert (result.requested_block_size, result.block_size) == (16, 544)
+    assert result.block_bytes == 544 * 2_048 * 12  # one page per layer of a 12-layer group
+
+
+def test_hybrid_groups_blocks_and_concurrency_at_tp4() -> None:
+    """Qwen3-Next at TP 4, 10 GiB of KV cache, 262,144-token requests, worked by hand.
+
+    TP 4 > 2 KV heads: one replicated head, 2 x 1 x 256 x 2 = 1,024 B per attention token. The
+    state splits 4 ways: conv 3 x 2,048 x 2 + SSM 8 x 128 x 128 x 2 = 274,432 B; block = 16 x
+    cdiv(274,432, 16,384) = 272 tokens; page = 278,528 B. 12 attention and 36 state layers:
+    group size 12, so one attention group and three state groups, 12 pages per block:
+    floor(10 GiB / 3,342,336) = 3,212 blocks. A 262,144-token request needs cdiv(262,144, 272) =
+    964 attention blocks + 2 per state group (prefix caching on: mamba cache mode align) = 970.
+    """
+    result = sized(qwen3_next(), replace(HYBRID_GPU, tensor_parallel=4))
+    assert (result.state_bytes, result.block_size) == (274_432, 272)
+    assert [group.kind for group in result.kv_groups] == ["full", "state", "state", "state"]
+    assert result.block_bytes == 3_342_336
+    assert result.kv_blocks == 3_212
+    assert result.blocks_per_max_len_request == 970
+    assert result.max_concurrency == pytest.approx(3_212 / 970)
+    assert result.kv_cache_size_tokens == int(3_212 / 970 * 262_144)
+    assert result.mamba_cache_mode == "align"
+
+
+def test_without_prefix_caching_a_state_group_holds_one_block_per_request() -> None:
+    """--no-enable-prefix-caching: mamba cache mode none, 1 state block per request per group."""
+    base = replace(HYBRID_GPU, tensor_parallel=4)
+    result = sized(qwen3_next(), replace(base, enable_prefix_caching=False))
+    assert result.mamba_cache_mode == "none"
+    assert result.blocks_per_max_len_request == 964 + 3
+
+
+def test_state_blocks_do_not_grow_with_context() -> None:
+    """A state group holds its few blocks at any context; attention groups grow with it."""
+    result = sized(qwen3_next(), replace(HYBRID_GPU, tensor_parallel=4))
+    assert result.blocks_per_sequence(1) == 1 + 3 * 2
+    assert result.blocks_per_sequence(272 * 10) == 10 + 3 * 2
+
+
+def test_ssm_cache_dtype_flags_size_the_state() -> None:
+    """--mamba-ssm-cache-dtype float32 doubles the SSM state; --mamba-cache-dtype sets the conv."""
+    base = replace(HYBRID_GPU, tensor_parallel=4)
+    wide = sized(qwen3_next(), replace(base, mamba_ssm_cache_dtype="float32"))
+    assert wide.state_dtypes == ("bfloat16", "float32")
+    assert wide.state_bytes == 3 * 2_048 * 2 + 8 * 128 * 128 * 4
+    both = sized(qwen3_next(), replace(base, mamba_cache_dtype="float32"))
+    assert both.state_dtypes == ("float32", "float32")
+
+
+def test_a_user_block_size_is_raised_too() -> None:
+    """vLLM overrides a --block-size too small for the state (platforms/interface.py)."""
+    result = sized(qwen3_next(), replace(HYBRID_GPU, tensor_parallel=4, block_size=32))
+    assert (result.requested_block_size, result.block_size) == (32, 288)  # 32 x cdiv(274432, 32768)
+
+
+def test_cpu_keeps_the_ssm_state_in_float32_unless_a_16_bit_gdn_state_is_asked_for() -> None:
+    """The CPU backend (AVX512-BF16) resets auto to float32; bfloat16 is kept for GDN layers."""
+    cpu = replace(HYBRID_GPU, device="cpu", tensor_parallel=4)
+    assert sized(qwen3_next(), cpu).state_dtypes == ("bfloat16", "float32")
+    kept = sized(qwen3_next(), replace(cpu, mamba_ssm_cache_dtype="bfloat16"))
+    assert kept.state_dtypes == ("bfloat16", "bfloat16")
+    assert any("AVX512-BF16" in line for line in kept.assumptions)
+
+
+def test_hybrid_with_pipeline_parallelism_is_declined() -> None:
+    """Per-stage state pages are not modelled: declined in one line, not guessed."""
+    outcome = size_deployment(qwen3_next(), deployment=replace(HYBRID_GPU, pipeline_parallel=2))
+    assert isinstance(outcome, Declined)
+    assert "pipeline parallelism" in outcome.reason
+
+
+def test_state_heads_tp_must_divide() -> None:
+    """A TP that does not divide the state's heads is refused, as vLLM's divide() does."""
+    with pytest.raises(UsageError, match="does not divide"):
+        sized(qwen3_next(), replace(HYBRID_GPU, tensor_parallel=64))  # 32 value heads
+
+
+#: Jamba-v0.1's fields as transformers 5.19's JambaConfig defaults give them (its docstring names
+#: ai21labs/Jamba-v0.1): 32 layers, attention at i % 8 == 4 (4 layers, 8 KV heads x 128), 28
+#: Mamba1 layers (expand 2 x 4,096, state 16, a 4-tap convolution).
+JAMBA = {
+    "model_type": "jamba",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_jamba_mamba1_is_sized_by_vllms_arithmetic() -> None:
+    """Jamba-v0.1 at TP 1 on a GPU with 10 GiB of KV cache, derived by hand from vLLM 0.32's source.
+
+    (vLLM's CPU build has no Mamba1 kernel, so no real start checks this one.) A Mamba1 state:
+    conv 3 x 8,192 x 2 B = 49,152 + SSM 8,192 x 16 x 2 B = 262,144 -> 311,296 B. One attention
+    token: 2 x 8 x 128 x 2 = 4,096 B; block = 16 x cdiv(311,296, 65,536) = 80 tokens, page
+    327,680 B. 4 attention and 28 Mamba layers: group size 4, one attention group and seven state
+    groups, 4 pages per block: 10 GiB // 1,310,720 = 8,192 blocks. A 262,144-token request:
+    cdiv(262,144, 80) = 3,277 attention blocks + 7 x 2 state blocks (align mode) = 3,291.
+    """
+    arch = parse_model_config(JAMBA, name="jamba-v0.1")
+    assert arch.state is not None
+    assert (arch.attention_layers, arch.state.num_layers, arch.state.kind) == (4, 28, "mamba1")
+    result = sized(arch, HYBRID_GPU)
+    assert (result.state_bytes, result.block_size) == (311_296, 80)
+    assert len(result.kv_groups) == 8
+    assert result.block_bytes == 1_310_720
+    assert result.kv_blocks == 8_192
+    assert result.blocks_per_max_len_request == 3_291
+    assert result.kv_cache_size_tokens == int(8_192 / 3_291 * 262_144)
+
+
+def test_a_hybrid_on_a_vllm_older_than_the_arithmetic_read_is_declined() -> None:
+    """The state arithmetic is 0.32's; an older vLLM is declined, a newer one assumed the same."""
+    old = size_deployment(
+        qwen3_next(), deployment=replace(HYBRID_GPU, vllm_version=VllmVersion(0, 31))
+    )
+    assert isinstance(old, Declined)
+    assert "0.32.0" in old.reason
+    newer = sized(qwen3_next(), replace(HYBRID_GPU, vllm_version=VllmVersion(0, 33)))
+    assert any("assumed unchanged in 0.33.0" in line for line in newer.assumptions)

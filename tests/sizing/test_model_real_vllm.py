@@ -1,10 +1,11 @@
-"""The sizing model against real vLLM 0.32 start-ups of nine tiny architectures (CPU build).
+"""The sizing model against real vLLM 0.32 start-ups of tiny architectures (CPU build).
 
 ``tests/fixtures/vllm-cpu/architectures/`` holds, per case, the model's config.json, the exact
 vLLM arguments and the ``cache_config_info`` vLLM reported, all with ``--kv-cache-memory-bytes``
 4 MiB (recorded by ``scripts/e2e/record_vllm_fixtures.py``). The model must reproduce vLLM's
 blocks, block size, ``kv_cache_size_tokens`` and max concurrency exactly, sliding-window,
-Gemma-2 hybrid and MLA models included, and refuse what vLLM refused.
+Gemma-2 hybrid, MLA and state-space hybrids (Mamba2, gated delta net, short conv) included, and
+refuse what vLLM refused.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def size(case: dict[str, Any]) -> SizingResult:
     batched = None
     if "--max-num-batched-tokens" in extra:
         batched = int(extra[extra.index("--max-num-batched-tokens") + 1])
+    ssm = "auto"
+    if "--mamba-ssm-cache-dtype" in extra:
+        ssm = extra[extra.index("--mamba-ssm-cache-dtype") + 1]
     deployment = Deployment(
         gpu_memory_bytes=8 * 2**30,
         device="cpu",
@@ -37,6 +41,7 @@ def size(case: dict[str, Any]) -> SizingResult:
         max_model_len=case["max_model_len"],
         vllm_version=parse_vllm_version(SUMMARY["vllm_version"]),
         max_num_batched_tokens=batched,
+        mamba_ssm_cache_dtype=ssm,
     )
     result = size_deployment(parse_model_config(config, name=case["case"]), deployment=deployment)
     assert isinstance(result, SizingResult), result
@@ -63,3 +68,25 @@ def test_what_vllm_refused_does_not_fit_in_the_model_either(case: dict[str, Any]
     """A max_model_len vLLM refused (the null block is real) does not fit in the model."""
     assert "estimated maximum model length" in case["error"]
     assert not size(case).max_model_len_fits
+
+
+HYBRIDS = [
+    c for c in SUMMARY["cases"] if c["started"] and "mamba_cache_mode" in c["cache_config_info"]
+]
+
+
+@pytest.mark.parametrize("case", HYBRIDS, ids=lambda c: c["case"])
+def test_a_hybrids_mamba_block_size_label_is_the_front_ends_not_the_workers(
+    case: dict[str, Any],
+) -> None:
+    """cache_config_info's mamba_block_size is the front end's unaligned copy.
+
+    The pool follows the worker's aligned block (``block_size``), which the model reproduces:
+    exactly as many of its blocks as fit in the budget.
+    """
+    reported = case["cache_config_info"]
+    result = size(case)
+    assert reported["mamba_cache_mode"] == "align"
+    assert int(reported["mamba_block_size"]) != result.block_size
+    assert result.block_bytes * result.kv_blocks <= SUMMARY["kv_cache_memory_bytes"]
+    assert result.block_bytes * (result.kv_blocks + 1) > SUMMARY["kv_cache_memory_bytes"]

@@ -84,15 +84,15 @@ def test_deepseek_v3_mla_moe_and_fp8() -> None:
 
 
 def test_state_space_hybrid_is_declined() -> None:
-    """A Jamba-style hybrid is declined with a reason instead of mis-sized."""
+    """A MiniMax-style hybrid is declined with a reason instead of mis-sized."""
     arch = parse_model_config(
         {
-            "model_type": "jamba",
+            "model_type": "minimax",
             "num_hidden_layers": 32,
             "num_attention_heads": 32,
             "hidden_size": 4096,
         },
-        name="jamba",
+        name="minimax",
     )
     assert arch.declined is not None
     assert "state" in arch.declined
@@ -140,3 +140,143 @@ def test_weights_from_index_then_file_sizes(tmp_path: Path) -> None:
     index = {"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert model_weights_bytes(tmp_path) == 16_060_522_496
+
+
+# --- hybrid state-space / linear-attention models -----------------------------------------------
+
+_ATTENTION = {
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+
+
+def test_qwen3_next_reads_gated_delta_net_layers_from_the_interval() -> None:
+    """No layer_types: every full_attention_interval-th layer is full attention, others GDN."""
+    arch = parse_model_config(
+        {
+            **_ATTENTION,
+            "model_type": "qwen3_next",
+            "num_hidden_layers": 8,
+            "full_attention_interval": 4,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+        },
+        name="q",
+    )
+    assert arch.declined is None
+    assert arch.state is not None
+    assert (arch.num_layers, arch.attention_layers, arch.state.num_layers) == (8, 2, 6)
+    assert arch.state.kind == "gated_delta_net"
+    # conv (64 x 2 x 2 + 32 x 4) x 3 taps; SSM 4 value heads x 32 x 64.
+    assert arch.state.element_counts(1) == (384 * 3, 4 * 32 * 64)
+
+
+def test_granite_hybrid_takes_either_layer_type_spelling() -> None:
+    """Granite-4.0-H's published mamba/attention names and transformers 5's linear/full ones."""
+    mamba = {
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    }
+    for names in (["mamba", "mamba", "attention"], ["linear_attention"] * 2 + ["full_attention"]):
+        config = {**_ATTENTION, **mamba, "model_type": "granitemoehybrid", "layer_types": names}
+        arch = parse_model_config({**config, "num_hidden_layers": 3}, name="g")
+        assert arch.state is not None
+        assert (arch.attention_layers, arch.state.num_layers, arch.state.kind) == (1, 2, "mamba2")
+        # conv (2 x 256 + 2 x 1 group x 64) x 3 taps; SSM 8 heads x 64 x 64.
+        assert arch.state.element_counts(1) == (640 * 3, 8 * 64 * 64)
+
+
+def test_mamba2_groups_are_replicated_for_tp_that_does_not_divide_them() -> None:
+    """One group at TP 2: vLLM adds tp - n_groups groups so every head shard has its group."""
+    arch = parse_model_config(
+        {
+            **_ATTENTION,
+            "model_type": "falcon_h1",
+            "num_hidden_layers": 2,
+            "mamba_d_ssm": 512,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 64,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 64,
+            "mamba_d_conv": 4,
+        },
+        name="f",
+    )
+    assert arch.state is not None
+    assert (arch.attention_layers, arch.state.num_layers) == (2, 2)  # both in every layer
+    assert arch.state.element_counts(2) == ((512 + 2 * 2 * 64) // 2 * 3, 4 * 64 * 64)
+
+
+def test_nemotron_h_reads_its_pattern_and_float32_ssm_default() -> None:
+    """hybrid_override_pattern: M = Mamba2, * = attention, - and E = no cache."""
+    arch = parse_model_config(
+        {
+            **_ATTENTION,
+            "model_type": "nemotron_h",
+            "hybrid_override_pattern": "M-M*-E",
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 64,
+            "n_groups": 1,
+            "ssm_state_size": 64,
+            "conv_kernel": 4,
+        },
+        name="n",
+    )
+    assert arch.state is not None
+    assert (arch.num_layers, arch.attention_layers, arch.state.num_layers) == (6, 1, 2)
+    assert arch.state.ssm_dtype_default == "float32"
+
+
+def test_lfm2_short_conv_from_full_attn_idxs() -> None:
+    """LFM2: conv layers keep (L_cache - 1) x conv_dim values; attention at full_attn_idxs."""
+    arch = parse_model_config(
+        {
+            **_ATTENTION,
+            "model_type": "lfm2",
+            "num_hidden_layers": 4,
+            "full_attn_idxs": [1, 3],
+            "conv_L_cache": 3,
+        },
+        name="l",
+    )
+    assert arch.state is not None
+    assert (arch.attention_layers, arch.state.kind) == (2, "short_conv")
+    assert arch.state.element_counts(1) == (2 * 256, 0)  # conv_dim defaults to hidden_size
+
+
+@pytest.mark.parametrize(
+    ("model_type", "why"),
+    [("zamba", "Mamba1"), ("bamba", "no Bamba model"), ("kimi_linear", "KDA")],
+)
+def test_unmodelled_state_families_are_declined_in_one_line(model_type: str, why: str) -> None:
+    """Families vLLM 0.32 sizes differently (or does not serve) say so instead of a guess."""
+    arch = parse_model_config(
+        {**_ATTENTION, "model_type": model_type, "num_hidden_layers": 4}, name="x"
+    )
+    assert arch.declined is not None
+    assert why in arch.declined
+    assert "\n" not in arch.declined
+
+
+def test_hybrid_pattern_without_attention_is_an_error() -> None:
+    """A hybrid config whose pattern lists no attention layer is reported, not sized."""
+    with pytest.raises(ModelConfigError, match="0 attention"):
+        parse_model_config(
+            {
+                **_ATTENTION,
+                "model_type": "lfm2",
+                "num_hidden_layers": 2,
+                "layer_types": ["conv", "conv"],
+                "conv_L_cache": 3,
+            },
+            name="l",
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -223,3 +224,25 @@ def test_a_hub_id_root_is_never_read_as_a_local_path(
     failure = predictor.load(TargetInfo("acme/private", "acme/private", 512))
     assert failure is not None
     assert failure.reason == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["granite-4.0-h", "falcon-h1", "lfm2", "nemotron-h", "qwen3-next", "qwen3-next-ssm-bf16"],
+)
+def test_a_live_hybrid_is_predicted_from_the_labels_vllm_reported(case: str) -> None:
+    """Real 0.32 hybrids: the live prediction equals kv_cache_size_tokens from their metrics.
+
+    The cache_config_info labels recorded from each start (raised block size, mamba cache mode,
+    SSM dtype) are fed back as the live metrics; the model directory is the recorded config.
+    """
+    survey = paths.VLLM_CPU / "architectures"
+    labels = json.loads((survey / case / "cache_config_info.json").read_text())
+    body = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    snap = parse_vllm_metrics(f"vllm:cache_config_info{{{body}}} 1.0\n".encode())
+    predictor = ModelPredictor(model_roots=(survey,))
+    info = TargetInfo(case, str(survey / case), 1024, "0.32.0")
+    assert predictor.load(info) is None
+    prediction = predictor.predict(snap, info, ())
+    assert prediction.state == "ok", prediction.message
+    assert prediction.capacity_tokens == int(labels["kv_cache_size_tokens"])
