@@ -74,3 +74,16 @@ def test_smallest_gpu_is_the_first_that_fits() -> None:
     assert spec is not None
     ordered = list(gpus())
     assert ordered.index(spec) > 0
+
+
+def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() -> None:
+    """Qwen3-Next (one full-attention layer in four) is sized as a hybrid, not declined."""
+    entry = find_model("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert entry is not None
+    arch = entry.arch()
+    assert arch.declined is None
+    assert arch.num_layers == 48
+    assert arch.attention_layers == 12
+    assert arch.state is not None
+    assert arch.state.num_layers == 36
+    assert (arch.state.num_heads, arch.state.num_k_heads) == (32, 16)
