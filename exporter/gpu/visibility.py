@@ -238,7 +238,8 @@ def resolve_visible_devices(
         decision = (
             VisibilityState.NO_GPUS,
             f"{NVIDIA_VISIBLE_DEVICES}={nvidia.raw!r}: no GPU through the NVIDIA runtime; if "
-            f"GPUs reach vLLM another way (CDI), set the gpus setting to their UUIDs",
+            f"GPUs reach vLLM another way (CDI), set gpu_source=dcgm (dcgm-exporter's pod "
+            "mapping) or the gpus setting to their UUIDs",
             (),
         )
     elif cuda.kind is DeviceListKind.NONE:

@@ -605,7 +605,11 @@ def test_the_legacy_runtime_names_its_gpus_whatever_is_open() -> None:
 
 
 def test_no_gpu_and_no_device_open_is_still_no_gpus(tmp_path: Path) -> None:
-    """void without any /dev/nvidia<N> open: vLLM has no GPU (a CPU build), not CDI."""
+    """void without any /dev/nvidia<N> seen open: no GPUs, and the line names the other sources.
+
+    A CPU build of vLLM, or CDI where the sidecar runs as another user and cannot read vLLM's
+    file descriptors (the chart's case): the line says how to name the GPUs instead.
+    """
     layout = tmp_path / "proc"
     for pid in ("7", "45"):
         source = PROC / "k8s-cdi-void" / pid
@@ -614,6 +618,8 @@ def test_no_gpu_and_no_device_open_is_still_no_gpus(tmp_path: Path) -> None:
             (layout / pid / name).write_bytes((source / name).read_bytes())
     visibility = discover_gpu_visibility(proc_root=layout, self_pid=NOT_US)
     assert visibility.state is VisibilityState.NO_GPUS
+    assert "gpu_source=dcgm" in visibility.detail
+    assert "gpus setting" in visibility.detail
 
 
 def test_cdi_devices_are_read_when_discovery_is_told_to_read_all() -> None:
