@@ -1026,6 +1026,55 @@ class PrometheusServer:
         self.stop()
 
 
+class ToolServer:
+    """A server (VictoriaMetrics, vmalert, a Prometheus agent) in its own process group.
+
+    Listening on loopback ``port`` (its ``argv`` says so); ready when ``ready_path`` answers 200.
+    """
+
+    def __init__(self, argv: list[str], *, port: int, log_path: Path, ready_path: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.group = ProcessGroup(argv, log_path=log_path)
+        self.client = loopback_client(self.url)
+        self.ready_path = ready_path
+
+    def start(self) -> ToolServer:
+        """Start it; wait until it answers."""
+        self.group.start()
+
+        def ready() -> bool:
+            if not self.group.running():
+                raise ServerStartError(
+                    f"{self.group.argv[0]} exited (log: {self.log_path}):\n"
+                    f"{_log_excerpt(self.log_path)}"
+                )
+            try:
+                return self.client.get(self.ready_path, timeout=2.0).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, timeout_s=30.0, what=f"{self.group.argv[0]} on {self.url}")
+        return self
+
+    def get_json(self, path: str, **params: str) -> Any:
+        """GET ``path`` and decode its JSON."""
+        response = self.client.get(path, params=params, timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query (VictoriaMetrics' Prometheus API)."""
+        result: list[dict[str, Any]] = self.get_json("/api/v1/query", query=expr)["data"]["result"]
+        return result
+
+    def stop(self) -> None:
+        """Stop it."""
+        self.client.close()
+        self.group.stop()
+
+
 # ------------------------------------------------------------------------------ load driver
 
 

@@ -45,11 +45,10 @@ from tests import paths
 from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
 from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
-    ProcessGroup,
+    ToolServer,
     fleet_scrape_configs,
     free_port,
     helm_binary,
-    loopback_client,
     prometheus_binary,
     victoria_metrics_binary,
     wait_until,
@@ -147,49 +146,6 @@ def fake_payload(preempting: bool, started: float) -> Any:
     return payload
 
 
-class Server:
-    """A Debian tool in its own process group, ready when ``ready_path`` answers 200."""
-
-    def __init__(self, argv: list[str], *, port: int, log_path: Path, ready_path: str) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self.group = ProcessGroup(argv, log_path=log_path)
-        self.client = loopback_client(self.url)
-        self.ready_path = ready_path
-
-    def start(self) -> Server:
-        """Start it; wait until it answers."""
-        self.group.start()
-
-        def ready() -> bool:
-            if not self.group.running():
-                raise RuntimeError(f"{self.group.argv[0]} exited: {self.log_path.read_text()}")
-            try:
-                return self.client.get(self.ready_path, timeout=2.0).status_code == 200
-            except Exception:  # noqa: BLE001 - not listening yet
-                return False
-
-        wait_until(ready, timeout_s=30.0, what=f"{self.group.argv[0]} on {self.url}")
-        return self
-
-    def get_json(self, path: str, **params: str) -> Any:
-        """GET ``path`` and decode its JSON."""
-        response = self.client.get(path, params=params, timeout=10.0)
-        response.raise_for_status()
-        return response.json()
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """An instant query (VictoriaMetrics' Prometheus API)."""
-        result: list[dict[str, Any]] = self.get_json("/api/v1/query", query=expr)["data"]["result"]
-        return result
-
-    def stop(self) -> None:
-        """Stop it."""
-        self.client.close()
-        self.group.stop()
-
-
 @dataclass(slots=True)
 class Fleet:
     """What the scenario observed."""
@@ -227,7 +183,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     started = time.monotonic()
     fakes = {pod: FakeVllm(payload=fake_payload(pod == INCIDENT_POD, started)) for pod in PODS}
     receiver = Receiver()
-    servers: list[Server] = []
+    servers: list[ToolServer] = []
     exporters: list[ExporterProcess] = []
     alertmanager = AlertmanagerServer(
         example_config(receiver.url, group_wait="1s"), workdir / "alertmanager"
@@ -235,7 +191,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         alertmanager.start()
         vm_port = free_port()
-        vm = Server(
+        vm = ToolServer(
             [
                 str(vm_binaries["victoria-metrics"]),
                 f"-httpListenAddr=127.0.0.1:{vm_port}",
@@ -251,7 +207,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         )
         servers.append(vm.start())
         targets = {pod: fake.url.removeprefix("http://") for pod, fake in fakes.items()}
-        agents: list[Server] = []
+        agents: list[ToolServer] = []
         for shard in range(SHARDS):
             exporter = ExporterProcess(
                 {"HEADROOM_MODE": "fleet", "HEADROOM_PROBE_ALLOWLIST": "127.0.0.0/8"}
@@ -277,7 +233,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             config_path = workdir / f"shard-{shard}.yml"
             config_path.write_text(json.dumps(config, indent=2))
             port = free_port()
-            agent = Server(
+            agent = ToolServer(
                 [
                     str(prometheus),
                     "--enable-feature=agent",
@@ -292,7 +248,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             servers.append(agent.start())
             agents.append(agent)
         vmalert_port = free_port()
-        vmalert = Server(
+        vmalert = ToolServer(
             [
                 str(vm_binaries["vmalert"]),
                 f"-rule={rule_file}",
