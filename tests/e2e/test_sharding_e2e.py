@@ -20,9 +20,11 @@ in test_alerting_e2e.py). Debian's vmalert (1.79) predates ``keep_firing_for`` (
 it refuses the field, so the test drops it from the rendered file (docs say so).
 
 The tests check: each shard scraped exactly its half (the split the hash gives, 4 and 4; disjoint,
-together all 8 pods, for both jobs); VictoriaMetrics holds every series once (no pod's series
-from two shards); the page reaches the pager once, for llm-0, with the label set the
-single-Prometheus page carries (test_alerting_e2e.py). Alertmanager's group_wait is 1 s (the
+together all 8 pods, for both jobs); VictoriaMetrics holds every series once, with one scraper's
+samples (a pod both shards scraped would have one series, its labels being the same, with
+twice the samples: letting both shards keep every pod fails this test and the first, 40 samples
+for 20); the page reaches the pager once, for llm-0, with the label set the single-Prometheus
+page carries (test_alerting_e2e.py). Alertmanager's group_wait is 1 s (the
 shipped 10 s for pages, 5 minutes for tickets, would only add waiting). About 45 s on two cores.
 """
 
@@ -74,6 +76,8 @@ SCRAPE_S = 1.0
 #: 1-minute rate's two samples, the rule chain's evaluations (records on records, each read back
 #: from the store), the `for` of 5 s and Alertmanager's group_wait of 1 s (measured: 37 to 47 s).
 PAGE_TIMEOUT_S = 90.0
+#: The window whose samples are counted, well inside the time every shard has been writing.
+SAMPLE_WINDOW_S = 20.0
 
 
 # ------------------------------------------------------------------------- the recipe
@@ -160,6 +164,9 @@ class Fleet:
     #: VictoriaMetrics: series per (job, pod) of up, and of vLLM's preemption counter.
     up_series: dict[tuple[str, str], int] = field(default_factory=dict)
     preemption_series: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: VictoriaMetrics: samples of each up series in the last SAMPLE_WINDOW_S (a pod scraped by
+    #: both shards has one series, the labels being the same, with twice the samples).
+    up_samples: dict[tuple[str, str], int] = field(default_factory=dict)
     pages: list[Notification] = field(default_factory=list)
     #: vmalert's active alerts of the page's name, when the page arrived.
     page_alerts_in_vmalert: list[dict[str, Any]] = field(default_factory=list)
@@ -301,6 +308,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for expr, into in (
             ("count by (job, pod) (up)", fleet.up_series),
             ("count by (job, pod) (vllm:num_preemptions_total)", fleet.preemption_series),
+            (f"count_over_time(up[{SAMPLE_WINDOW_S:g}s])", fleet.up_samples),
         ):
             for row in vm.query(expr):
                 into[(row["metric"]["job"], row["metric"]["pod"])] = int(row["value"][1])
@@ -340,6 +348,12 @@ def test_the_store_holds_every_series_once(fleet: Fleet) -> None:
     pairs = {(job, pod) for job in (VLLM_JOB, EXPORTER_JOB) for pod in PODS}
     assert fleet.up_series == dict.fromkeys(pairs, 1)
     assert fleet.preemption_series == {(VLLM_JOB, pod): 1 for pod in PODS}
+    # One scraper's samples: one a second (20 in the window), not two scrapers' 40.
+    per_scraper = SAMPLE_WINDOW_S / SCRAPE_S
+    assert set(fleet.up_samples) == pairs
+    assert all(per_scraper / 2 <= n <= per_scraper * 1.5 for n in fleet.up_samples.values()), (
+        fleet.up_samples
+    )
 
 
 def test_the_global_evaluator_pages_once_for_the_incident(fleet: Fleet) -> None:
