@@ -24,8 +24,10 @@ together all 8 pods, for both jobs); VictoriaMetrics holds every series once, wi
 samples (a pod both shards scraped would have one series, its labels being the same, with
 twice the samples: letting both shards keep every pod fails this test and the first, 40 samples
 for 20); the page reaches the pager once, for llm-0, with the label set the single-Prometheus
-page carries (test_alerting_e2e.py). Alertmanager's group_wait is 1 s (the
-shipped 10 s for pages, 5 minutes for tickets, would only add waiting). About 45 s on two cores.
+page carries (test_alerting_e2e.py). Apart, in 6 s: prometheus-operator's own sharding rules
+appended to the chart's jobs keep each pod's probe on the shard of its direct scrape.
+Alertmanager's group_wait is 1 s (the shipped 10 s for pages, 5 minutes for tickets, would only
+add waiting). About 55 s on two cores.
 """
 
 from __future__ import annotations
@@ -83,14 +85,43 @@ SAMPLE_WINDOW_S = 20.0
 # ------------------------------------------------------------------------- the recipe
 
 
-def shard_of(namespace: str, pod: str, shards: int = SHARDS) -> int:
-    """Prometheus's ``hashmod`` of ``namespace;pod``: the shard that keeps the pod.
+def hashmod(value: str, shards: int = SHARDS) -> int:
+    """Prometheus's ``hashmod`` of a relabelling's joined source labels: the shard that keeps it.
 
-    The low 8 bytes of the MD5 of the joined source labels, big-endian, modulo the shard count
+    The low 8 bytes of the MD5 of ``value``, big-endian, modulo the shard count
     (prometheus/model/relabel); the test's expectation, computed independently of Prometheus.
     """
-    digest = hashlib.md5(f"{namespace};{pod}".encode(), usedforsecurity=False).digest()
+    digest = hashlib.md5(value.encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[8:], "big") % shards
+
+
+def operator_sharding_rules(shard: int, shards: int = SHARDS) -> list[dict[str, Any]]:
+    """What prometheus-operator's ``spec.shards`` appends to every job's relabelling.
+
+    Its generated configuration (for shard ``shard``): ``__tmp_hash`` is ``__address__`` unless
+    a relabelling set it, then hashed; a target is kept by its shard (or by every shard when
+    ``__tmp_disable_sharding`` is set).
+    """
+    return [
+        {
+            "source_labels": ["__address__", "__tmp_hash"],
+            "target_label": "__tmp_hash",
+            "regex": "(.+);",
+            "replacement": "$1",
+            "action": "replace",
+        },
+        {
+            "source_labels": ["__tmp_hash"],
+            "target_label": "__tmp_hash",
+            "modulus": shards,
+            "action": "hashmod",
+        },
+        {
+            "source_labels": ["__tmp_hash", "__tmp_disable_sharding"],
+            "regex": f"{shard};|.+;.+",
+            "action": "keep",
+        },
+    ]
 
 
 def helm_template(helm: Path, values: dict[str, Any], workdir: Path, template: str) -> list[Any]:
@@ -277,7 +308,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
         fleet = Fleet(
             receiver_url=receiver.url,
-            expected_shard={pod: shard_of(NAMESPACE, pod) for pod in PODS},
+            expected_shard={pod: hashmod(f"{NAMESPACE};{pod}") for pod in PODS},
         )
 
         def paged() -> list[Notification]:
@@ -388,3 +419,67 @@ def test_the_page_carries_the_single_prometheus_labels(fleet: Fleet) -> None:
         "team",
         "headroom_release",
     }
+
+
+def test_operator_shards_keep_each_pods_probe_beside_its_vllm_scrape(tmp_path: Path) -> None:
+    """prometheus-operator's own sharding of the chart's jobs: each pod's two jobs on one shard.
+
+    The operator hashes ``__address__`` after the chart's relabelling, which rewrites it to the
+    exporter for every probe; the chart's ``__tmp_hash`` (the pod's address) is hashed instead.
+    Two Prometheus agents with the operator's rules appended: each keeps the probes and the
+    direct scrapes of the pods whose address hashes to it.
+    """
+    helm, prometheus = require(helm_binary), require(prometheus_binary)
+    discovery = helm_template(helm, CHART_VALUES, tmp_path, "templates/fleet-discovery.yaml")
+    fakes = {pod: FakeVllm() for pod in PODS}
+    agents: list[ToolServer] = []
+    try:
+        addresses = {pod: fake.url.removeprefix("http://") for pod, fake in fakes.items()}
+        for shard in range(SHARDS):
+            jobs = fleet_scrape_configs(
+                discovery,
+                {pod: (NAMESPACE, address) for pod, address in addresses.items()},
+                exporter_address="127.0.0.1:9",  # never reached
+                port_number=VLLM_PORT,
+                interval_s=SCRAPE_S,
+            )
+            for job in jobs:
+                job["relabel_configs"] += operator_sharding_rules(shard)
+            config = {"scrape_configs": jobs}  # nothing to send: the targets are what counts
+            config_path = tmp_path / f"operator-shard-{shard}.yml"
+            config_path.write_text(json.dumps(config))
+            port = free_port()
+            agent = ToolServer(
+                [
+                    str(prometheus),
+                    "--enable-feature=agent",
+                    f"--config.file={config_path}",
+                    f"--storage.agent.path={tmp_path / f'operator-shard-{shard}-wal'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                port=port,
+                log_path=tmp_path / f"operator-shard-{shard}.log",
+                ready_path="/-/ready",
+            )
+            agents.append(agent.start())
+
+        def kept() -> list[dict[str, set[str]]]:
+            by_shard: list[dict[str, set[str]]] = []
+            for agent in agents:
+                jobs: dict[str, set[str]] = {}
+                for target in agent.get_json("/api/v1/targets")["data"]["activeTargets"]:
+                    jobs.setdefault(target["labels"]["job"], set()).add(target["labels"]["pod"])
+                by_shard.append(jobs)
+            total = sum(len(pods) for jobs in by_shard for pods in jobs.values())
+            return by_shard if total == 2 * len(PODS) else []
+
+        by_shard = wait_until(kept, timeout_s=30.0, what="both jobs' targets on the two shards")
+    finally:
+        for agent in agents:
+            agent.stop()
+        for fake in fakes.values():
+            fake.close()
+    for shard, kept_jobs in enumerate(by_shard):
+        expected = {pod for pod, address in addresses.items() if hashmod(address) == shard}
+        assert kept_jobs.get(EXPORTER_JOB, set()) == expected, (shard, addresses)
+        assert kept_jobs.get(VLLM_JOB, set()) == expected, (shard, addresses)
