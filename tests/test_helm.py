@@ -1424,6 +1424,10 @@ def test_fleet_scrape_config_sends_each_vllm_pod_through_probe(helm: Path) -> No
         "targetLabel": "__address__",
         "replacement": f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}",
     }
+    # prometheus-operator's shards hash the pod's address, not the Service's, as for the direct
+    # scrape: one pod's two jobs on one shard, the pods spread (docs/kubernetes.md).
+    shard_key = {"sourceLabels": ["__address__"], "targetLabel": "__tmp_hash"}
+    assert relabel.index(shard_key) < len(relabel) - 1
     direct = only(manifests, "ScrapeConfig", f"{RELEASE}-vllm-headroom-vllm")["spec"]
     assert direct["metricsPath"] == "/metrics"
     assert not [r for r in direct["relabelings"] if r.get("targetLabel") == "__address__"]
@@ -1539,6 +1543,8 @@ def test_fleet_pod_monitor_variant_rewrites_the_address(helm: Path) -> None:
     probe, direct = monitor["podMetricsEndpoints"]
     assert (probe["port"], probe["path"]) == ("http", "/probe")
     assert probe["relabelings"][-1]["targetLabel"] == "__address__"
+    shard_key = {"sourceLabels": ["__address__"], "targetLabel": "__tmp_hash"}
+    assert probe["relabelings"].index(shard_key) < len(probe["relabelings"]) - 1
     assert (direct["port"], direct["path"]) == ("http", "/metrics")
     assert monitor["namespaceSelector"] == {"matchNames": ["inference", "inference-canary"]}
     assert not of_kind(manifests, "ScrapeConfig")

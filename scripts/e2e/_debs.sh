@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Sourced after _common.sh by install-prometheus.sh and install-alertmanager.sh: fetch Debian
-# packages with apt and unpack them into the cache, as root or as any user, without installing them.
+# Sourced after _common.sh by install-prometheus.sh, install-alertmanager.sh and
+# install-victoria-metrics.sh: fetch Debian packages with apt and unpack them into the cache, as
+# root or as any user, without installing them.
 #
 # apt reads the machine's own sources (/etc/apt/sources.list{,.d}: a corporate mirror configured
 # there is used) and keyrings, so the Release files' signatures and the packages' hashes are checked

