@@ -489,13 +489,16 @@ class TargetPoller:
             self._restarts += 1
             self._needs_discovery = True
             log.info("target_restarted", target=self.target)
+        previous_dropped = sum(self._view.dropped.values())
+        # Into the window before anything else is awaited: there the snapshot is counted in the
+        # process's memory budget, not held uncounted while discovery waits on the network
+        # (fleet mode: dozens of polls in flight at once).
+        self._add(sample)
         if self._needs_discovery:
             await self._discover()
         elif self._model_retry_at is not None and now >= self._model_retry_at:
             await self._load_model()
 
-        previous_dropped = sum(self._view.dropped.values())
-        self._add(sample)
         gpus = await self._read_gpus(snapshot)
         prediction = (
             self._predictor.predict(snapshot, self._info, gpus)

@@ -11,9 +11,10 @@ from structlog.testing import capture_logs
 
 from exporter.core.derive import WindowSettings
 from exporter.core.views import PredictionView, TargetInfo
+from exporter.service.memory import MemoryBudget
 from exporter.service.poller import PollSettings, TargetPoller
 from exporter.testing.fakevllm import FakeVllm, Fault, VllmState
-from exporter.vllm.client import VllmClient
+from exporter.vllm.client import ModelsInfo, VllmClient
 from exporter.vllm.launch import parse_launch_flags
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
@@ -185,6 +186,38 @@ def test_recovery_after_an_outage_rereads_the_target_facts() -> None:
 
     asyncio.run(go())
     assert fake.counts.requests["/v1/models"] == 2
+
+
+def test_a_snapshot_is_counted_in_the_memory_budget_while_discovery_waits() -> None:
+    """The parsed snapshot joins the window (and the process's budget) before discovery awaits.
+
+    Fleet mode has dozens of polls in flight: a snapshot held uncounted while /v1/models is
+    slow would escape the one memory bound of the process.
+    """
+    fake = fake_vllm()
+    budget = MemoryBudget(limit_bytes=64 << 20)
+    seen_during_discovery: list[int] = []
+
+    class SlowModels(VllmClient):
+        async def fetch_models(self) -> ModelsInfo:
+            seen_during_discovery.append(budget.used_bytes)
+            return await super().fetch_models()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
+            client = SlowModels("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
+            poller = TargetPoller(
+                "http://v:1",
+                client=client,
+                parse=parse_vllm_metrics,
+                clock=Clock(),
+                memory=budget,
+            )
+            await poller.poll_once()
+
+    asyncio.run(go())
+    assert seen_during_discovery
+    assert seen_during_discovery[0] > 0
 
 
 def test_the_window_keeps_one_sample_older_than_the_longest_window() -> None:
