@@ -38,11 +38,12 @@ vLLM on a slow machine preempted below the spike rate for a moment (the ``for`` 
 sustained branch pages within its 2-minute window, its ``for`` and the same delivery.
 
 A stalled engine, in the minutes the page takes to resolve (no extra CI time): as soon as the
-burst has drained, one request of 32 + 448 tokens (never preempts) starts, and once vLLM has
-generated a token of it its EngineCore process is stopped (SIGSTOP) while the API server keeps
-answering ``/health`` and ``/metrics``. VllmHeadroomEngineStalled must fire in Prometheus within
-3 minutes and reach the pager; then the engine resumes (SIGCONT) and the alert resolves. The
-engine is always resumed on the way out: the vLLM server is shared by the session.
+burst has drained, a second burst of three concurrent requests of 32 + 200 tokens (together six
+of the pool's seven blocks: never preempts) starts, and once vLLM runs at least two of them and
+has generated tokens its EngineCore process is stopped (SIGSTOP) mid-burst while the API server
+keeps answering ``/health`` and ``/metrics``. VllmHeadroomEngineStalled must fire in Prometheus
+within 3 minutes and reach the pager; then the engine resumes (SIGCONT) and the alert resolves.
+The engine is always resumed on the way out: the vLLM server is shared by the session.
 
 """
 
@@ -96,8 +97,12 @@ BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 BURST_SECONDS = 120.0
 SLO_PAGE_ALERT = "VllmHeadroomTtftBudgetBurn"
 STALL_ALERT = "VllmHeadroomEngineStalled"
-#: The request that is in flight when the engine stops: 480 tokens, alone, never preempts.
-STALL_REQUEST = {"concurrency": 1, "prompt_tokens": 32, "output_tokens": 448}
+#: The burst in flight when the engine stops: three requests of 232 tokens (two blocks each,
+#: six of the pool's seven together), so that it never preempts.
+STALL_BURST = {"concurrency": 3, "prompt_tokens": 32, "output_tokens": 200}
+STALL_REQUESTS = 3
+#: The engine stops once it runs this many of them: mid-burst, not one request alone.
+STALL_RUNNING_AT_STOP = 2
 #: The acceptance: a stalled engine pages within 3 minutes (Prometheus firing).
 STALL_PAGE_S = 180.0
 #: The page's keep_firing_for here (5 minutes in the shipped rules; see the module docstring).
@@ -201,6 +206,8 @@ class Stall:
     stopped: float = 0.0
     #: vLLM's running + waiting requests when the engine was stopped (its frozen gauges).
     held_requests: float = 0.0
+    #: Of those, running.
+    held_running: float = 0.0
     #: /health status codes the API server answered while the engine was stopped.
     health_while_stopped: set[int] = field(default_factory=set)
     fired: float | None = None
@@ -302,45 +309,69 @@ class StalledEngine:
     def _sample(self, name: str) -> float:
         return sample_value(self.vllm.metrics_text(), name) or 0.0
 
-    def _wait_for_tokens_beyond(self, before: float) -> None:
-        """Until one scrape shows tokens generated since ``before`` and a request running.
+    def _wait_for_the_burst_running(self, before: float) -> bool:
+        """Until one scrape shows the burst running and tokens generated since ``before``.
 
         Tokens alone are not enough: the previous request's last tokens can be counted just
-        after its answer arrived, before the new request reached the engine (a loaded CI run
-        stopped an idle engine three times so).
+        after its answer arrived, before the new requests reached the engine (a loaded CI run
+        stopped an idle engine three times so). False if the burst ended before it was seen
+        running (its requests are short on a fast machine): the caller starts another. A
+        timeout says what was seen, and a failed burst raises its own error.
         """
+        assert self.load is not None
+        seen: dict[str, float] = {"running_max": 0.0, "waiting_max": 0.0, "scrapes": 0.0}
 
-        def generating() -> bool:
+        def generating() -> bool | None:
             text = self.vllm.metrics_text()
             running = sample_value(text, "vllm:num_requests_running") or 0.0
-            return (
-                running > 0 and (sample_value(text, "vllm:generation_tokens_total") or 0.0) > before
-            )
+            waiting = sample_value(text, "vllm:num_requests_waiting") or 0.0
+            tokens = sample_value(text, "vllm:generation_tokens_total") or 0.0
+            seen["scrapes"] += 1
+            seen["running_max"] = max(seen["running_max"], running)
+            seen["waiting_max"] = max(seen["waiting_max"], waiting)
+            seen["tokens"] = tokens - before
+            if running >= STALL_RUNNING_AT_STOP and tokens > before:
+                return True
+            if self.load is not None and self.load.done():
+                self.load.result()  # raises the burst's own error, if it failed
+                return None  # finished before it was seen running: try again
+            return False
 
-        wait_until(
-            generating,
-            timeout_s=60.0,
-            what="the first tokens of the request the engine will hold",
-            interval_s=0.1,
-        )
+        deadline = time.monotonic() + 60.0
+        while True:
+            state = generating()
+            if state is True:
+                return True
+            if state is None:
+                return False
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"the burst the engine will hold was not seen running in 60 s: {seen} "
+                    f"(burst done: {self.load.done()})"
+                )
+            time.sleep(0.1)
 
     def stop(self) -> None:
-        """Start one request and stop the engine (SIGSTOP) once it has generated a token of it.
+        """Start a small burst and stop the engine (SIGSTOP) once it runs and generates.
 
-        Should the request finish between the token seen and the signal (vLLM then holds no
-        request), resume, let it complete and try again, up to three times.
+        Should the burst finish before it is seen running, or between the tokens seen and the
+        signal (vLLM then holds no request), let it complete and try again, up to three times.
         """
         self.pid = engine_core_pid(self.vllm)
         for _ in range(3):
             before = self._sample("vllm:generation_tokens_total")
             self.load = BackgroundBurst(
-                self.vllm.base_url, REFERENCE_MODEL_NAME, count=1, **STALL_REQUEST
+                self.vllm.base_url, REFERENCE_MODEL_NAME, count=STALL_REQUESTS, **STALL_BURST
             )
-            self._wait_for_tokens_beyond(before)
+            if not self._wait_for_the_burst_running(before):
+                with self.load:
+                    self.load.result(timeout_s=120.0)
+                continue
             os.kill(self.pid, signal.SIGSTOP)
             self.stall.stopped = time.monotonic()
             text = self.vllm.metrics_text()
-            self.stall.held_requests = (sample_value(text, "vllm:num_requests_running") or 0.0) + (
+            self.stall.held_running = sample_value(text, "vllm:num_requests_running") or 0.0
+            self.stall.held_requests = self.stall.held_running + (
                 sample_value(text, "vllm:num_requests_waiting") or 0.0
             )
             if self.stall.held_requests > 0:
@@ -392,7 +423,8 @@ class StalledEngine:
         self.resume()
         if self.load is not None:
             with self.load:
-                self.stall.request_completed = len(self.load.result(timeout_s=120.0)) == 1
+                completed = len(self.load.result(timeout_s=120.0))
+                self.stall.request_completed = completed == STALL_REQUESTS
             self.load = None
 
 
@@ -662,10 +694,10 @@ def test_the_page_resolves_after_the_burst(incident: Incident) -> None:
 
 
 def test_a_stalled_engine_pages_within_3_minutes(incident: Incident) -> None:
-    """EngineCore stopped mid-request, the API server still answering: the page fires in 3 min."""
+    """EngineCore stopped mid-burst, the API server still answering: the page fires in 3 min."""
     stall = incident.stall
     assert stall.before_stop == set(), "the stall alert was raised before the engine stopped"
-    assert stall.held_requests > 0, "the request finished before the engine stopped"
+    assert stall.held_running >= STALL_RUNNING_AT_STOP, "the engine stopped outside the burst"
     assert stall.health_while_stopped == {200}
     assert stall.fired is not None, "VllmHeadroomEngineStalled never fired"
     assert stall.fired_labels["pod"] == POD
@@ -681,7 +713,7 @@ def test_a_stalled_engine_pages_within_3_minutes(incident: Incident) -> None:
 
 
 def test_the_stall_page_resolves_when_the_engine_resumes(incident: Incident) -> None:
-    """After SIGCONT the held request completes and the alert leaves Prometheus."""
+    """After SIGCONT the held requests complete and the alert leaves Prometheus."""
     stall = incident.stall
     assert stall.resumed is not None
     assert stall.resolved is not None, "VllmHeadroomEngineStalled still active after SIGCONT"
