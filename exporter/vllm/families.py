@@ -351,8 +351,20 @@ FAMILIES: Final[tuple[Family, ...]] = (
         until=(0, 10),
         dates_version=True,
     ),
-    Family("vllm:cpu_prefix_cache_hit_rate", _G, "CPU prefix-cache hit rate", engines="V0"),
-    Family("vllm:gpu_prefix_cache_hit_rate", _G, "GPU prefix-cache hit rate", engines="V0"),
+    Family(
+        "vllm:cpu_prefix_cache_hit_rate",
+        _G,
+        "CPU prefix-cache hit rate",
+        engines="V0",
+        until=(0, 10),
+    ),
+    Family(
+        "vllm:gpu_prefix_cache_hit_rate",
+        _G,
+        "GPU prefix-cache hit rate",
+        engines="V0",
+        until=(0, 10),
+    ),
     # Removed on 2025-01-24 (vLLM PR 12383).
     Family(
         "vllm:avg_prompt_throughput_toks_per_s",
