@@ -244,8 +244,13 @@ def test_every_allowed_exception_is_still_needed() -> None:
 
 
 def test_every_vllm_name_the_package_or_its_docs_mention_is_in_the_table() -> None:
-    """Prose too (docstrings, messages, metric sources, docs/*.md): no stale or misspelled name."""
-    texts = [*(paths.REPO / "exporter").rglob("*.py"), *paths.DOCS.glob("*.md")]
+    """Prose too (docstrings, messages, metric sources, the docs): no stale or misspelled name."""
+    texts = [
+        *(paths.REPO / "exporter").rglob("*.py"),
+        *paths.DOCS.rglob("*.md"),
+        paths.REPO / "README.md",
+        paths.REPO / "DEVELOPERS.md",
+    ]
     unknown = sorted(
         {
             f"{path.relative_to(paths.REPO).as_posix()}: {match.group()}"
