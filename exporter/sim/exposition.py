@@ -33,6 +33,7 @@ from exporter.sim.scenario import (
     kv_cache_size_tokens,
     num_gpu_blocks,
 )
+from exporter.vllm.families import named
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -43,17 +44,17 @@ if TYPE_CHECKING:
 
 _MFU_FAMILIES = (
     (
-        "vllm:estimated_flops_per_gpu",
+        named("estimated_flops_per_gpu"),
         "Estimated number of floating point operations per GPU "
         "(for Model Flops Utilization calculations).",
     ),
     (
-        "vllm:estimated_read_bytes_per_gpu",
+        named("estimated_read_bytes_per_gpu"),
         "Estimated number of bytes read from memory per GPU "
         "(for Model Flops Utilization calculations).",
     ),
     (
-        "vllm:estimated_write_bytes_per_gpu",
+        named("estimated_write_bytes_per_gpu"),
         "Estimated number of bytes written to memory per GPU "
         "(for Model Flops Utilization calculations).",
     ),
@@ -136,14 +137,14 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
 
     out.append(
         _gauge(
-            "vllm:num_requests_running",
+            named("num_requests_running"),
             "Number of requests in model execution batches.",
             [(base, metrics.num_requests_running)],
         )
     )
     out.append(
         _gauge(
-            "vllm:num_requests_waiting",
+            named("num_requests_waiting"),
             "Number of requests waiting to be processed.",
             [(base, metrics.num_requests_waiting)],
         )
@@ -152,7 +153,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     waiting_by_reason = {"capacity": metrics.num_requests_waiting, "deferred": 0}
     out.append(
         _gauge(
-            "vllm:num_requests_waiting_by_reason",
+            named("num_requests_waiting_by_reason"),
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
             "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
             "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
@@ -161,7 +162,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     )
     out.append(
         _gauge(
-            "vllm:engine_sleep_state",
+            named("engine_sleep_state"),
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
             "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
             "level 2.",
@@ -173,7 +174,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     )
     out.append(
         _gauge(
-            "vllm:kv_cache_usage_perc",
+            named("kv_cache_usage_perc"),
             "KV-cache usage. 1 means 100 percent usage.",
             [(base, metrics.kv_cache_usage)],
         )
@@ -181,39 +182,43 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
 
     counters: tuple[tuple[str, str, float], ...] = (
         (
-            "vllm:prefix_cache_queries",
+            named("prefix_cache_queries"),
             "Prefix cache queries, in terms of number of queried tokens.",
             metrics.prefix_cache_queries,
         ),
         (
-            "vllm:prefix_cache_hits",
+            named("prefix_cache_hits"),
             "Prefix cache hits, in terms of number of cached tokens.",
             metrics.prefix_cache_hits,
         ),
         (
-            "vllm:external_prefix_cache_queries",
+            named("external_prefix_cache_queries"),
             "External prefix cache queries from KV connector cross-instance cache sharing, "
             "in terms of number of queried tokens.",
             0.0,
         ),
         (
-            "vllm:external_prefix_cache_hits",
+            named("external_prefix_cache_hits"),
             "External prefix cache hits from KV connector cross-instance cache sharing, "
             "in terms of number of cached tokens.",
             0.0,
         ),
         (
-            "vllm:mm_cache_queries",
+            named("mm_cache_queries"),
             "Multi-modal cache queries, in terms of number of queried items.",
             0.0,
         ),
-        ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", 0.0),
         (
-            "vllm:num_preemptions",
+            named("mm_cache_hits"),
+            "Multi-modal cache hits, in terms of number of cached items.",
+            0.0,
+        ),
+        (
+            named("num_preemptions"),
             "Cumulative number of preemption from the engine.",
             metrics.num_preemptions,
         ),
-        ("vllm:prompt_tokens", "Number of prefill tokens processed.", metrics.prompt_tokens),
+        (named("prompt_tokens"), "Number of prefill tokens processed.", metrics.prompt_tokens),
     )
     for name, doc, value in counters:
         out.append(_counter(name, doc, [(base, value)], started_at))
@@ -225,7 +230,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     }
     out.append(
         _counter(
-            "vllm:prompt_tokens_by_source",
+            named("prompt_tokens_by_source"),
             "Number of prompt tokens by source.",
             [({**base, "source": s}, by_source.get(s, 0)) for s in families.PROMPT_TOKEN_SOURCES],
             started_at,
@@ -233,7 +238,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     )
     out.append(
         _counter(
-            "vllm:prompt_tokens_cached",
+            named("prompt_tokens_cached"),
             "Number of cached prompt tokens (local + external).",
             [(base, metrics.prompt_tokens_cached)],
             started_at,
@@ -241,7 +246,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     )
     out.append(
         _counter(
-            "vllm:prompt_tokens_cached_by_source",
+            named("prompt_tokens_cached_by_source"),
             "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
             "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
             "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
@@ -255,7 +260,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     )
     out.append(
         _counter(
-            "vllm:generation_tokens",
+            named("generation_tokens"),
             "Number of generation tokens processed.",
             [(base, metrics.generation_tokens)],
             started_at,
@@ -263,7 +268,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     )
     out.append(
         _counter(
-            "vllm:request_success",
+            named("request_success"),
             "Count of successfully processed requests.",
             [
                 ({**base, "finished_reason": r}, metrics.request_success.get(r, 0))
@@ -276,7 +281,7 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
     model_only = {"model_name": scenario.model.served_name}
     out.append(
         _counter(
-            "vllm:admission_rejections",
+            named("admission_rejections"),
             "Number of admission attempts rejected by a queue limit, by reason.",
             [({**model_only, "reason": r}, 0.0) for r in families.ADMISSION_REJECTION_REASONS],
             started_at,
@@ -294,8 +299,9 @@ def build_families(metrics: SimMetrics, scenario: Scenario, *, started_at: float
             )
         )
 
-    info = Metric("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge")
-    info.add_sample("vllm:cache_config_info", cache_config_labels(scenario), 1.0)
+    cache_config = named("cache_config_info")
+    info = Metric(cache_config, "Information of the LLMEngine CacheConfig", "gauge")
+    info.add_sample(cache_config, cache_config_labels(scenario), 1.0)
     out.append(info)
     return out
 

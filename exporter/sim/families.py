@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.vllm.families import named
+
 #: The vLLM version whose exposition the simulation reproduces.
 VLLM_VERSION = "0.32.0"
 
@@ -63,24 +65,24 @@ class HistogramFamily:
     bounds: tuple[float, ...]
 
 
-# Family names, so that the engine and the renderer cannot disagree on a spelling. (Bandit's S105
-# reads "TOKEN" in a name as a password: these are metric names.)
-PROMPT_TOKENS = "vllm:request_prompt_tokens"
-GENERATION_TOKENS = "vllm:request_generation_tokens"
-ITERATION_TOKENS = "vllm:iteration_tokens_total"
-MAX_NUM_GENERATION_TOKENS = "vllm:request_max_num_generation_tokens"
-PARAMS_N = "vllm:request_params_n"
-PARAMS_MAX_TOKENS = "vllm:request_params_max_tokens"
-TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"  # noqa: S105
-INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"  # noqa: S105
-TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"  # noqa: S105
-E2E_LATENCY = "vllm:e2e_request_latency_seconds"
-QUEUE_TIME = "vllm:request_queue_time_seconds"
-INFERENCE_TIME = "vllm:request_inference_time_seconds"
-PREFILL_TIME = "vllm:request_prefill_time_seconds"
-DECODE_TIME = "vllm:request_decode_time_seconds"
-NUM_PREEMPTIONS = "vllm:request_num_preemptions"
-PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"
+# Family names, so that the engine and the renderer cannot disagree on a spelling; each is checked
+# against the table of vLLM's families (exporter.vllm.families) when this module is imported.
+PROMPT_TOKENS = named("request_prompt_tokens")
+GENERATION_TOKENS = named("request_generation_tokens")
+ITERATION_TOKENS = named("iteration_tokens_total")
+MAX_NUM_GENERATION_TOKENS = named("request_max_num_generation_tokens")
+PARAMS_N = named("request_params_n")
+PARAMS_MAX_TOKENS = named("request_params_max_tokens")
+TIME_TO_FIRST_TOKEN = named("time_to_first_token_seconds")
+INTER_TOKEN_LATENCY = named("inter_token_latency_seconds")
+TIME_PER_OUTPUT_TOKEN = named("request_time_per_output_token_seconds")
+E2E_LATENCY = named("e2e_request_latency_seconds")
+QUEUE_TIME = named("request_queue_time_seconds")
+INFERENCE_TIME = named("request_inference_time_seconds")
+PREFILL_TIME = named("request_prefill_time_seconds")
+DECODE_TIME = named("request_decode_time_seconds")
+NUM_PREEMPTIONS = named("request_num_preemptions")
+PREFILL_KV_COMPUTED = named("request_prefill_kv_computed_tokens")
 
 
 def histogram_families(max_model_len: int) -> tuple[HistogramFamily, ...]:

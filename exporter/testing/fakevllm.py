@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from exporter.vllm.families import family, named
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -144,6 +146,21 @@ _PREAMBLE = (
 
 _PROMPT_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 
+# The families rendered, spelled by the table of vLLM's families (exporter.vllm.families).
+_RUNNING = named("num_requests_running")
+_WAITING = named("num_requests_waiting")
+_USAGE = named("kv_cache_usage_perc")
+_PREEMPTIONS = family(named("num_preemptions")).type_name
+_PROMPT_TOTAL = family(named("prompt_tokens")).type_name
+_GENERATION_TOTAL = family(named("generation_tokens")).type_name
+_SUCCESS = family(named("request_success")).type_name
+_CACHE_CONFIG = named("cache_config_info")
+#: The per-request token histograms, by side.
+_TOKEN_FAMILIES = {
+    "prompt": named("request_prompt_tokens"),
+    "generation": named("request_generation_tokens"),
+}
+
 
 def _histogram(name: str, labels: str, bounds: tuple[int, ...], value: int, count: int) -> str:
     lines = [f"# TYPE {name} histogram"]
@@ -159,23 +176,21 @@ def _histogram(name: str, labels: str, bounds: tuple[int, ...], value: int, coun
 def _engine_lines(state: VllmState, engine: int) -> str:
     labels = f'engine="{engine}",model_name="{state.model}"'
     out = [
-        f"vllm:num_requests_running{{{labels}}} {float(state.running)}",
-        f"vllm:num_requests_waiting{{{labels}}} {float(state.waiting)}",
-        f"vllm:kv_cache_usage_perc{{{labels}}} 0.25",
-        f"vllm:num_preemptions_total{{{labels}}} {float(state.preemptions)}",
-        f"vllm:prompt_tokens_total{{{labels}}} {float(state.finished * 100)}",
-        f"vllm:generation_tokens_total{{{labels}}} {float(state.finished * 380)}",
-        f'vllm:request_success_total{{engine="{engine}",finished_reason="length",'
+        f"{_RUNNING}{{{labels}}} {float(state.running)}",
+        f"{_WAITING}{{{labels}}} {float(state.waiting)}",
+        f"{_USAGE}{{{labels}}} 0.25",
+        f"{_PREEMPTIONS}{{{labels}}} {float(state.preemptions)}",
+        f"{_PROMPT_TOTAL}{{{labels}}} {float(state.finished * 100)}",
+        f"{_GENERATION_TOTAL}{{{labels}}} {float(state.finished * 380)}",
+        f'{_SUCCESS}{{engine="{engine}",finished_reason="length",'
         f'model_name="{state.model}"}} {float(state.finished)}',
     ]
     text = "\n".join(out) + "\n"
-    text += _histogram("vllm:request_prompt_tokens", labels, _PROMPT_BOUNDS, 100, state.finished)
-    text += _histogram(
-        "vllm:request_generation_tokens", labels, _PROMPT_BOUNDS, 380, state.finished
-    )
+    for family_name, value in zip(_TOKEN_FAMILIES.values(), (100, 380), strict=True):
+        text += _histogram(family_name, labels, _PROMPT_BOUNDS, value, state.finished)
     concurrency = state.kv_cache_size_tokens / state.max_model_len
     text += (
-        f'vllm:cache_config_info{{block_size="{state.block_size}",cache_dtype="auto",'
+        f'{_CACHE_CONFIG}{{block_size="{state.block_size}",cache_dtype="auto",'
         f'enable_prefix_caching="True",engine="{engine}",'
         f'gpu_memory_utilization="{state.gpu_memory_utilization}",'
         f'kv_cache_max_concurrency="{concurrency}",kv_cache_memory_bytes="None",'
@@ -193,9 +208,10 @@ def render_metrics(state: VllmState) -> bytes:
 
 
 #: A payload's two per-request token histograms (with or without their HELP line).
+_TOKEN_NAMES = "|".join(map(re.escape, _TOKEN_FAMILIES.values()))
 _TOKEN_HISTOGRAMS = re.compile(
-    r"(?:# HELP vllm:request_(?:prompt|generation)_tokens .*\n)?"
-    r"# TYPE (vllm:request_(?:prompt|generation)_tokens) histogram\n(?:\1_\w+\{.*\n)+"
+    rf"(?:# HELP (?:{_TOKEN_NAMES}) .*\n)?"
+    rf"# TYPE ({_TOKEN_NAMES}) histogram\n(?:\1_\w+\{{.*\n)+"
 )
 
 
@@ -227,7 +243,7 @@ class TokenTraffic:
         """Both histograms in the text format."""
         text = ""
         for side, counts in self.counts.items():
-            family, labels = f"vllm:request_{side}_tokens", self.labels
+            family, labels = _TOKEN_FAMILIES[side], self.labels
             cumulative = list(itertools.accumulate(counts))
             lines = [f"# TYPE {family} histogram"]
             lines += [
@@ -257,7 +273,9 @@ def render_models(state: VllmState) -> bytes:
 
 
 def _filler_block() -> bytes:
-    line = b'vllm:lora_requests_info{max_lora="8",running_lora_adapters="adapter"} 1.0\n'
+    line = named("lora_requests_info").encode() + (
+        b'{max_lora="8",running_lora_adapters="adapter"} 1.0\n'
+    )
     return line * (CHUNK_BYTES // len(line))
 
 
@@ -593,7 +611,7 @@ TEXT = "text/plain; version=0.0.4; charset=utf-8"
 #: What a proxy in front of vLLM answers when it wants a login.
 _LOGIN_PAGE = b"<!DOCTYPE html><html><body>Sign in</body></html>"
 #: A sample line without its closing brace, in a family the sidecar reads.
-_BROKEN_LINE = b'vllm:num_requests_running{engine="0",model_name="tiny" 1\n'
+_BROKEN_LINE = _RUNNING.encode() + b'{engine="0",model_name="tiny" 1\n'
 
 
 def _transport_answer(fault: Fault, body: bytes) -> httpx.Response:

@@ -14,16 +14,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.testing.fakevllm import VllmState, render_metrics
+from exporter.vllm import families as vllm_families
+from exporter.vllm.families import PREFIX, named
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-#: The split families whose values a window keeps, with their split label.
-_SPLIT_FAMILIES = (
-    ("vllm:num_requests_waiting_by_reason", "reason", "gauge"),
-    ("vllm:engine_sleep_state", "sleep_state", "gauge"),
-    ("vllm:prompt_tokens_cached_by_source", "source", "counter"),
+#: The split families whose values a window keeps (rows of exporter.vllm.families).
+_SPLIT_FAMILIES = tuple(
+    vllm_families.family(named(short))
+    for short in (
+        "num_requests_waiting_by_reason",
+        "engine_sleep_state",
+        "prompt_tokens_cached_by_source",
+    )
 )
+_CACHE_CONFIG = named("cache_config_info")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +48,7 @@ def help_names(names: int = 2_000) -> Heavy:
     """``names`` new ``# HELP vllm:*`` names every scrape (no sample of them)."""
 
     def payload(scrape: int) -> bytes:
-        helps = "".join(f"# HELP vllm:made_up_{scrape}_{i} Made up.\n" for i in range(names))
+        helps = "".join(f"# HELP {PREFIX}made_up_{scrape}_{i} Made up.\n" for i in range(names))
         return (_base(1, scrape) + helps).encode()
 
     return Heavy("help_names", payload)
@@ -53,14 +59,14 @@ def long_split_labels(engines: int = 64, values: int = 32, chars: int = 500) -> 
 
     def payload(scrape: int) -> bytes:
         lines = [_base(engines, scrape)]
-        for family, label, kind in _SPLIT_FAMILIES:
-            lines.append(f"# TYPE {family}{'_total' if kind == 'counter' else ''} {kind}\n")
-            suffix = "_total" if kind == "counter" else ""
+        for row in _SPLIT_FAMILIES:
+            lines.append(f"# TYPE {row.type_name} {row.kind}\n")
+            label = row.split
             for engine in range(engines):
                 for i in range(values):
                     value = f"{scrape}-{i}-".ljust(chars, "x")
                     lines.append(
-                        f'{family}{suffix}{{engine="{engine}",model_name="tiny",'
+                        f'{row.type_name}{{engine="{engine}",model_name="tiny",'
                         f'{label}="{value}"}} 1.0\n'
                     )
         return "".join(lines).encode()
@@ -75,8 +81,8 @@ def cache_config_labels(engines: int = 64, labels: int = 110, chars: int = 64) -
         base = _base(engines, scrape)
         extra = ",".join(f'extra_{i}="{scrape}-{i}-'.ljust(chars, "y") + '"' for i in range(labels))
         return base.replace(
-            'vllm:cache_config_info{block_size="',
-            "vllm:cache_config_info{" + extra + ',block_size="',
+            _CACHE_CONFIG + '{block_size="',
+            _CACHE_CONFIG + "{" + extra + ',block_size="',
         ).encode()
 
     return Heavy("cache_config_labels", payload)
@@ -84,10 +90,9 @@ def cache_config_labels(engines: int = 64, labels: int = 110, chars: int = 64) -
 
 def moving_buckets(engines: int = 41, histograms: int = 3, buckets: int = 256) -> Heavy:
     """``histograms`` token histograms an engine with ``buckets`` bounds that move every scrape."""
-    families = (
-        "vllm:request_prompt_tokens",
-        "vllm:request_generation_tokens",
-        "vllm:request_params_n",
+    families = tuple(
+        named(short)
+        for short in ("request_prompt_tokens", "request_generation_tokens", "request_params_n")
     )[:histograms]
 
     def payload(scrape: int) -> bytes:

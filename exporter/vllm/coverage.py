@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.vllm import families
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -28,19 +30,18 @@ class Needed:
         return self.names[0]
 
 
-#: The families the derived figures read, newest name first.
-NEEDED: tuple[Needed, ...] = (
-    Needed(("vllm:cache_config_info",), "KV capacity and the sequences that fit"),
+#: The families the derived figures read (the table's ``needed_for`` rows, in its order), each
+#: with the older names of the same figure, newest first, as ``# TYPE`` lines name them.
+NEEDED: tuple[Needed, ...] = tuple(
     Needed(
-        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "tokens in use and free, and the headroom",
-    ),
-    Needed(("vllm:request_prompt_tokens",), "context length (prompt part)"),
-    Needed(("vllm:request_generation_tokens",), "context length (output part)"),
-    Needed(("vllm:num_requests_running",), "running requests and the max_num_seqs headroom"),
-    Needed(("vllm:num_requests_waiting",), "the queue"),
-    Needed(("vllm:num_preemptions_total",), "preemptions"),
-    Needed(("vllm:request_success_total",), "finished requests"),
+        (
+            row.type_name,
+            *(old.type_name for old in families.FAMILIES if old.replaced_by == row.name),
+        ),
+        row.needed_for,
+    )
+    for row in families.FAMILIES
+    if row.needed_for is not None
 )
 
 

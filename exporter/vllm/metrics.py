@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Final
 from exporter.core.reasons import DropReason
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
 from exporter.errors import ParseError
+from exporter.vllm import families as vllm_families
+from exporter.vllm.families import Kind
 from exporter.vllm.promtext import parse_exposition, wanted_families
 
 if TYPE_CHECKING:
@@ -55,53 +57,51 @@ __all__ = [
     "parse_vllm_metrics",
 ]
 
+# What the parser reads, derived once at import from the one table of vLLM's families
+# (exporter.vllm.families): a family vLLM adds or renames is a row there, not a name here.
+_USAGE_FIELD: Final = "kv_cache_usage_ratio"
+# KV-cache usage, newest name first (gpu_cache_usage_perc renamed in 0.9.2, removed in 0.12).
+_USAGE: Final = vllm_families.names(vllm_families.feeding(_USAGE_FIELD))
 # Gauges summed per engine, by family -> EngineMetrics field.
 _GAUGES: Final = {
-    "vllm:num_requests_running": "requests_running",
-    "vllm:num_requests_waiting": "requests_waiting",
-    "vllm:num_requests_swapped": "requests_swapped",  # V0 only
+    row.name: row.feeds
+    for row in vllm_families.read(Kind.GAUGE)
+    if row.feeds is not None and row.feeds != _USAGE_FIELD
 }
-# Counters (their `_total` samples) summed per engine.
+# Counters (their `_total` samples) summed per engine, by family -> the key of the sum: the
+# EngineMetrics field, or for a replaced family (the gpu_ prefix-cache names, in blocks until
+# 0.9.0) its own name, read only when the newer families are absent (_OLD_COUNTERS).
 _COUNTERS: Final = {
-    "vllm:num_preemptions": "preemptions_total",
-    "vllm:request_success": "requests_finished_total",
-    "vllm:prompt_tokens": "prompt_tokens_total",
-    "vllm:generation_tokens": "generation_tokens_total",
-    # Prefix caching, in tokens (0.9.2+; the gpu_ names before, in blocks until 0.9.0).
-    "vllm:prefix_cache_queries": "prefix_cache_queries_total",
-    "vllm:prefix_cache_hits": "prefix_cache_hits_total",
-    "vllm:gpu_prefix_cache_queries": "gpu_prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_hits": "gpu_prefix_cache_hits_total",
-    "vllm:prompt_tokens_cached": "prompt_tokens_cached_total",  # 0.16+
-    # Split counters: the engine's total is their sum, each value is kept too (_SPLITS).
-    "vllm:prompt_tokens_cached_by_source": "prompt_tokens_cached_by_source",  # 0.32+
+    row.name: row.name if row.replaced_by else row.feeds
+    for row in (*vllm_families.read(Kind.COUNTER), *vllm_families.read(Kind.COUNTER, split=True))
+    if row.feeds is not None
+}
+# EngineMetrics counter field -> the sum key of the older family that fills it.
+_OLD_COUNTERS: Final = {
+    row.feeds: row.name
+    for row in vllm_families.read(Kind.COUNTER)
+    if row.feeds is not None and row.replaced_by
 }
 # The label vLLM splits a counter by; each value is kept in EngineMetrics under the field.
 _SPLITS: Final = {
-    "vllm:request_success": "finished_reason",
-    "vllm:prompt_tokens_cached_by_source": "source",
+    row.name: row.split
+    for row in vllm_families.read(Kind.COUNTER, split=True)
+    if row.split is not None
 }
 # Gauges split by a label, kept per value: family -> (label, EngineMetrics field).
 _SPLIT_GAUGES: Final = {
-    "vllm:num_requests_waiting_by_reason": ("reason", "requests_waiting_by_reason"),  # 0.20+
-    "vllm:engine_sleep_state": ("sleep_state", "sleep_state"),  # 0.12+
+    row.name: (row.split, row.feeds)
+    for row in vllm_families.read(Kind.GAUGE, split=True)
+    if row.split is not None and row.feeds is not None
 }
 # Histograms by family -> field; for a renamed family the first name listed wins.
 _HISTOGRAMS: Final = {
-    "vllm:request_prompt_tokens": "prompt_tokens",
-    "vllm:request_generation_tokens": "generation_tokens",
-    "vllm:time_to_first_token_seconds": "time_to_first_token",
-    "vllm:inter_token_latency_seconds": "inter_token_latency",  # 0.11+
-    "vllm:time_per_output_token_seconds": "inter_token_latency",  # before 0.11
-    "vllm:e2e_request_latency_seconds": "e2e_request_latency",
-    "vllm:request_queue_time_seconds": "request_queue_time",
-    "vllm:request_params_n": "request_params_n",
+    row.name: row.feeds for row in vllm_families.read(Kind.HISTOGRAM) if row.feeds is not None
 }
-# KV-cache usage, newest name first (gpu_cache_usage_perc renamed in 0.9.2, removed in 0.12).
-_USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-_CACHE_CONFIG: Final = "vllm:cache_config_info"
-_ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # per server, no engine label
-_PROCESS_START: Final = "process_start_time_seconds"
+(_CACHE_CONFIG,) = vllm_families.names(vllm_families.feeding("cache_config"))
+# Per server, no engine label.
+(_ADMISSION_REJECTIONS,) = vllm_families.names(vllm_families.feeding("admission_rejections_total"))
+(_PROCESS_START,) = vllm_families.names(vllm_families.feeding("process_start_time_seconds"))
 
 #: The compiled set of families the sidecar reads; every other line is skipped unparsed.
 WANTED: Final = wanted_families(
@@ -571,7 +571,7 @@ def _freeze(
     }
     queries, hits = "prefix_cache_queries_total", "prefix_cache_hits_total"
     if queries not in sums and hits not in sums:  # before 0.9.2: the gpu_ names
-        queries, hits = f"gpu_{queries}", f"gpu_{hits}"
+        queries, hits = _OLD_COUNTERS[queries], _OLD_COUNTERS[hits]
     return EngineMetrics(
         engine=engine,
         model_name=parts.model_name,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from exporter.errors import UsageError
+from exporter.vllm import families
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -69,26 +70,14 @@ class _Clue:
     high: tuple[int, ...] | None = None
 
 
-# Presence of a family (as a 0.0.4 TYPE line names it). Sources: DESIGN section 4 and the
-# capture headers in tests/fixtures/vllm-metrics/ (the 0.32.0 capture already has
+# Presence of a family (as a 0.0.4 TYPE line names it): the table's rows whose first release or
+# last series is firm (exporter.vllm.families: DESIGN section 4, dated vLLM PRs and the capture
+# headers in tests/fixtures/vllm-metrics/; the 0.32.0 capture already has
 # admission_rejections_total, which DESIGN dates to 0.33: the capture wins).
 _FAMILY_CLUES: Final[Mapping[str, _Clue]] = {
-    "vllm:admission_rejections_total": _Clue(low=(0, 32)),
-    "vllm:request_num_preemptions": _Clue(low=(0, 30)),
-    "vllm:num_requests_waiting_by_reason": _Clue(low=(0, 20)),
-    "vllm:inter_token_latency_seconds": _Clue(low=(0, 11)),
-    "vllm:kv_cache_usage_perc": _Clue(low=(0, 9, 2)),
-    "vllm:lora_requests_info": _Clue(low=(0, 6, 4)),
-    # Hidden from 0.11, removed in 0.12.
-    "vllm:gpu_cache_usage_perc": _Clue(high=(0, 11)),
-    "vllm:gpu_prefix_cache_queries_total": _Clue(high=(0, 11)),
-    "vllm:gpu_prefix_cache_hits_total": _Clue(high=(0, 11)),
-    # V0 engine only (V0 is gone in 0.11).
-    "vllm:num_requests_swapped": _Clue(high=(0, 10)),
-    "vllm:cpu_cache_usage_perc": _Clue(high=(0, 10)),
-    # Removed on 2025-01-24 (vLLM PR 12383).
-    "vllm:avg_prompt_throughput_toks_per_s": _Clue(high=(0, 7)),
-    "vllm:avg_generation_throughput_toks_per_s": _Clue(high=(0, 7)),
+    row.type_name: _Clue(low=row.since, high=row.last_series)
+    for row in families.FAMILIES
+    if row.dates_version
 }
 # Presence of a cache_config_info label: the label set is every CacheConfig field of that vLLM.
 _LABEL_CLUES: Final[Mapping[str, _Clue]] = {
@@ -99,6 +88,9 @@ _LABEL_CLUES: Final[Mapping[str, _Clue]] = {
 _ENGINE_LABEL_CLUE: Final = _Clue(low=(0, 8, 3))
 # Only the old usage name: a V0 engine (<= 0.10) or V1 before the rename in 0.9.2.
 _OLD_USAGE_ONLY_CLUE: Final = _Clue(high=(0, 10))
+_USAGE_NAMES: Final = [row.type_name for row in families.feeding("kv_cache_usage_ratio")]
+_NEW_USAGE: Final = frozenset(_USAGE_NAMES[:1])
+_OLD_USAGE: Final = frozenset(_USAGE_NAMES[1:])
 # A cache_config_info without is_attention_free (added to CacheConfig on 2024-10-11).
 _NO_ATTENTION_FREE_CLUE: Final = _Clue(high=(0, 6, 2))
 
@@ -120,10 +112,7 @@ def guess_vllm_version(snapshot: VllmSnapshot) -> str:
         clues.append(_NO_ATTENTION_FREE_CLUE)
     if snapshot.engine_labelled:
         clues.append(_ENGINE_LABEL_CLUE)
-    if (
-        "vllm:gpu_cache_usage_perc" in snapshot.families
-        and "vllm:kv_cache_usage_perc" not in snapshot.families
-    ):
+    if snapshot.families.isdisjoint(_NEW_USAGE) and not snapshot.families.isdisjoint(_OLD_USAGE):
         clues.append(_OLD_USAGE_ONLY_CLUE)
 
     lows = [clue.low for clue in clues if clue.low is not None]
