@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from exporter.errors import UsageError
-from exporter.sweep.evaluate import RequestResult
+from exporter.sweep.evaluate import NOT_SENT, RequestResult
 from exporter.sweep.plan import Load, Mode
 from exporter.sweep.shape import RequestShape
 
@@ -150,8 +150,6 @@ class HttpxDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
-        #: Arrivals skipped because MAX_IN_FLIGHT requests were in flight.
-        self.dropped = 0
         #: Responses cut off at a bound, per bound (each also a failed request of its step).
         self.cut: dict[ResponseBound, int] = {}
 
@@ -217,7 +215,14 @@ class HttpxDriver:
             if self._stop.is_set():
                 return
             if sum(not t.done() for t in self._tasks) >= MAX_IN_FLIGHT:
-                self.dropped += 1
+                # Not sent, and said so in the step (``not_sent``): a step that could not
+                # deliver its load must not read as one the target kept up with.
+                now = self._clock()
+                self._results.append(
+                    RequestResult(
+                        shape.prompt_tokens, shape.output_tokens, now, now, error=NOT_SENT
+                    )
+                )
                 continue
             self._spawn(shape)
 

@@ -51,6 +51,12 @@ if TYPE_CHECKING:
 _WHOLE_STEP = 1e9
 
 
+#: The error of an arrival the client did not send (too many requests in flight).
+NOT_SENT = "not_sent"
+#: Request outcomes that are not the target's failures.
+_NOT_FAILED = frozenset({"cancelled", NOT_SENT})
+
+
 @dataclass(frozen=True, slots=True)
 class RequestResult:
     """One request as the load driver saw it; times are on the runner's clock (seconds)."""
@@ -63,7 +69,8 @@ class RequestResult:
     first_token_s: float | None = None
     #: Output tokens received (``usage.completion_tokens``, else the asked count on success).
     generated_tokens: int = 0
-    #: None when the request completed; else a short word: ``cancelled``, ``http_500``...
+    #: None when the request completed; else a short word: ``cancelled``, ``http_500``,
+    #: ``not_sent`` (:data:`NOT_SENT`)...
     error: str | None = None
 
     @property
@@ -120,6 +127,9 @@ class StepResult:
     failed: int
     #: Requests cancelled at the end (drain timeout, early stop, Ctrl-C).
     cancelled: int
+    #: Arrivals the client did not send: it had the most requests in flight it keeps (the
+    #: target is far past its knee; the step did not get its load).
+    not_sent: int = 0
     #: What the failed requests failed with (``http_404``, ``timeout``...), each once, sorted.
     failure_kinds: tuple[str, ...] = ()
     #: Requests that finished in the window per second of it (client).
@@ -302,8 +312,9 @@ def evaluate_step(
     measured = window_samples(samples, start, end)
     inside = [s for s in measured if start <= s.t <= end] or measured
     completed = [r for r in requests if r.ok]
-    failed = [r for r in requests if r.error is not None and r.error != "cancelled"]
+    failed = [r for r in requests if r.error is not None and r.error not in _NOT_FAILED]
     cancelled = [r for r in requests if r.error == "cancelled"]
+    not_sent = sum(r.error == NOT_SENT for r in requests)
     finished_in_window = [r for r in completed if start <= r.end_s <= end]
     # Latencies of the requests that started in the window (the load had settled), else all.
     settled = [r for r in completed if r.start_s >= start] or completed
@@ -345,10 +356,11 @@ def evaluate_step(
         started_s=started_s,
         sending_s=sending_s,
         window_s=span,
-        sent=len(requests),
+        sent=len(requests) - not_sent,
         completed=len(completed),
         failed=len(failed),
         cancelled=len(cancelled),
+        not_sent=not_sent,
         failure_kinds=tuple(sorted({r.error for r in failed if r.error is not None})),
         achieved_rps=len(finished_in_window) / span,
         in_flight_mean=in_flight(requests, start, end) if end > start else None,
@@ -393,6 +405,11 @@ def violations(step: StepResult, limits: Limits) -> tuple[str, ...]:
     if step.failed:
         kinds = f" ({', '.join(step.failure_kinds)})" if step.failure_kinds else ""
         found.append(f"{step.failed} requests failed{kinds}")
+    if step.not_sent:
+        found.append(
+            f"{step.not_sent} arrivals not sent: the client already had the most requests in "
+            "flight it keeps"
+        )
     if step.preemptions:
         per_request = step.preemptions_per_request
         if per_request is None or per_request > limits.max_preemptions_per_request:

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from exporter.core.derive import next_sample
 from exporter.errors import HeadroomError
-from exporter.sweep.evaluate import Limits, StepResult, busy_unknown, early_stop, evaluate_step
+from exporter.sweep.evaluate import (
+    NOT_SENT,
+    Limits,
+    StepResult,
+    busy_unknown,
+    early_stop,
+    evaluate_step,
+)
 from exporter.sweep.knee import Knee, TargetCeiling, find_knee
 from exporter.sweep.plan import (
     Load,
@@ -236,7 +243,7 @@ class _Sweep:
                 abort.set()
             await asyncio.wait({drain}, timeout=0.2)
         results = drain.result()
-        self.sent += len(results)
+        self.sent += sum(r.error != NOT_SENT for r in results)
         if self.interrupt.is_set():
             return None
         # Measure after the settle time, unless the step ended too soon for that to leave a few

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from exporter.sim import Scenario, SimEngineConfig
+from exporter.sweep import drivers
 from exporter.sweep.drivers import (
     BENCH_SNIPPET,
     BENCH_START_MARKER,
@@ -300,6 +301,33 @@ def test_an_endless_response_is_cut_at_its_bound_and_counted(kind: str, error: s
     assert server.sent < response_bytes_limit(SHAPE.output_tokens) + 16 * 2**20
     if error != "http_429":
         assert driver.cut == {ResponseBound(error): 1}
+
+
+def test_arrivals_past_the_in_flight_cap_are_returned_as_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An open loop against a target that never finishes: past the cap, arrivals are not sent.
+
+    Each is a result of the step (``not_sent``), so the report says the load was not delivered.
+    """
+    monkeypatch.setattr(drivers, "MAX_IN_FLIGHT", 2)
+    with EndlessServer("trickle") as server:
+
+        async def go() -> list[RequestResult]:
+            async with httpx.AsyncClient(trust_env=False) as http:
+                driver = HttpxDriver(
+                    server.url, MODEL, client=http, clock=time.monotonic, request_timeout_s=30
+                )
+                await driver.start(
+                    Load(Mode.RATE, 50), [SHAPE] * 5, offsets=[0.0, 0.05, 0.1, 0.15, 0.2]
+                )
+                while not driver.sending_done:
+                    await asyncio.sleep(0.02)
+                return await driver.finish(drain_s=0.2, abort=asyncio.Event())
+
+        results = asyncio.run(go())
+    errors = sorted(str(r.error) for r in results)
+    assert errors == ["cancelled", "cancelled", "not_sent", "not_sent", "not_sent"]
 
 
 def test_a_response_that_trickles_for_ever_ends_at_the_request_timeout() -> None:

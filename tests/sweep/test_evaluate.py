@@ -7,6 +7,7 @@ import pytest
 from exporter.core.derive import Sample
 from exporter.core.snapshot import EngineMetrics, VllmSnapshot
 from exporter.sweep.evaluate import (
+    NOT_SENT,
     Limits,
     RequestResult,
     early_stop,
@@ -86,6 +87,30 @@ def test_a_steady_step_is_summarised_from_the_window_and_passes() -> None:
     assert step.ttft_p95_s == pytest.approx(0.1)
     assert step.tpot_p50_s == pytest.approx(0.09)
     assert (step.sent, step.completed, step.failed, step.cancelled) == (20, 20, 0, 0)
+
+
+def test_arrivals_the_client_could_not_send_break_the_step_and_are_not_target_failures() -> None:
+    """An open loop past the client's in-flight cap: those arrivals are counted, not sent.
+
+    The step did not get its load, so it cannot pass; the target did not fail them either.
+    """
+    requests = [request(t * 0.5, t * 0.5 + 1.0) for t in range(20)]
+    requests += [request(9.0, 9.0, error=NOT_SENT) for _ in range(3)]
+    step = evaluate_step(
+        LOAD,
+        samples=steady_samples(),
+        requests=requests,
+        started_s=0.0,
+        sending_s=10.0,
+        window=(2.0, 10.0),
+        limits=Limits(),
+    )
+    assert (step.sent, step.completed, step.failed, step.not_sent) == (20, 20, 0, 3)
+    assert step.failure_kinds == ()
+    assert not step.ok
+    assert step.violations == (
+        "3 arrivals not sent: the client already had the most requests in flight it keeps",
+    )
 
 
 def test_preemptions_per_finished_request_past_the_limit_break_the_step() -> None:
