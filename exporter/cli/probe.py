@@ -185,14 +185,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--client",
         choices=["auto", "builtin", "vllm"],
         default="auto",
-        help="vllm: vLLM's bench serve; builtin: httpx; auto: vLLM's where importable",
+        help="vllm: vLLM's bench serve (needs --tokenizer); builtin: httpx; auto: vLLM's where "
+        "importable and --tokenizer is given",
     )
     client.add_argument(
         "--vllm-python",
         metavar="PYTHON",
         help="the python of vLLM's environment (default: this one)",
     )
-    client.add_argument("--tokenizer", help="for vLLM's client (default: the served model's root)")
+    client.add_argument(
+        "--tokenizer",
+        help="for vLLM's client: a model directory or hub id (never taken from the target)",
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object")
     output.add_argument("--report", metavar="FILE", help="write the curves: .html or .png")
@@ -423,7 +427,8 @@ def _driver(
     python = args.vllm_python or sys.executable
     use_vllm = args.client == "vllm"
     if args.client == "auto":
-        use_vllm = _has_vllm(python)
+        # vLLM's client needs a tokenizer the operator named (require_tokenizer says why).
+        use_vllm = args.tokenizer is not None and _has_vllm(python)
     elif use_vllm and not _has_vllm(python):
         raise UsageError(
             f"vLLM's benchmark client is not importable by {python}; give --vllm-python (the "

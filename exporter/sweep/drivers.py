@@ -610,11 +610,20 @@ class VllmBenchDriver:
 
 
 def require_tokenizer(tokenizer: str | None, model_root: str | None) -> str:
-    """The tokenizer vLLM's client loads: the flag, else the model directory vLLM reports."""
-    chosen = tokenizer or model_root
-    if not chosen:
-        raise UsageError(
-            "vLLM's benchmark client needs a tokenizer; give --tokenizer (the model directory "
-            "or hub id)"
-        )
-    return chosen
+    """The tokenizer vLLM's client loads: only the one the operator gave.
+
+    The model root that ``/v1/models`` reports is never loaded unasked: vLLM's client would read
+    local files (or fetch from a hub) because a target said so. It is named in the error, for
+    the operator to pass if it is the same model here.
+    """
+    if tokenizer:
+        return tokenizer
+    reported = (
+        f"; the target reports its model at {model_root[:200]!r}: pass that if this machine "
+        "has the same files"
+        if model_root
+        else ""
+    )
+    raise UsageError(
+        "vLLM's benchmark client needs --tokenizer (a model directory or hub id)" + reported
+    )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from exporter.errors import UsageError
 from exporter.sim import Scenario, SimEngineConfig
 from exporter.sweep import drivers
 from exporter.sweep.drivers import (
@@ -27,6 +28,7 @@ from exporter.sweep.drivers import (
     bounded_lines,
     completion_body,
     prompt_token_ids,
+    require_tokenizer,
     response_bytes_limit,
     results_from_bench,
     trace_lines,
@@ -328,6 +330,20 @@ def test_arrivals_past_the_in_flight_cap_are_returned_as_not_sent(
         results = asyncio.run(go())
     errors = sorted(str(r.error) for r in results)
     assert errors == ["cancelled", "cancelled", "not_sent", "not_sent", "not_sent"]
+
+
+def test_vllms_client_loads_only_the_tokenizer_the_operator_named() -> None:
+    """The root a target reports is never loaded unasked; the error names it, on one line."""
+    assert require_tokenizer("/models/mine", "/models/theirs") == "/models/mine"
+    with pytest.raises(UsageError) as refused:
+        require_tokenizer(None, "/etc/\nsecret" + "x" * 1000)
+    message = str(refused.value)
+    assert "--tokenizer" in message
+    assert "'/etc/\\nsecret" in message  # quoted: the target's text cannot break the line
+    assert "\n" not in message
+    assert len(message) < 400
+    with pytest.raises(UsageError, match="needs --tokenizer"):
+        require_tokenizer(None, None)
 
 
 def test_a_response_that_trickles_for_ever_ends_at_the_request_timeout() -> None:
