@@ -35,6 +35,7 @@ from typing import Literal
 from exporter.core.ceiling import Ceiling, ceiling
 from exporter.core.reasons import Limit
 from exporter.errors import UnsupportedModelError, UsageError
+from exporter.sizing.lora import LORA_MAX_VOCAB, LoraSettings, LoraShape, lora_bytes
 from exporter.sizing.overhead import (
     DEFAULT_VOCAB_SIZE,
     OverheadEstimate,
@@ -267,6 +268,8 @@ class Deployment:
     mamba_ssm_cache_dtype: str = "auto"
     #: ``--enable-prefix-caching`` (vLLM's default): hybrids then run ``--mamba-cache-mode align``.
     enable_prefix_caching: bool = True
+    #: ``--enable-lora`` and its sizes; None means LoRA off.
+    lora: LoraSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +304,8 @@ class StageSizing:
     #: Bytes of one block on this GPU (``block_size`` tokens for every pool-sharing layer).
     block_bytes: int
     kv_blocks: int
+    #: LoRA adapter buffers on this GPU (``--enable-lora``), taken from the budget.
+    lora_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +355,9 @@ class SizingResult:
     #: Hybrids: the state dtypes (conv, SSM), and the block size asked for before vLLM raised it.
     state_dtypes: tuple[str, ...] = ()
     requested_block_size: int | None = None
+    #: LoRA adapter buffers on the limiting GPU, and the settings (None: LoRA off).
+    lora_bytes: int = 0
+    lora: LoraSettings | None = None
     #: Hybrids: ``align`` (prefix caching on) or ``none``.
     mamba_cache_mode: str | None = None
 
@@ -861,6 +869,7 @@ def _stage(
     block_bytes: int,
     vocab: int,
     max_num_seqs: int,
+    lora: int = 0,
 ) -> StageSizing:
     """Budget and blocks of one GPU of one pipeline stage."""
     if deployment.kv_cache_memory_bytes is not None:
@@ -880,9 +889,10 @@ def _stage(
                 version=deployment.vllm_version,
                 enforce_eager=deployment.enforce_eager,
             )
-        budget = usable - weights - overhead.total_bytes
+        # LoRA buffers are allocated at model load, before the profile run measures it.
+        budget = usable - weights - lora - overhead.total_bytes
     blocks = max(0, budget // block_bytes)
-    return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks)
+    return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks, lora)
 
 
 @dataclass(slots=True)
@@ -1020,6 +1030,12 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
             hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
         )
     groups, group_size, block_size = layout.groups, layout.group_size, layout.block_size
+    lora_shape = None
+    if deployment.lora is not None:
+        found_shape = _lora_shape(arch, deployment.lora, deployment, assumptions)
+        if isinstance(found_shape, Declined):
+            return found_shape
+        lora_shape = found_shape
 
     util = deployment.gpu_memory_utilization
     if util is None:
@@ -1056,6 +1072,19 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
             * max(1, math.ceil(group_size * stage_layers / arch.num_layers)),
             vocab=vocab,
             max_num_seqs=max_num_seqs,
+            lora=(
+                0
+                if lora_shape is None or deployment.lora is None
+                else lora_bytes(
+                    lora_shape,
+                    deployment.lora,
+                    tensor_parallel=tp,
+                    layers=stage_layers,
+                    first_stage=index == 0,
+                    last_stage=index == len(layers) - 1,
+                    model_dtype=model_dtype,
+                )
+            ),
         )
         for index, stage_layers in enumerate(layers)
     )
@@ -1098,6 +1127,46 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         state_dtypes=layout.state_dtypes,
         requested_block_size=layout.requested_block_size,
         mamba_cache_mode=layout.mamba_cache_mode,
+        lora_bytes=limiting.lora_bytes,
+        lora=deployment.lora,
+    )
+
+
+def _lora_shape(
+    arch: ModelArch, settings: LoraSettings, deployment: Deployment, assumptions: list[str]
+) -> LoraShape | Declined:
+    """The layer sizes vLLM's LoRA buffers follow, or why they cannot be sized."""
+    settings.validate()
+    if arch.moe is not None or arch.mla is not None or arch.state is not None:
+        what = "MoE experts" if arch.moe else "MLA projections" if arch.mla else "state layers"
+        return Declined(
+            arch.name,
+            f"--enable-lora on a model with {what}: vLLM's LoRA buffers for those layers are not "
+            "modelled (only dense attention + gated-MLP decoders); size without --enable-lora "
+            "and subtract them with --overhead-gib",
+        )
+    vocab = arch.vocab_size or DEFAULT_VOCAB_SIZE
+    if vocab > LORA_MAX_VOCAB:
+        raise UsageError(
+            f"{arch.name}: vLLM refuses LoRA with a vocabulary of {vocab:,} (over "
+            f"{LORA_MAX_VOCAB:,}); drop --enable-lora"
+        )
+    intermediate = arch.intermediate_size
+    if intermediate is None:
+        intermediate = 4 * arch.hidden_size
+        assumptions.append(f"intermediate size unknown: assumed {intermediate:,} for LoRA")
+    if deployment.vllm_version != STATE_ARITHMETIC_OF:
+        assumptions.append(
+            f"LoRA buffers sized with vLLM {STATE_ARITHMETIC_OF}'s layers (read from its source), "
+            f"assumed the same in {deployment.vllm_version}"
+        )
+    return LoraShape(
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        head_dim=arch.head_dim,
+        kv_heads_per_gpu=kv_heads_per_gpu(arch.num_kv_heads, deployment.tensor_parallel),
+        intermediate_size=intermediate,
+        vocab_size=vocab,
     )
 
 

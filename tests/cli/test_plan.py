@@ -280,3 +280,61 @@ def test_plan_text_names_the_state(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         "state per layer            69,376 bytes (bfloat16/bfloat16, block raised from 16" in text
     )
+
+
+def test_lora_flags_take_their_buffers_from_the_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--enable-lora: the ``lora_bytes`` key, taken from the budget (4 x rank 64: 16 x default).
+
+    --max-cpu-loras is host memory: it is reported, never subtracted.
+    """
+    plain = run_json(capsys, *WORKED)
+    lora = run_json(
+        capsys,
+        *WORKED,
+        "--enable-lora",
+        "--max-loras",
+        "4",
+        "--max-lora-rank",
+        "64",
+        "--max-cpu-loras",
+        "8",
+    )
+    assert plain["lora_bytes"] == 0
+    assert plain["lora"] is None
+    assert lora["lora_bytes"] == 16 * 92_356_608
+    assert lora["lora"] == {
+        "max_loras": 4,
+        "max_lora_rank": 64,
+        "max_cpu_loras": 8,
+        "lora_dtype": "auto",
+    }
+    assert plain["kv_budget_bytes"] - lora["kv_budget_bytes"] == lora["lora_bytes"]
+
+
+def test_lora_line_in_the_human_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """The report shows the LoRA buffers as their own line of the chain."""
+    assert main([*WORKED, "--enable-lora"]) == 0
+    text = capsys.readouterr().out
+    assert "- LoRA buffers             0.09 GiB  (1 slot(s) at rank 16" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-loras", "2"], "--max-loras without --enable-lora"),
+        (["--enable-lora", "--max-lora-rank", "12"], "not one of vLLM's"),
+        (["--enable-lora", "--max-loras", "0"], "--max-loras must be at least 1"),
+        (["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], "must be >= --max-loras"),
+        (["--enable-lora", "--lora-dtype", "float32"], "--lora-dtype 'float32' is not"),
+    ],
+)
+def test_bad_lora_flags_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """Each LoRA flag vLLM would refuse is refused in one line naming it."""
+    assert main([*WORKED, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
