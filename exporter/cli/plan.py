@@ -28,6 +28,7 @@ from exporter.sizing.model import (
     MlaDims,
     ModelArch,
     SizingResult,
+    SpeculativeDecoding,
     require_sized,
     size_deployment,
 )
@@ -136,6 +137,25 @@ def _add_claimant_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-cpu-loras", type=int, help="--max-cpu-loras: host-memory cache, not GPU memory"
     )
     lora.add_argument("--lora-dtype", help="--lora-dtype (auto: the model dtype)")
+    spec = parser.add_argument_group(
+        "speculative decoding (a drafter's weights and KV come out of the budget)"
+    )
+    drafter = spec.add_mutually_exclusive_group()
+    drafter.add_argument(
+        "--speculative-draft-model",
+        metavar="MODEL",
+        help="draft model or EAGLE head: catalogue name, cached HF id or path (its config.json)",
+    )
+    drafter.add_argument(
+        "--mtp-layers",
+        type=int,
+        help="MTP layers of the target's own shape (DeepSeek: num_nextn_predict_layers)",
+    )
+    spec.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        help="num_speculative_tokens: lookahead slots per sequence (MTP default: the layers)",
+    )
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -232,6 +252,7 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
     _check_scheduler_flags(args)
     return Deployment(
         lora=_lora_settings(args),
+        speculative=_speculative(args),
         gpu_memory_bytes=memory,
         vllm_version=version,
         gpu_memory_utilization=args.gpu_util,
@@ -252,6 +273,35 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
         mamba_cache_dtype=args.mamba_cache_dtype,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         enable_prefix_caching=args.prefix_caching,
+    )
+
+
+def _speculative(args: argparse.Namespace) -> SpeculativeDecoding | None:
+    tokens = args.num_speculative_tokens
+    if args.speculative_draft_model is None and args.mtp_layers is None:
+        if tokens is not None:
+            raise UsageError(
+                "--num-speculative-tokens without a drafter: add --speculative-draft-model "
+                "or --mtp-layers (n-gram and suffix drafting hold no KV: leave them out)"
+            )
+        return None
+    if args.mtp_layers is not None:
+        if args.mtp_layers < 1:
+            raise UsageError(f"--mtp-layers must be at least 1, got {args.mtp_layers}")
+        return SpeculativeDecoding(
+            num_speculative_tokens=args.mtp_layers if tokens is None else tokens,
+            mtp_layers=args.mtp_layers,
+        )
+    if tokens is None:
+        raise UsageError("--speculative-draft-model needs --num-speculative-tokens, as vLLM does")
+    try:
+        found = find_model_arch(args.speculative_draft_model)
+    except ModelNotFoundError:
+        raise unknown_model_error(args.speculative_draft_model) from None
+    if found.weights_error is not None:
+        raise ModelConfigError(found.weights_error)
+    return SpeculativeDecoding(
+        num_speculative_tokens=tokens, draft=found.arch, draft_weights_bytes=found.weights_bytes
     )
 
 
@@ -334,6 +384,7 @@ def to_json(
             if result.lora is not None
             else None
         ),
+        "speculative": _speculative_json(result),
         "overhead_bytes": overhead.total_bytes,
         "overhead": {
             "activation_bytes": overhead.activation_bytes,
@@ -384,6 +435,21 @@ def to_json(
     }
 
 
+def _speculative_json(result: SizingResult) -> dict[str, Any] | None:
+    spec = result.speculative
+    if spec is None:
+        return None
+    return {
+        "method": spec.method,
+        "draft_model": spec.draft.name if spec.draft is not None else None,
+        "draft_layers": spec.draft.num_layers if spec.draft is not None else spec.mtp_layers,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "draft_weights_bytes": result.draft_weights_bytes,
+        "draft_bytes_per_token": result.draft_bytes_per_token,
+        "lookahead_tokens": result.lookahead_tokens,
+    }
+
+
 def _gib(value: int) -> str:
     return f"{value / GIB:,.2f} GiB"
 
@@ -403,7 +469,12 @@ def render(
         "",
         f"  GPU memory                 {_gib(result.gpu_memory_bytes)} per GPU",
         f"  x utilization {result.gpu_memory_utilization:<12g} {_gib(result.usable_bytes)}",
-        f"  - weights                  {_gib(result.weights_bytes)} per GPU",
+        f"  - weights                  {_gib(result.weights_bytes)} per GPU"
+        + (
+            f" (drafter {_gib(result.draft_weights_bytes)} of it)"
+            if result.speculative is not None
+            else ""
+        ),
         *(
             [
                 f"  - LoRA buffers             {_gib(result.lora_bytes)}  ({result.lora.max_loras} "
@@ -421,7 +492,12 @@ def render(
         "",
         f"  KV per token               {result.bytes_per_token:,} bytes "
         f"({result.layers_per_gpu} layers x {result.kv_heads_per_gpu} KV heads/GPU, "
-        f"{result.kv_bytes_per_element} byte(s) per value, {result.kv_cache_dtype})",
+        f"{result.kv_bytes_per_element} byte(s) per value, {result.kv_cache_dtype})"
+        + (
+            f" + drafter {result.draft_bytes_per_token:,} bytes"
+            if result.speculative is not None
+            else ""
+        ),
         f"  block                      {result.block_size} tokens = {result.block_bytes:,} bytes",
         f"  blocks                     {result.kv_blocks:,} (1 reserved null block)",
         f"  KV capacity                {result.kv_capacity_tokens:,} tokens "

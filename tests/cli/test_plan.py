@@ -338,3 +338,57 @@ def test_bad_lora_flags_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_speculative_flags_add_the_drafter(capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft model: its KV per token joins the target's; the ``speculative`` key says how."""
+    base = ["plan", "--model", "qwen3-32b", "--gpu", "H100", "--max-model-len", "8192"]
+    plain = run_json(capsys, *base)
+    spec = run_json(
+        capsys,
+        *base,
+        "--speculative-draft-model",
+        "qwen3-0.6b",
+        "--num-speculative-tokens",
+        "4",
+    )
+    assert plain["speculative"] is None
+    assert spec["speculative"]["method"] == "draft"
+    assert spec["speculative"]["draft_layers"] == 28
+    assert spec["speculative"]["draft_bytes_per_token"] == 114_688
+    assert spec["speculative"]["lookahead_tokens"] == 4
+    assert spec["bytes_per_token"] == plain["bytes_per_token"] + 114_688
+    assert spec["kv_budget_bytes"] < plain["kv_budget_bytes"]
+
+
+def test_mtp_layers_default_their_speculative_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    """--mtp-layers N drafts N tokens unless --num-speculative-tokens says otherwise."""
+    out = run_json(
+        capsys, "plan", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--mtp-layers", "1"
+    )
+    assert out["speculative"]["method"] == "mtp"
+    assert out["speculative"]["num_speculative_tokens"] == 1
+    assert out["bytes_per_token"] == 62 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--num-speculative-tokens", "3"], "without a drafter"),
+        (["--speculative-draft-model", "qwen3-0.6b"], "needs --num-speculative-tokens"),
+        (["--mtp-layers", "0"], "--mtp-layers must be at least 1"),
+        (
+            ["--speculative-draft-model", "qwen3-0.6b", "--num-speculative-tokens", "0"],
+            "--num-speculative-tokens must be at least 1",
+        ),
+        (["--speculative-draft-model", "qwen-0.6", "--num-speculative-tokens", "2"], "unknown"),
+    ],
+)
+def test_bad_speculative_flags_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """Each speculative-decoding flag vLLM would refuse is refused in one line naming it."""
+    assert main(["plan", "--model", "qwen3-8b", "--gpu", "H100", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
