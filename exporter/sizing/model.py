@@ -191,6 +191,8 @@ class ModelArch:
     state: StateLayers | None = None
     #: Attention layers of a hybrid model (``num_layers`` counts every decoder layer).
     attention_layers: int | None = None
+    #: The config has a vision or audio encoder (``vision_config``, ``audio_config``).
+    multimodal: bool = False
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -1086,6 +1088,8 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
     )
     if params_estimated:
         assumptions.append("parameter count estimated from the architecture (give --params-b)")
+    if arch.multimodal and deployment.overhead_bytes is None:
+        assumptions.append(_encoder_cache_note(arch, batched=batched, model_dtype=model_dtype))
     vocab = arch.vocab_size
     if vocab is None:
         vocab = DEFAULT_VOCAB_SIZE
@@ -1169,6 +1173,25 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         draft_weights_bytes=draft.weights_bytes,
         draft_bytes_per_token=draft.bytes_per_token,
         lookahead_tokens=draft.lookahead_tokens,
+    )
+
+
+def _encoder_cache_note(arch: ModelArch, *, batched: int, model_dtype: str) -> str:
+    """Why a multimodal model's encoder cache is not subtracted, with its lower bound.
+
+    vLLM 0.32's profile run (``GPUModelRunner.profile_run``, vllm/v1/worker/gpu_model_runner.py)
+    first encodes a batch of dummy items of the largest size and keeps their outputs in the
+    encoder cache, whose budget is ``max(max_num_batched_tokens, tokens of the largest item)``
+    (``compute_mm_encoder_budget``, vllm/v1/core/encoder_cache_manager.py). The item's tokens
+    come from the model's processor, not its config, and the encoder's own activation peak from
+    its implementation: neither can be sized from config.json.
+    """
+    floor = batched * arch.hidden_size * dtype_bytes(model_dtype)
+    return (
+        f"multimodal model: vLLM's profile run also holds the encoder cache (at least "
+        f"{batched:,} tokens x {arch.hidden_size:,} x {dtype_bytes(model_dtype)} bytes = "
+        f"{floor / 2**20:,.0f} MiB) and the encoder's activation peak; they depend on the "
+        "model's processor, not its config, and are not modelled separately"
     )
 
 

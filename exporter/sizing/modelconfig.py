@@ -436,6 +436,7 @@ def parse_model_config(
         declined=declined,
         state=state,
         attention_layers=attention_layers,
+        multimodal=any(key in config for key in ("vision_config", "audio_config")),
     )
 
 
