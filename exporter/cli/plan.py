@@ -130,8 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_claimant_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the memory claimants besides weights, KV cache and overhead."""
     lora = parser.add_argument_group("LoRA adapters (vLLM pre-allocates their GPU buffers)")
-    lora.add_argument("--enable-lora", action="store_true", help="--enable-lora")
-    lora.add_argument("--max-loras", type=int, help="--max-loras: adapter slots on the GPU (1)")
+    lora.add_argument(
+        "--enable-lora", action="store_true", help="--enable-lora: subtract the LoRA buffers"
+    )
+    lora.add_argument(
+        "--max-loras", type=int, help="--max-loras: adapter slots on the GPU (default 1)"
+    )
     lora.add_argument("--max-lora-rank", type=int, help="--max-lora-rank (default 16)")
     lora.add_argument(
         "--max-cpu-loras", type=int, help="--max-cpu-loras: host-memory cache, not GPU memory"
