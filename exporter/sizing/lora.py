@@ -16,7 +16,8 @@ come out of the KV budget. Read from vLLM 0.32.0's source:
   ``LogitsProcessorWithLoRA.create_lora_weights``: the LM head, A ``rank x hidden`` and B ``vocab
   x rank``, not split by TP (vLLM refuses LoRA with a vocabulary over 258,048).
 - ``vllm/lora/utils.py`` ``get_supported_lora_modules``: every linear layer, plus the model's
-  ``embedding_modules`` (``embed_tokens``, ``lm_head`` for Llama-style models).
+  ``embedding_modules`` (``embed_tokens``, ``lm_head`` for Llama, Qwen3, Granite...; none for
+  Qwen2, Gemma, Mistral: :data:`EMBEDDING_LORA_ARCHITECTURES`).
 - ``vllm/config/lora.py`` ``LoRAConfig``: ``max_loras`` 1, ``max_lora_rank`` 16 (one of 1, 8, 16,
   32, 64, 128, 256, 320, 512), ``max_cpu_loras`` = ``max_loras`` when not given and never below
   it. ``max_cpu_loras`` is host memory (the LRU cache of loaded adapters), not GPU memory.
@@ -34,6 +35,62 @@ from exporter.sizing.weights import dtype_bytes
 
 #: The ranks vLLM 0.32 accepts for ``--max-lora-rank`` (``MaxLoRARanks`` in vllm/config/lora.py).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: Architectures whose vLLM 0.32 model class declares ``embedding_modules`` (``embed_tokens``,
+#: ``lm_head``), inherited or its own: only these get embedding and LM-head LoRA buffers. Read
+#: from the 0.32.0 package: each ``model_executor/models/registry.py`` entry's class, resolved
+#: through its bases to a non-empty ``embedding_modules`` dict (Qwen2, Gemma, Mistral, DeepSeek
+#: and the ``...ForConditionalGeneration`` wrappers declare none or an empty one).
+EMBEDDING_LORA_ARCHITECTURES = frozenset(
+    (
+        "ApertusForCausalLM",
+        "Cohere2ForCausalLM",
+        "CohereForCausalLM",
+        "DeciLMForCausalLM",
+        "Eagle3Qwen3ForCausalLM",
+        "EagleCohereForCausalLM",
+        "EagleMiniCPMForCausalLM",
+        "Ernie4_5ForCausalLM",
+        "Exaone4ForCausalLM",
+        "ExaoneForCausalLM",
+        "ExaoneMoEForCausalLM",
+        "ExaoneMoeForCausalLM",
+        "FalconH1ForCausalLM",
+        "GraniteForCausalLM",
+        "GraniteMoeForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "GraniteMoeSharedForCausalLM",
+        "GraniteSWAForCausalLM",
+        "HyperCLOVAXForCausalLM",
+        "IQuestCoderForCausalLM",
+        "InternLM3ForCausalLM",
+        "JambaForCausalLM",
+        "K2HorizonForCausalLM",
+        "LLaMAForCausalLM",
+        "Lfm2ForCausalLM",
+        "Lfm2MoeForCausalLM",
+        "Llama4ForCausalLM",
+        "LlamaForCausalLM",
+        "MiniCPM3ForCausalLM",
+        "MiniCPMForCausalLM",
+        "MixtralForCausalLM",
+        "NemotronForCausalLM",
+        "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",
+        "Param2MoEForCausalLM",
+        "PeagleQwen3ForCausalLM",
+        "Phi3ForCausalLM",
+        "PhiMoEForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "SolarForCausalLM",
+        "TeleChat2ForCausalLM",
+        "TeleChat3ForCausalLM",
+        "TeleFLMForCausalLM",
+    )
+)
 #: The dtypes ``--lora-dtype`` takes (``LoRADType`` in vllm/config/lora.py).
 LORA_DTYPES = ("auto", "float16", "bfloat16")
 #: ``LogitsProcessorWithLoRA`` refuses larger vocabularies.
@@ -85,6 +142,8 @@ class LoraShape:
     kv_heads_per_gpu: int
     intermediate_size: int
     vocab_size: int
+    #: Whether the model class has embedding and LM-head LoRA buffers.
+    embedding_lora: bool = True
 
 
 def layer_lora_elements(shape: LoraShape, *, rank: int, tensor_parallel: int) -> int:
@@ -123,9 +182,7 @@ def lora_bytes(
     """LoRA buffers on one GPU of a pipeline stage holding ``layers`` decoder layers."""
     rank = settings.max_lora_rank
     elements = layers * layer_lora_elements(shape, rank=rank, tensor_parallel=tensor_parallel)
-    if first_stage:
-        elements += embedding_lora_elements(shape, rank=rank)
-    if last_stage:
-        elements += embedding_lora_elements(shape, rank=rank)
+    if shape.embedding_lora:
+        elements += (first_stage + last_stage) * embedding_lora_elements(shape, rank=rank)
     dtype = model_dtype if settings.lora_dtype == "auto" else settings.lora_dtype
     return settings.max_loras * elements * dtype_bytes(dtype)

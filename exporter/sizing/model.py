@@ -35,7 +35,13 @@ from typing import Literal
 from exporter.core.ceiling import Ceiling, ceiling
 from exporter.core.reasons import Limit
 from exporter.errors import UnsupportedModelError, UsageError
-from exporter.sizing.lora import LORA_MAX_VOCAB, LoraSettings, LoraShape, lora_bytes
+from exporter.sizing.lora import (
+    EMBEDDING_LORA_ARCHITECTURES,
+    LORA_MAX_VOCAB,
+    LoraSettings,
+    LoraShape,
+    lora_bytes,
+)
 from exporter.sizing.overhead import (
     DEFAULT_VOCAB_SIZE,
     OverheadEstimate,
@@ -193,6 +199,8 @@ class ModelArch:
     attention_layers: int | None = None
     #: The config has a vision or audio encoder (``vision_config``, ``audio_config``).
     multimodal: bool = False
+    #: The config's first ``architectures`` entry (vLLM's model class), if known.
+    architecture: str | None = None
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -1340,7 +1348,8 @@ def _lora_shape(
             "and subtract them with --overhead-gib",
         )
     vocab = arch.vocab_size or DEFAULT_VOCAB_SIZE
-    if vocab > LORA_MAX_VOCAB:
+    embedding_lora = arch.architecture is None or arch.architecture in EMBEDDING_LORA_ARCHITECTURES
+    if embedding_lora and vocab > LORA_MAX_VOCAB:
         raise UsageError(
             f"{arch.name}: vLLM refuses LoRA with a vocabulary of {vocab:,} (over "
             f"{LORA_MAX_VOCAB:,}); drop --enable-lora"
@@ -1354,7 +1363,13 @@ def _lora_shape(
             f"LoRA buffers sized with vLLM {STATE_ARITHMETIC_OF}'s layers (read from its source), "
             f"assumed the same in {deployment.vllm_version}"
         )
+    if arch.architecture is None:
+        assumptions.append(
+            "model class unknown: embedding and LM-head LoRA buffers counted (Llama, Qwen3 have "
+            "them; Qwen2, Gemma, Mistral do not): give the model's config.json"
+        )
     return LoraShape(
+        embedding_lora=embedding_lora,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
         head_dim=arch.head_dim,

@@ -437,7 +437,16 @@ def parse_model_config(
         state=state,
         attention_layers=attention_layers,
         multimodal=any(key in config for key in ("vision_config", "audio_config")),
+        architecture=_architecture(config),
     )
+
+
+def _architecture(config: Mapping[str, Any]) -> str | None:
+    """The first ``architectures`` entry: the model class vLLM loads."""
+    names = config.get("architectures")
+    if isinstance(names, list) and names and isinstance(names[0], str):
+        return names[0]
+    return None
 
 
 def _moe(config: Mapping[str, Any], num_layers: int) -> MoeSpec | None:

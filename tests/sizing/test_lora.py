@@ -169,3 +169,34 @@ def test_moe_and_mla_models_are_declined() -> None:
     )
     assert isinstance(outcome, Declined)
     assert "--enable-lora" in outcome.reason
+
+
+def test_only_classes_with_embedding_modules_get_embedding_buffers() -> None:
+    """Qwen2 (Qwen2.5-7B) declares no embedding_modules in vLLM 0.32: decoder layers only.
+
+    Qwen2.5-7B: hidden 3,584, 28 heads, 4 KV heads of 128, intermediate 18,944, 28 layers.
+    """
+    arch = load_model_arch(paths.CONFIGS / "qwen2.5-7b-instruct")
+    assert arch.architecture == "Qwen2ForCausalLM"
+    deployment = Deployment(
+        gpu_memory_bytes=80 * GB, weights_bytes=16 * GB, overhead_bytes=4 * GB, lora=LoraSettings()
+    )
+    result = size_deployment(arch, deployment=deployment)
+    assert not isinstance(result, Declined)
+    qkv = 3 * 16 * 3584 + (3584 + 512 + 512) * 16
+    o_proj = 16 * 3584 + 3584 * 16
+    gate_up = 2 * 16 * 3584 + 2 * 18_944 * 16
+    down = 16 * 18_944 + 3584 * 16
+    assert result.lora_bytes == 28 * (qkv + o_proj + gate_up + down) * 2
+
+
+def test_unknown_model_class_counts_embedding_buffers_and_says_so() -> None:
+    """Without config.json's architectures the larger figure is taken, with a note."""
+    arch = replace(load_model_arch(paths.CONFIGS / "llama-3.1-8b-instruct"), architecture=None)
+    deployment = Deployment(
+        gpu_memory_bytes=80 * GB, weights_bytes=16 * GB, overhead_bytes=4 * GB, lora=LoraSettings()
+    )
+    result = size_deployment(arch, deployment=deployment)
+    assert not isinstance(result, Declined)
+    assert result.lora_bytes == 92_356_608
+    assert any(note.startswith("model class unknown") for note in result.assumptions)
