@@ -8,7 +8,8 @@ out: no I/O, no clock, no logging. The chain, per GPU:
    ``layers x (kv_lora_rank + qk_rope_head_dim) x B_kv`` for MLA, not split by TP. Pipeline
    parallelism gives each stage only its layers.
 2. KV budget: ``total x utilization - weights - overhead`` (see :mod:`exporter.sizing.overhead`), or
-   exactly ``--kv-cache-memory-bytes``.
+   exactly ``--kv-cache-memory-bytes``; LoRA buffers (:mod:`exporter.sizing.lora`) and a
+   speculative drafter's weights come out of it too, and a drafter's KV adds to step 1.
 3. Blocks: ``floor(budget / bytes per block)``, where a block holds ``block_size`` tokens for
    every layer that shares the pool (all layers, or one layer of each KV-cache group on hybrid
    models). The smallest stage decides. One block is vLLM's null block.
