@@ -202,6 +202,8 @@ class ModelArch:
     multimodal: bool = False
     #: The config's first ``architectures`` entry (vLLM's model class), if known.
     architecture: str | None = None
+    #: MTP layers the checkpoint ships (``num_nextn_predict_layers``), if the config says.
+    mtp_layers: int | None = None
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -1266,6 +1268,11 @@ def _draft_costs(
         raise UsageError("speculative decoding needs one drafter: a draft model or MTP layers")
     if spec.mtp_layers < 0:
         raise UsageError(f"--mtp-layers must be at least 1, got {spec.mtp_layers}")
+    if spec.mtp_layers and arch.mtp_layers is not None and spec.mtp_layers > arch.mtp_layers:
+        raise UsageError(
+            f"--mtp-layers {spec.mtp_layers}: {arch.name}'s config has "
+            f"num_nextn_predict_layers {arch.mtp_layers}; give at most that"
+        )
     if deployment.pipeline_parallel > 1:
         return Declined(
             arch.name,

@@ -22,6 +22,8 @@ from exporter.sizing.model import (
     SpeculativeDecoding,
     size_deployment,
 )
+from exporter.sizing.modelconfig import load_model_arch
+from tests import paths
 
 GIB = 2**30
 H100 = Deployment(gpu_memory_bytes=int(79.19 * GIB), max_model_len=8192)
@@ -112,3 +114,18 @@ def test_no_speculative_tokens_is_refused() -> None:
     """vLLM needs at least one speculative token."""
     with pytest.raises(UsageError, match="--num-speculative-tokens"):
         sized("qwen3-32b", replace(H100, speculative=draft("qwen3-0.6b", tokens=0)))
+
+
+def test_mtp_layers_beyond_the_checkpoints_are_refused() -> None:
+    """DeepSeek-V3's config.json ships num_nextn_predict_layers 1: asking for 2 is refused."""
+    arch = load_model_arch(paths.CONFIGS / "deepseek-v3")
+    assert arch.mtp_layers == 1
+    deployment = Deployment(
+        gpu_memory_bytes=int(139.94 * GIB),
+        tensor_parallel=8,
+        speculative=SpeculativeDecoding(num_speculative_tokens=2, mtp_layers=2),
+    )
+    with pytest.raises(UsageError, match="num_nextn_predict_layers 1"):
+        size_deployment(arch, deployment=deployment)
+    fits = replace(deployment, speculative=SpeculativeDecoding(1, mtp_layers=1))
+    assert not isinstance(size_deployment(arch, deployment=fits), Declined)
