@@ -262,6 +262,8 @@ def render(report: CheckReport) -> str:
             f"{_gib(p['weights_bytes'])}, overhead {_gib(p['overhead_bytes'])}, KV budget "
             f"{_gib(p['kv_budget_bytes'])}"
         )
+        if p["message"]:
+            lines.append(f"  note: {p['message']}")
     else:
         lines.append(f"prediction: unavailable ({p['state']}) {p['message']}".rstrip())
     return "\n".join(lines) + "\n"

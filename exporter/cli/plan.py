@@ -22,11 +22,13 @@ from exporter.sizing.catalog import (
     unknown_model_error,
 )
 from exporter.sizing.lookup import find_model_arch
+from exporter.sizing.lora import LoraSettings
 from exporter.sizing.model import (
     Deployment,
     MlaDims,
     ModelArch,
     SizingResult,
+    SpeculativeDecoding,
     require_sized,
     size_deployment,
 )
@@ -104,6 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="hybrids: vLLM without prefix caching keeps 1 state block per request, not 2-3",
     )
+    _add_claimant_arguments(parser)
     overhead = hardware.add_mutually_exclusive_group()
     overhead.add_argument("--overhead-gib", type=float, help="overhead per GPU, GiB (override)")
     overhead.add_argument("--overhead-gb", type=float, help="overhead per GPU, GB (override)")
@@ -122,6 +125,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     question.add_argument("--json", action="store_true", help="print one JSON object")
     question.add_argument("--list-models", action="store_true", help="list catalogue models")
     question.add_argument("--list-gpus", action="store_true", help="list catalogue GPUs")
+
+
+def _add_claimant_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the memory claimants besides weights, KV cache and overhead."""
+    lora = parser.add_argument_group("LoRA adapters (vLLM pre-allocates their GPU buffers)")
+    lora.add_argument(
+        "--enable-lora", action="store_true", help="--enable-lora: subtract the LoRA buffers"
+    )
+    lora.add_argument(
+        "--max-loras", type=int, help="--max-loras: adapter slots on the GPU (default 1)"
+    )
+    lora.add_argument("--max-lora-rank", type=int, help="--max-lora-rank (default 16)")
+    lora.add_argument(
+        "--max-cpu-loras", type=int, help="--max-cpu-loras: host-memory cache, not GPU memory"
+    )
+    lora.add_argument("--lora-dtype", help="--lora-dtype (auto: the model dtype)")
+    spec = parser.add_argument_group(
+        "speculative decoding (a drafter's weights and KV come out of the budget)"
+    )
+    drafter = spec.add_mutually_exclusive_group()
+    drafter.add_argument(
+        "--speculative-draft-model",
+        metavar="MODEL",
+        help="draft model or EAGLE head: catalogue name, cached HF id or path (its config.json)",
+    )
+    drafter.add_argument(
+        "--mtp-layers",
+        type=int,
+        help="MTP layers of the target's own shape (DeepSeek: num_nextn_predict_layers)",
+    )
+    spec.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        help="num_speculative_tokens: lookahead slots per sequence (MTP default: the layers)",
+    )
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -217,6 +255,8 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
     version = parse_vllm_version(args.vllm_version) if args.vllm_version else LATEST_KNOWN
     _check_scheduler_flags(args)
     return Deployment(
+        lora=_lora_settings(args),
+        speculative=_speculative(args),
         gpu_memory_bytes=memory,
         vllm_version=version,
         gpu_memory_utilization=args.gpu_util,
@@ -240,6 +280,55 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
     )
 
 
+def _speculative(args: argparse.Namespace) -> SpeculativeDecoding | None:
+    tokens = args.num_speculative_tokens
+    if args.speculative_draft_model is None and args.mtp_layers is None:
+        if tokens is not None:
+            raise UsageError(
+                "--num-speculative-tokens without a drafter: add --speculative-draft-model "
+                "or --mtp-layers (n-gram and suffix drafting hold no KV: leave them out)"
+            )
+        return None
+    if args.mtp_layers is not None:
+        if args.mtp_layers < 1:
+            raise UsageError(f"--mtp-layers must be at least 1, got {args.mtp_layers}")
+        return SpeculativeDecoding(
+            num_speculative_tokens=args.mtp_layers if tokens is None else tokens,
+            mtp_layers=args.mtp_layers,
+        )
+    if tokens is None:
+        raise UsageError("--speculative-draft-model needs --num-speculative-tokens, as vLLM does")
+    try:
+        found = find_model_arch(args.speculative_draft_model)
+    except ModelNotFoundError:
+        raise unknown_model_error(args.speculative_draft_model) from None
+    if found.weights_error is not None:
+        raise ModelConfigError(found.weights_error)
+    return SpeculativeDecoding(
+        num_speculative_tokens=tokens, draft=found.arch, draft_weights_bytes=found.weights_bytes
+    )
+
+
+def _lora_settings(args: argparse.Namespace) -> LoraSettings | None:
+    given = [
+        f"--{flag.replace('_', '-')}"
+        for flag in ("max_loras", "max_lora_rank", "max_cpu_loras", "lora_dtype")
+        if getattr(args, flag) is not None
+    ]
+    if not args.enable_lora:
+        if given:
+            raise UsageError(f"{', '.join(given)} without --enable-lora: add --enable-lora")
+        return None
+    settings = LoraSettings(
+        max_loras=1 if args.max_loras is None else args.max_loras,
+        max_lora_rank=16 if args.max_lora_rank is None else args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
+        lora_dtype=(args.lora_dtype or "auto").strip().lower(),
+    )
+    settings.validate()
+    return settings
+
+
 def _check_scheduler_flags(args: argparse.Namespace) -> None:
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
@@ -250,7 +339,9 @@ def _check_fits(result: SizingResult) -> None:
     if result.fits:
         return
     raise UsageError(
-        f"{result.model} does not fit: weights {result.weights_bytes / GIB:.2f} GiB + overhead "
+        f"{result.model} does not fit: weights {result.weights_bytes / GIB:.2f} GiB + "
+        + (f"LoRA {result.lora_bytes / GIB:.2f} GiB + " if result.lora is not None else "")
+        + f"overhead "
         f"{result.overhead.total_bytes / GIB:.2f} GiB exceed {result.usable_bytes / GIB:.2f} GiB "
         f"at utilization {result.gpu_memory_utilization:g} (raise --tp, use a larger GPU, or a "
         "quantized checkpoint)"
@@ -286,6 +377,18 @@ def to_json(
         "block_size": result.block_size,
         "usable_bytes": result.usable_bytes,
         "weights_bytes": result.weights_bytes,
+        "lora_bytes": result.lora_bytes,
+        "lora": (
+            {
+                "max_loras": result.lora.max_loras,
+                "max_lora_rank": result.lora.max_lora_rank,
+                "max_cpu_loras": result.lora.cpu_slots,
+                "lora_dtype": result.lora.lora_dtype,
+            }
+            if result.lora is not None
+            else None
+        ),
+        "speculative": _speculative_json(result),
         "overhead_bytes": overhead.total_bytes,
         "overhead": {
             "activation_bytes": overhead.activation_bytes,
@@ -336,6 +439,21 @@ def to_json(
     }
 
 
+def _speculative_json(result: SizingResult) -> dict[str, Any] | None:
+    spec = result.speculative
+    if spec is None:
+        return None
+    return {
+        "method": spec.method,
+        "draft_model": spec.draft.name if spec.draft is not None else None,
+        "draft_layers": spec.draft.num_layers if spec.draft is not None else spec.mtp_layers,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "draft_weights_bytes": result.draft_weights_bytes,
+        "draft_bytes_per_token": result.draft_bytes_per_token,
+        "lookahead_tokens": result.lookahead_tokens,
+    }
+
+
 def _gib(value: int) -> str:
     return f"{value / GIB:,.2f} GiB"
 
@@ -355,7 +473,21 @@ def render(
         "",
         f"  GPU memory                 {_gib(result.gpu_memory_bytes)} per GPU",
         f"  x utilization {result.gpu_memory_utilization:<12g} {_gib(result.usable_bytes)}",
-        f"  - weights                  {_gib(result.weights_bytes)} per GPU",
+        f"  - weights                  {_gib(result.weights_bytes)} per GPU"
+        + (
+            f" (drafter {_gib(result.draft_weights_bytes)} of it)"
+            if result.speculative is not None
+            else ""
+        ),
+        *(
+            [
+                f"  - LoRA buffers             {_gib(result.lora_bytes)}  ({result.lora.max_loras} "
+                f"slot(s) at rank {result.lora.max_lora_rank}; {result.lora.cpu_slots} "
+                "adapter(s) cached in host memory, not GPU)"
+            ]
+            if result.lora is not None
+            else []
+        ),
         f"  - overhead ({overhead.source:<8})      {_gib(overhead.total_bytes)}"
         f"  (activation {_gib(overhead.activation_bytes)}, non-torch "
         f"{_gib(overhead.non_torch_bytes)}, CUDA graphs {_gib(overhead.cuda_graph_bytes)})",
@@ -364,7 +496,12 @@ def render(
         "",
         f"  KV per token               {result.bytes_per_token:,} bytes "
         f"({result.layers_per_gpu} layers x {result.kv_heads_per_gpu} KV heads/GPU, "
-        f"{result.kv_bytes_per_element} byte(s) per value, {result.kv_cache_dtype})",
+        f"{result.kv_bytes_per_element} byte(s) per value, {result.kv_cache_dtype})"
+        + (
+            f" + drafter {result.draft_bytes_per_token:,} bytes"
+            if result.speculative is not None
+            else ""
+        ),
         f"  block                      {result.block_size} tokens = {result.block_bytes:,} bytes",
         f"  blocks                     {result.kv_blocks:,} (1 reserved null block)",
         f"  KV capacity                {result.kv_capacity_tokens:,} tokens "

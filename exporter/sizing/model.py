@@ -8,7 +8,8 @@ out: no I/O, no clock, no logging. The chain, per GPU:
    ``layers x (kv_lora_rank + qk_rope_head_dim) x B_kv`` for MLA, not split by TP. Pipeline
    parallelism gives each stage only its layers.
 2. KV budget: ``total x utilization - weights - overhead`` (see :mod:`exporter.sizing.overhead`), or
-   exactly ``--kv-cache-memory-bytes``.
+   exactly ``--kv-cache-memory-bytes``; LoRA buffers (:mod:`exporter.sizing.lora`) and a
+   speculative drafter's weights come out of it too, and a drafter's KV adds to step 1.
 3. Blocks: ``floor(budget / bytes per block)``, where a block holds ``block_size`` tokens for
    every layer that shares the pool (all layers, or one layer of each KV-cache group on hybrid
    models). The smallest stage decides. One block is vLLM's null block.
@@ -35,6 +36,13 @@ from typing import Literal
 from exporter.core.ceiling import Ceiling, ceiling
 from exporter.core.reasons import Limit
 from exporter.errors import UnsupportedModelError, UsageError
+from exporter.sizing.lora import (
+    EMBEDDING_LORA_ARCHITECTURES,
+    LORA_MAX_VOCAB,
+    LoraSettings,
+    LoraShape,
+    lora_bytes,
+)
 from exporter.sizing.overhead import (
     DEFAULT_VOCAB_SIZE,
     OverheadEstimate,
@@ -190,6 +198,12 @@ class ModelArch:
     state: StateLayers | None = None
     #: Attention layers of a hybrid model (``num_layers`` counts every decoder layer).
     attention_layers: int | None = None
+    #: The config has a vision or audio encoder (``vision_config``, ``audio_config``).
+    multimodal: bool = False
+    #: The config's first ``architectures`` entry (vLLM's model class), if known.
+    architecture: str | None = None
+    #: MTP layers the checkpoint ships (``num_nextn_predict_layers``), if the config says.
+    mtp_layers: int | None = None
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -230,6 +244,33 @@ _STATE_LABEL: dict[StateKind, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeDecoding:
+    """Speculative decoding with a drafter that holds KV: a draft model / EAGLE head, or MTP.
+
+    vLLM loads the drafter into the same runner, and its attention layers join the target's in
+    the KV-cache spec (``vllm/v1/worker/gpu_model_runner.py`` ``get_kv_cache_spec`` walks every
+    attention layer); with all layers full attention they form one group
+    (``vllm/v1/core/kv_cache_utils.py`` ``get_kv_cache_groups``: uniform spec, or
+    ``UniformTypeKVCacheSpecs`` for other head shapes), so a token costs the target's bytes plus
+    the drafter's. The scheduler reserves ``num_speculative_tokens`` lookahead slots per request
+    (``VllmConfig.num_lookahead_tokens``, vllm/config/vllm.py).
+    """
+
+    num_speculative_tokens: int
+    #: A separate draft model or EAGLE head (its own config.json), if any.
+    draft: ModelArch | None = None
+    #: The draft's checkpoint size (all GPUs), if known.
+    draft_weights_bytes: int | None = None
+    #: MTP layers of the target's own shape (DeepSeek-style ``num_nextn_predict_layers``).
+    mtp_layers: int = 0
+
+    @property
+    def method(self) -> str:
+        """``mtp`` or ``draft`` (a draft model or an EAGLE head)."""
+        return "mtp" if self.mtp_layers else "draft"
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     """How vLLM is (or would be) started, and on what hardware. Sizes are per GPU."""
 
@@ -267,6 +308,10 @@ class Deployment:
     mamba_ssm_cache_dtype: str = "auto"
     #: ``--enable-prefix-caching`` (vLLM's default): hybrids then run ``--mamba-cache-mode align``.
     enable_prefix_caching: bool = True
+    #: ``--enable-lora`` and its sizes; None means LoRA off.
+    lora: LoraSettings | None = None
+    #: Speculative decoding with a drafter holding KV; None means off.
+    speculative: SpeculativeDecoding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +346,8 @@ class StageSizing:
     #: Bytes of one block on this GPU (``block_size`` tokens for every pool-sharing layer).
     block_bytes: int
     kv_blocks: int
+    #: LoRA adapter buffers on this GPU (``--enable-lora``), taken from the budget.
+    lora_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +397,15 @@ class SizingResult:
     #: Hybrids: the state dtypes (conv, SSM), and the block size asked for before vLLM raised it.
     state_dtypes: tuple[str, ...] = ()
     requested_block_size: int | None = None
+    #: LoRA adapter buffers on the limiting GPU, and the settings (None: LoRA off).
+    lora_bytes: int = 0
+    lora: LoraSettings | None = None
+    #: Speculative decoding: the drafter's weights on the limiting GPU and its share of
+    #: ``bytes_per_token``; ``lookahead_tokens`` slots every running sequence reserves.
+    speculative: SpeculativeDecoding | None = None
+    draft_weights_bytes: int = 0
+    draft_bytes_per_token: int = 0
+    lookahead_tokens: int = 0
     #: Hybrids: ``align`` (prefix caching on) or ``none``.
     mamba_cache_mode: str | None = None
 
@@ -443,9 +499,8 @@ class SizingResult:
         """
         if context_tokens < 1:
             raise UsageError(f"context length must be at least 1 token, got {context_tokens}")
-        return sum(
-            _blocks_for_tokens(group, context_tokens, self.block_size) for group in self.kv_groups
-        )
+        tokens = context_tokens + self.lookahead_tokens
+        return sum(_blocks_for_tokens(group, tokens, self.block_size) for group in self.kv_groups)
 
     def sequences_at(self, context_tokens: int) -> int:
         """How many sequences of ``context_tokens`` the KV pool holds at once (usable blocks)."""
@@ -861,6 +916,7 @@ def _stage(
     block_bytes: int,
     vocab: int,
     max_num_seqs: int,
+    lora: int = 0,
 ) -> StageSizing:
     """Budget and blocks of one GPU of one pipeline stage."""
     if deployment.kv_cache_memory_bytes is not None:
@@ -880,9 +936,10 @@ def _stage(
                 version=deployment.vllm_version,
                 enforce_eager=deployment.enforce_eager,
             )
-        budget = usable - weights - overhead.total_bytes
+        # LoRA buffers are allocated at model load, before the profile run measures it.
+        budget = usable - weights - lora - overhead.total_bytes
     blocks = max(0, budget // block_bytes)
-    return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks)
+    return StageSizing(index, layers, weights, overhead, budget, block_bytes, blocks, lora)
 
 
 @dataclass(slots=True)
@@ -1020,6 +1077,12 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
             hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
         )
     groups, group_size, block_size = layout.groups, layout.group_size, layout.block_size
+    claimants = _claimants(
+        arch, deployment, model_dtype=model_dtype, kv_element=kv_element, assumptions=assumptions
+    )
+    if isinstance(claimants, Declined):
+        return claimants
+    draft, lora_shape = claimants
 
     util = deployment.gpu_memory_utilization
     if util is None:
@@ -1036,6 +1099,8 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
     )
     if params_estimated:
         assumptions.append("parameter count estimated from the architecture (give --params-b)")
+    if arch.multimodal and deployment.overhead_bytes is None:
+        assumptions.append(_encoder_cache_note(arch, batched=batched, model_dtype=model_dtype))
     vocab = arch.vocab_size
     if vocab is None:
         vocab = DEFAULT_VOCAB_SIZE
@@ -1049,13 +1114,27 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
             index=index,
             layers=stage_layers,
             last=index == len(layers) - 1,
-            weights=weights[index],
+            weights=weights[index] + draft.weights_bytes,
             usable=usable,
             block_bytes=block_size
             * layer_bytes
-            * max(1, math.ceil(group_size * stage_layers / arch.num_layers)),
+            * max(1, math.ceil(group_size * stage_layers / arch.num_layers))
+            + block_size * draft.bytes_per_token,
             vocab=vocab,
             max_num_seqs=max_num_seqs,
+            lora=(
+                0
+                if lora_shape is None or deployment.lora is None
+                else lora_bytes(
+                    lora_shape,
+                    deployment.lora,
+                    tensor_parallel=tp,
+                    layers=stage_layers,
+                    first_stage=index == 0,
+                    last_stage=index == len(layers) - 1,
+                    model_dtype=model_dtype,
+                )
+            ),
         )
         for index, stage_layers in enumerate(layers)
     )
@@ -1075,7 +1154,8 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         kv_heads_per_gpu=1 if arch.mla is not None else kv_heads_per_gpu(arch.num_kv_heads, tp),
         # A hybrid's KV per token is its attention layers'; the state is per sequence.
         layers_per_gpu=arch.attention_layers or max(layers),
-        bytes_per_token=layer_bytes * (arch.attention_layers or max(layers)),
+        bytes_per_token=layer_bytes * (arch.attention_layers or max(layers))
+        + draft.bytes_per_token,
         block_size=block_size,
         gpu_memory_bytes=deployment.gpu_memory_bytes,
         gpu_memory_utilization=util,
@@ -1098,6 +1178,212 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         state_dtypes=layout.state_dtypes,
         requested_block_size=layout.requested_block_size,
         mamba_cache_mode=layout.mamba_cache_mode,
+        lora_bytes=limiting.lora_bytes,
+        lora=deployment.lora,
+        speculative=deployment.speculative,
+        draft_weights_bytes=draft.weights_bytes,
+        draft_bytes_per_token=draft.bytes_per_token,
+        lookahead_tokens=draft.lookahead_tokens,
+    )
+
+
+def _encoder_cache_note(arch: ModelArch, *, batched: int, model_dtype: str) -> str:
+    """Why a multimodal model's encoder cache is not subtracted, with its lower bound.
+
+    vLLM 0.32's profile run (``GPUModelRunner.profile_run``, vllm/v1/worker/gpu_model_runner.py)
+    first encodes a batch of dummy items of the largest size and keeps their outputs in the
+    encoder cache, whose budget is ``max(max_num_batched_tokens, tokens of the largest item)``
+    (``compute_mm_encoder_budget``, vllm/v1/core/encoder_cache_manager.py). The item's tokens
+    come from the model's processor, not its config, and the encoder's own activation peak from
+    its implementation: neither can be sized from config.json.
+    """
+    floor = batched * arch.hidden_size * dtype_bytes(model_dtype)
+    return (
+        f"multimodal model: vLLM's profile run also holds the encoder cache (at least "
+        f"{batched:,} tokens x {arch.hidden_size:,} x {dtype_bytes(model_dtype)} bytes = "
+        f"{floor / 2**20:,.0f} MiB) and the encoder's activation peak; they depend on the "
+        "model's processor, not its config, and are not modelled separately"
+    )
+
+
+def _claimants(
+    arch: ModelArch,
+    deployment: Deployment,
+    *,
+    model_dtype: str,
+    kv_element: int,
+    assumptions: list[str],
+) -> tuple[_Draft, LoraShape | None] | Declined:
+    """What a drafter and LoRA add, or why either cannot be sized."""
+    draft = _Draft()
+    if deployment.speculative is not None:
+        found_draft = _draft_costs(
+            arch,
+            deployment.speculative,
+            deployment,
+            model_dtype=model_dtype,
+            kv_element=kv_element,
+            assumptions=assumptions,
+        )
+        if isinstance(found_draft, Declined):
+            return found_draft
+        draft = found_draft
+    if deployment.lora is None:
+        return draft, None
+    found_shape = _lora_shape(arch, deployment.lora, deployment, assumptions)
+    if isinstance(found_shape, Declined):
+        return found_shape
+    return draft, found_shape
+
+
+@dataclass(frozen=True, slots=True)
+class _Draft:
+    """What a drafter adds on each GPU: weights, KV bytes per token, lookahead slots."""
+
+    weights_bytes: int = 0
+    bytes_per_token: int = 0
+    lookahead_tokens: int = 0
+
+
+def _only_full_attention(model: ModelArch) -> bool:
+    return model.state is None and set(model.kinds) == {"full"}
+
+
+def _draft_costs(
+    arch: ModelArch,
+    spec: SpeculativeDecoding,
+    deployment: Deployment,
+    *,
+    model_dtype: str,
+    kv_element: int,
+    assumptions: list[str],
+) -> _Draft | Declined:
+    """The drafter's weights and KV per token on one GPU, or why they cannot be sized."""
+    tp = deployment.tensor_parallel
+    if spec.num_speculative_tokens < 1:
+        raise UsageError(
+            f"--num-speculative-tokens must be at least 1, got {spec.num_speculative_tokens}"
+        )
+    if (spec.draft is None) == (spec.mtp_layers == 0):
+        raise UsageError("speculative decoding needs one drafter: a draft model or MTP layers")
+    if spec.mtp_layers < 0:
+        raise UsageError(f"--mtp-layers must be at least 1, got {spec.mtp_layers}")
+    if spec.mtp_layers and arch.mtp_layers is not None and spec.mtp_layers > arch.mtp_layers:
+        raise UsageError(
+            f"--mtp-layers {spec.mtp_layers}: {arch.name}'s config has "
+            f"num_nextn_predict_layers {arch.mtp_layers}; give at most that"
+        )
+    if deployment.pipeline_parallel > 1:
+        return Declined(
+            arch.name,
+            "speculative decoding with pipeline parallelism: where vLLM places the drafter's "
+            "layers is not modelled; size it with --pp 1",
+        )
+    drafter = spec.draft or arch
+    for model in {arch.name: arch, drafter.name: drafter}.values():
+        if not _only_full_attention(model):
+            return Declined(
+                arch.name,
+                f"speculative decoding with {model.name}'s {model.attention_kind} layers: only "
+                "all-full-attention target and drafter share one KV-cache group the way "
+                "plan models it; size it without the drafter",
+            )
+    if (drafter.mla is None) != (arch.mla is None):
+        return Declined(
+            arch.name,
+            "a draft model with a different attention kind (MLA next to MHA/GQA) than the "
+            "target: vLLM's page unification for that pair is not modelled",
+        )
+    kv_per_layer = layer_bytes_per_token(drafter, tensor_parallel=tp, kv_element_bytes=kv_element)
+    if spec.draft is not None:
+        draft = spec.draft
+        if draft.mla is None and (
+            tp % draft.num_kv_heads if tp > draft.num_kv_heads else draft.num_kv_heads % tp
+        ):
+            raise UsageError(
+                f"--tp {tp} and the draft's {draft.num_kv_heads} KV heads do not divide each "
+                "other; vLLM runs the draft at the target's TP: pick a draft that fits it"
+            )
+        (weights,), estimated = stage_weights_bytes(
+            draft,
+            layers=(draft.num_layers,),
+            model_dtype=model_dtype,
+            quantization=None,
+            known_total_bytes=spec.draft_weights_bytes,
+            tensor_parallel=tp,
+        )
+        if estimated:
+            assumptions.append(
+                f"draft {draft.name}: parameter count estimated from its shape (its checkpoint "
+                "size was not found)"
+            )
+        return _Draft(weights, kv_per_layer * draft.num_layers, spec.num_speculative_tokens)
+    # MTP layers: the target's decoder-layer shape, embedding and LM head shared with the
+    # target (llm_base_proposer.py _maybe_share_embeddings / _maybe_share_lm_head), plus an
+    # eh_proj of 2 x hidden x hidden, a plain nn.Linear replicated on every rank
+    # (deepseek_mtp.py DeepSeekMultiTokenPredictorLayer).
+    (total,), _ = stage_weights_bytes(
+        arch,
+        layers=(arch.num_layers,),
+        model_dtype=model_dtype,
+        quantization=deployment.quantization,
+        known_total_bytes=deployment.weights_bytes,
+        tensor_parallel=tp,
+    )
+    split, _ = param_split(arch)
+    shared = (split.embedding + split.lm_head) * dtype_bytes(model_dtype) // tp
+    per_layer = max(0, total - shared) // arch.num_layers
+    eh_proj = 2 * arch.hidden_size * arch.hidden_size * dtype_bytes(model_dtype)
+    assumptions.append("MTP layers' weights assumed those of an average decoder layer plus eh_proj")
+    return _Draft(
+        spec.mtp_layers * (per_layer + eh_proj),
+        kv_per_layer * spec.mtp_layers,
+        spec.num_speculative_tokens,
+    )
+
+
+def _lora_shape(
+    arch: ModelArch, settings: LoraSettings, deployment: Deployment, assumptions: list[str]
+) -> LoraShape | Declined:
+    """The layer sizes vLLM's LoRA buffers follow, or why they cannot be sized."""
+    settings.validate()
+    if arch.moe is not None or arch.mla is not None or arch.state is not None:
+        what = "MoE experts" if arch.moe else "MLA projections" if arch.mla else "state layers"
+        return Declined(
+            arch.name,
+            f"--enable-lora on a model with {what}: vLLM's LoRA buffers for those layers are not "
+            "modelled (only dense attention + gated-MLP decoders); size without --enable-lora "
+            "and subtract them with --overhead-gib",
+        )
+    vocab = arch.vocab_size or DEFAULT_VOCAB_SIZE
+    embedding_lora = arch.architecture is None or arch.architecture in EMBEDDING_LORA_ARCHITECTURES
+    if embedding_lora and vocab > LORA_MAX_VOCAB:
+        raise UsageError(
+            f"{arch.name}: vLLM refuses LoRA with a vocabulary of {vocab:,} (over "
+            f"{LORA_MAX_VOCAB:,}); drop --enable-lora"
+        )
+    intermediate = arch.intermediate_size
+    if intermediate is None:
+        intermediate = 4 * arch.hidden_size
+        assumptions.append(f"intermediate size unknown: assumed {intermediate:,} for LoRA")
+    if deployment.vllm_version != STATE_ARITHMETIC_OF:
+        assumptions.append(
+            f"LoRA buffers sized with vLLM {STATE_ARITHMETIC_OF}'s layers (read from its source), "
+            f"assumed the same in {deployment.vllm_version}"
+        )
+    if arch.architecture is None:
+        assumptions.append(
+            "model class unknown: embedding and LM-head LoRA buffers counted (Llama, Qwen3 have "
+            "them; Qwen2, Gemma, Mistral do not): give the model's config.json"
+        )
+    return LoraShape(
+        embedding_lora=embedding_lora,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        head_dim=arch.head_dim,
+        kv_heads_per_gpu=kv_heads_per_gpu(arch.num_kv_heads, deployment.tensor_parallel),
+        intermediate_size=intermediate,
+        vocab_size=vocab,
     )
 
 

@@ -436,7 +436,26 @@ def parse_model_config(
         declined=declined,
         state=state,
         attention_layers=attention_layers,
+        multimodal=any(key in config for key in ("vision_config", "audio_config")),
+        architecture=_architecture(config),
+        mtp_layers=_count(text, "num_nextn_predict_layers"),
     )
+
+
+def _count(config: Mapping[str, Any], key: str) -> int | None:
+    """A non-negative integer field (0 included), or None when absent or not a count."""
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _architecture(config: Mapping[str, Any]) -> str | None:
+    """The first ``architectures`` entry: the model class vLLM loads."""
+    names = config.get("architectures")
+    if isinstance(names, list) and names and isinstance(names[0], str):
+        return names[0]
+    return None
 
 
 def _moe(config: Mapping[str, Any], num_layers: int) -> MoeSpec | None:

@@ -64,6 +64,29 @@ def _state_settings(cache: CacheConfig | None) -> dict[str, Any]:
     return settings
 
 
+#: Families vLLM exports only when a memory claimant the labels do not size is on: LoRA
+#: (``vllm:lora_requests_info``, declared when ``lora_config`` is set: vllm/v1/metrics/loggers.py;
+#: it says ``max_lora`` but not the rank, so the buffers cannot be sized) and speculative decoding
+#: (``vllm:spec_decode_*``, declared when ``speculative_config`` is set:
+#: vllm/v1/spec_decode/metrics.py ``SpecDecodingProm``; the draft is not named in any label).
+_UNSIZED_CLAIMANTS = (
+    (("vllm:lora_requests_info",), "LoRA adapter buffers (vLLM does not export --max-lora-rank)"),
+    (
+        ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_drafts_total"),
+        "speculative decoding's draft weights and KV (vLLM does not export the draft model)",
+    ),
+)
+
+
+def unaccounted_claimants(snapshot: VllmSnapshot) -> list[str]:
+    """Memory claimants the target runs with that the prediction does not subtract."""
+    return [
+        what
+        for families, what in _UNSIZED_CLAIMANTS
+        if any(family in snapshot.families for family in families)
+    ]
+
+
 def cuda_total_bytes(gpus: Sequence[GpuMemoryView]) -> float | None:
     """Smallest CUDA-visible memory of vLLM's GPUs (the limiting one), if any was read."""
     return min((g.cuda_total_bytes for g in gpus), default=None)
@@ -228,8 +251,14 @@ class ModelPredictor:
                 overhead_bytes=outcome.overhead.total_bytes,
                 info=labels,
             )
+        unsized = [] if exact is not None else unaccounted_claimants(snapshot)
         return PredictionView(
             state=PredictionState.OK,
+            message=(
+                f"not accounted: {'; '.join(unsized)}; the predicted capacity is an upper bound"
+                if unsized
+                else ""
+            ),
             bytes_per_token=outcome.bytes_per_token,
             weights_bytes=outcome.weights_bytes,
             overhead_bytes=outcome.overhead.total_bytes,

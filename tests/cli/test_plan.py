@@ -280,3 +280,115 @@ def test_plan_text_names_the_state(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         "state per layer            69,376 bytes (bfloat16/bfloat16, block raised from 16" in text
     )
+
+
+def test_lora_flags_take_their_buffers_from_the_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--enable-lora: the ``lora_bytes`` key, taken from the budget (4 x rank 64: 16 x default).
+
+    --max-cpu-loras is host memory: it is reported, never subtracted.
+    """
+    plain = run_json(capsys, *WORKED)
+    lora = run_json(
+        capsys,
+        *WORKED,
+        "--enable-lora",
+        "--max-loras",
+        "4",
+        "--max-lora-rank",
+        "64",
+        "--max-cpu-loras",
+        "8",
+    )
+    assert plain["lora_bytes"] == 0
+    assert plain["lora"] is None
+    assert lora["lora_bytes"] == 16 * 92_356_608
+    assert lora["lora"] == {
+        "max_loras": 4,
+        "max_lora_rank": 64,
+        "max_cpu_loras": 8,
+        "lora_dtype": "auto",
+    }
+    assert plain["kv_budget_bytes"] - lora["kv_budget_bytes"] == lora["lora_bytes"]
+
+
+def test_lora_line_in_the_human_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """The report shows the LoRA buffers as their own line of the chain."""
+    assert main([*WORKED, "--enable-lora"]) == 0
+    text = capsys.readouterr().out
+    assert "- LoRA buffers             0.09 GiB  (1 slot(s) at rank 16" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-loras", "2"], "--max-loras without --enable-lora"),
+        (["--enable-lora", "--max-lora-rank", "12"], "not one of vLLM's"),
+        (["--enable-lora", "--max-loras", "0"], "--max-loras must be at least 1"),
+        (["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], "must be >= --max-loras"),
+        (["--enable-lora", "--lora-dtype", "float32"], "--lora-dtype 'float32' is not"),
+    ],
+)
+def test_bad_lora_flags_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """Each LoRA flag vLLM would refuse is refused in one line naming it."""
+    assert main([*WORKED, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_speculative_flags_add_the_drafter(capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft model: its KV per token joins the target's; the ``speculative`` key says how."""
+    base = ["plan", "--model", "qwen3-32b", "--gpu", "H100", "--max-model-len", "8192"]
+    plain = run_json(capsys, *base)
+    spec = run_json(
+        capsys,
+        *base,
+        "--speculative-draft-model",
+        "qwen3-0.6b",
+        "--num-speculative-tokens",
+        "4",
+    )
+    assert plain["speculative"] is None
+    assert spec["speculative"]["method"] == "draft"
+    assert spec["speculative"]["draft_layers"] == 28
+    assert spec["speculative"]["draft_bytes_per_token"] == 114_688
+    assert spec["speculative"]["lookahead_tokens"] == 4
+    assert spec["bytes_per_token"] == plain["bytes_per_token"] + 114_688
+    assert spec["kv_budget_bytes"] < plain["kv_budget_bytes"]
+
+
+def test_mtp_layers_default_their_speculative_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    """--mtp-layers N drafts N tokens unless --num-speculative-tokens says otherwise."""
+    out = run_json(
+        capsys, "plan", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--mtp-layers", "1"
+    )
+    assert out["speculative"]["method"] == "mtp"
+    assert out["speculative"]["num_speculative_tokens"] == 1
+    assert out["bytes_per_token"] == 62 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--num-speculative-tokens", "3"], "without a drafter"),
+        (["--speculative-draft-model", "qwen3-0.6b"], "needs --num-speculative-tokens"),
+        (["--mtp-layers", "0"], "--mtp-layers must be at least 1"),
+        (
+            ["--speculative-draft-model", "qwen3-0.6b", "--num-speculative-tokens", "0"],
+            "--num-speculative-tokens must be at least 1",
+        ),
+        (["--speculative-draft-model", "qwen-0.6", "--num-speculative-tokens", "2"], "unknown"),
+    ],
+)
+def test_bad_speculative_flags_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """Each speculative-decoding flag vLLM would refuse is refused in one line naming it."""
+    assert main(["plan", "--model", "qwen3-8b", "--gpu", "H100", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1

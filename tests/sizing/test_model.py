@@ -475,3 +475,21 @@ def test_a_hybrid_on_a_vllm_older_than_the_arithmetic_read_is_declined() -> None
     assert "0.32.0" in old.reason
     newer = sized(qwen3_next(), replace(HYBRID_GPU, vllm_version=VllmVersion(0, 33)))
     assert any("assumed unchanged in 0.33.0" in line for line in newer.assumptions)
+
+
+def test_multimodal_encoder_cache_is_named_not_sized() -> None:
+    """Gemma 3's vision encoder: the note gives the encoder cache's floor and why no more.
+
+    vLLM's encoder budget is max(max_num_batched_tokens, the largest item's tokens); the
+    item's tokens come from the processor, so only the floor, 8,192 x 3,840 x 2 bytes, is known.
+    """
+    gemma = arch("gemma-3-12b-it")
+    assert gemma.multimodal
+    assert not arch("llama-3.1-8b-instruct").multimodal
+    h100 = Deployment(gpu_memory_bytes=int(79.19 * GIB), max_model_len=8192)
+    notes = sized(gemma, h100).assumptions
+    (note,) = [n for n in notes if n.startswith("multimodal model")]
+    assert f"{8192 * 3840 * 2 / 2**20:,.0f} MiB" in note
+    assert "processor" in note
+    overridden = sized(gemma, replace(h100, overhead_bytes=4 * GIB)).assumptions
+    assert not any(n.startswith("multimodal model") for n in overridden)

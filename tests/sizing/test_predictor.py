@@ -246,3 +246,47 @@ def test_a_live_hybrid_is_predicted_from_the_labels_vllm_reported(case: str) -> 
     prediction = predictor.predict(snap, info, ())
     assert prediction.state == "ok", prediction.message
     assert prediction.capacity_tokens == int(labels["kv_cache_size_tokens"])
+
+
+@pytest.mark.parametrize(
+    ("families", "named"),
+    [
+        (frozenset({"vllm:lora_requests_info"}), "LoRA adapter buffers"),
+        (frozenset({"vllm:spec_decode_num_drafts"}), "speculative decoding"),
+    ],
+)
+def test_claimants_vllm_does_not_size_in_its_labels_are_named_not_guessed(
+    families: frozenset[str], named: str
+) -> None:
+    """vLLM exports these families only with LoRA / a drafter on, but not their sizes.
+
+    The prediction is the same as without them, and its message says what it leaves out.
+    """
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
+    assert predictor.load(info) is None
+    cache = CacheConfig(gpu_memory_utilization=0.9, block_size=16, cache_dtype="auto")
+    plain = predictor.predict(snapshot(cache), info, (h100(),))
+    engines = {"0": EngineMetrics(engine="0", cache_config=cache)}
+    flagged = predictor.predict(VllmSnapshot(engines=engines, families=families), info, (h100(),))
+    assert plain.message == ""
+    assert flagged.state == "ok"
+    assert flagged.capacity_tokens == plain.capacity_tokens
+    assert flagged.message.startswith("not accounted: ")
+    assert named in flagged.message
+
+
+def test_an_exact_kv_budget_leaves_nothing_unaccounted() -> None:
+    """With kv_cache_memory_bytes vLLM's budget is given: LoRA or a drafter cannot change it."""
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.32.0")
+    assert predictor.load(info) is None
+    cache = CacheConfig(block_size=16, cache_dtype="auto", kv_cache_memory_bytes=4 * GIB)
+    engines = {"0": EngineMetrics(engine="0", cache_config=cache)}
+    families = frozenset({"vllm:lora_requests_info"})
+    prediction = predictor.predict(
+        VllmSnapshot(engines=engines, families=families), info, (h100(),)
+    )
+    assert prediction.state == "ok"
+    assert prediction.kv_budget_bytes == 4 * GIB
+    assert prediction.message == ""
