@@ -33,6 +33,7 @@ from exporter.sizing.lookup import FoundModel, catalogue_model, find_model_arch
 from exporter.sizing.model import Declined, Deployment, ModelArch, size_deployment
 from exporter.sizing.modelroot import RootKind, classify_root
 from exporter.sizing.overrides import check_overrides
+from exporter.vllm.families import family, named
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
 
 if TYPE_CHECKING:
@@ -67,12 +68,18 @@ def _state_settings(cache: CacheConfig | None) -> dict[str, Any]:
 #: Families vLLM exports only when a memory claimant the labels do not size is on: LoRA
 #: (``vllm:lora_requests_info``, declared when ``lora_config`` is set: vllm/v1/metrics/loggers.py;
 #: it says ``max_lora`` but not the rank, so the buffers cannot be sized) and speculative decoding
-#: (``vllm:spec_decode_*``, declared when ``speculative_config`` is set:
+#: (``vllm:spec_decode_num_drafts`` and its siblings, declared with ``speculative_config``:
 #: vllm/v1/spec_decode/metrics.py ``SpecDecodingProm``; the draft is not named in any label).
 _UNSIZED_CLAIMANTS = (
-    (("vllm:lora_requests_info",), "LoRA adapter buffers (vLLM does not export --max-lora-rank)"),
     (
-        ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_drafts_total"),
+        (named("lora_requests_info"),),
+        "LoRA adapter buffers (vLLM does not export --max-lora-rank)",
+    ),
+    (
+        (
+            family(named("spec_decode_num_drafts")).name,
+            family(named("spec_decode_num_drafts")).type_name,
+        ),
         "speculative decoding's draft weights and KV (vLLM does not export the draft model)",
     ),
 )

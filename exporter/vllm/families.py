@@ -419,6 +419,37 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "KV-connector prefix-cache hits, in tokens",
         engines="V1",
     ),
+    # Declared only with speculative decoding on (vllm/v1/spec_decode/metrics.py SpecDecodingProm,
+    # 0.32.0); V1's counters since about 0.8.5 (not firm: not used to date a payload).
+    Family(
+        "vllm:spec_decode_num_drafts",
+        _C,
+        "speculative-decoding drafts",
+        engines="V1",
+        since=(0, 8, 5),
+    ),
+    Family(
+        "vllm:spec_decode_num_draft_tokens",
+        _C,
+        "speculative-decoding draft tokens",
+        engines="V1",
+        since=(0, 8, 5),
+    ),
+    Family(
+        "vllm:spec_decode_num_accepted_tokens",
+        _C,
+        "speculative-decoding accepted tokens",
+        engines="V1",
+        since=(0, 8, 5),
+    ),
+    Family(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        _C,
+        "accepted tokens by draft position",
+        split="position",
+        engines="V1",
+        since=(0, 8, 5),
+    ),
     Family("vllm:mm_cache_queries", _C, "multi-modal cache queries, in items", engines="V1"),
     Family("vllm:mm_cache_hits", _C, "multi-modal cache hits, in items", engines="V1"),
     # vLLM declares these with `_total` in the name (vllm/v1/metrics/perf.py): prometheus_client
