@@ -35,6 +35,7 @@ done
 side_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-tests.XXXXXX")
 trap 'rm -f "$side_log"' EXIT
 
+SECONDS=0
 echo "== phase 1: unit tests, with the file-checking tests beside them (nice 19; output below)"
 nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}" "$@" >"$side_log" 2>&1 &
 side=$!
@@ -45,9 +46,12 @@ side_rc=$?
 echo "== phase 1, beside: ${DETERMINISTIC[*]}"
 cat "$side_log"
 
+phase1_s=$SECONDS
 echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager), alone"
-"$PYTEST" -m e2e "${ignore[@]}" "$@"
+# The slowest steps are listed: where the suite's time goes (issue 29's faster loop).
+"$PYTEST" -m e2e "${ignore[@]}" --durations=15 "$@"
 e2e_rc=$?
+echo "== wall time: phase 1 ${phase1_s} s, phase 2 $((SECONDS - phase1_s)) s"
 
 for rc in "$unit_rc" "$side_rc" "$e2e_rc"; do
     # 5 is pytest's "no tests collected": a -k or a path given here may select none in a phase.
