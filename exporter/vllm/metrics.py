@@ -35,7 +35,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import groupby, pairwise
 from typing import TYPE_CHECKING, Final
 
 from exporter.core.reasons import DropReason
@@ -258,20 +258,11 @@ class _Fold:
 
     def add_all(self, samples: Iterable[TextSample]) -> None:
         """Fold every sample in; raise ParseError on a malformed one."""
-        family = ""
-        run: list[TextSample] = []
-        # vLLM writes each family's samples together: handle them run by run.
-        for sample in samples:
-            if sample[0] == family:
-                run.append(sample)
-                continue
-            if run:
-                self._add_run(family, run)
-            family, run = sample[0], [sample]
-        if run:
+        # vLLM writes each family's samples together: handle them run by run (grouped in C).
+        for family, run in groupby(samples, _FAMILY):
             self._add_run(family, run)
 
-    def _add_run(self, family: str, run: list[TextSample]) -> None:
+    def _add_run(self, family: str, run: Iterable[TextSample]) -> None:
         self.seen.add(family)
         if family in _HISTOGRAMS:
             self._add_histogram_run(family, run)
@@ -337,15 +328,14 @@ class _Fold:
                 bound = bounds.get(le)
                 if bound is None:
                     bound = bounds[le] = _bucket_bound(sample)
-                size = len(buckets)
-                if size >= max_buckets:
+                if len(buckets) >= max_buckets:
                     histogram.overflow += 1  # dropped whole, and counted, when frozen
-                    continue
-                buckets.setdefault(bound, value)
-                if len(buckets) == size:
+                elif bound in buckets:
                     # The engine already has this bucket: a second series of the histogram.
                     histogram.rejected = histogram.rejected or DropReason.UNEXPECTED_SERIES
                     histogram.extra += 1
+                else:
+                    buckets[bound] = value
                 continue
             _add_histogram_total(histogram, sample)
 

@@ -205,6 +205,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     # Label sets repeat across families (every histogram of an engine has the same `le` labels):
     # one dict per distinct label text, shared by its samples, which is why labels are read-only.
     label_sets: dict[str, dict[str, str]] = {}
+    # Value texts already read: a histogram's buckets repeat their counts (8 engines of vLLM
+    # 0.32: 190 distinct texts in 1,200 samples), and a lookup costs less than the checks.
+    numbers: dict[str, float] = {}
 
     # Samples of one series come in runs (a histogram's buckets): while lines start with the
     # `name{` of the previous plain line, its lookup result stands. The first prefix is NUL,
@@ -274,23 +277,34 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                     if len(label_sets) >= MAX_LABEL_SETS:
                         label_sets.clear()  # endless distinct series must not grow the memo
                     label_sets[label_text] = plain
-            # float() alone would also take "1_000", non-ASCII digits and, around the number,
-            # control characters that are not blanks ("1\x0c"): the careful path names them.
-            if (
-                plain is not None
-                and "_" not in value_text
-                and value_text.isascii()
-                and value_text.isprintable()
-            ):
-                try:
-                    value = float(value_text)
-                except ValueError:
-                    pass
-                else:
+            if plain is not None:
+                number = numbers.get(value_text)
+                # float() alone would also take "1_000", non-ASCII digits and, around the
+                # number, control characters that are not blanks ("1\x0c"): the careful path
+                # names them. Only a text that passed these checks is remembered.
+                if (
+                    number is None
+                    and "_" not in value_text
+                    and value_text.isascii()
+                    and value_text.isprintable()
+                ):
+                    try:
+                        number = float(value_text)
+                    except ValueError:
+                        pass
+                    else:
+                        if len(numbers) >= MAX_NUMBERS:
+                            numbers.clear()  # endless distinct values must not grow the memo
+                        if len(value_text) <= MAX_NUMBER_CHARS:  # any float's repr fits
+                            numbers[value_text] = number
+                if number is not None:
                     if len(samples) == room:
                         overflow += 1
                         continue
-                    # Concatenation: measured a third faster than unpacking `hit` here.
+                    # Concatenation: measured a third faster than unpacking `hit` here. A
+                    # remembered value is copied (`* 1.0`, exact, -0.0 and NaN included):
+                    # one float per sample, what the window's memory estimate counts.
+                    value = number * 1.0
                     append(new_sample(TextSample, hit + (plain, value, None, lineno)))  # noqa: RUF005
                     continue
         pos = brace if brace > 0 else len(line)  # no labels: the whole line is the name
@@ -313,6 +327,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
 
 #: Distinct label texts remembered while parsing one payload.
 MAX_LABEL_SETS = 4096
+#: Distinct value texts remembered while parsing one payload, and the longest remembered.
+MAX_NUMBERS = 4096
+MAX_NUMBER_CHARS = 32
 #: Longest sample line of a wanted family that is parsed (vLLM's longest, cache_config_info,
 #: is about 2,000 characters): a longer one is counted and skipped, never copied into labels.
 MAX_LINE_CHARS = 65_536
