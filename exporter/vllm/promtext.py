@@ -206,7 +206,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     # one dict per distinct label text, shared by its samples, which is why labels are read-only.
     label_sets: dict[str, dict[str, str]] = {}
     # Value texts already read: a histogram's buckets repeat their counts (8 engines of vLLM
-    # 0.32: 190 distinct texts in 1,200 samples), and a lookup costs less than the checks.
+    # 0.32: 187 distinct texts in 1,219 samples), and a lookup costs less than the checks.
     numbers: dict[str, float] = {}
 
     # Samples of one series come in runs (a histogram's buckets): while lines start with the
