@@ -45,7 +45,7 @@ from tests.e2e.harness import (
     fleet_scrape_configs,
     free_port,
     helm_binary,
-    prometheus_binary,
+    prometheus_agent,
     victoria_metrics_binary,
 )
 
@@ -131,19 +131,7 @@ def main() -> None:
                     "remote_write": [{"url": f"{vm.url}/api/v1/write"}],
                 }
                 (workdir / "agent.yml").write_text(json.dumps(config))
-                agent_port = free_port()
-                agent = ToolServer(
-                    [
-                        str(prometheus_binary()),
-                        "--enable-feature=agent",
-                        f"--config.file={workdir / 'agent.yml'}",
-                        f"--storage.agent.path={workdir / 'wal'}",
-                        f"--web.listen-address=127.0.0.1:{agent_port}",
-                    ],
-                    port=agent_port,
-                    log_path=workdir / "agent.log",
-                    ready_path="/-/ready",
-                )
+                agent = prometheus_agent(workdir / "agent.yml", workdir=workdir, name="agent")
                 servers.append(agent.start())
                 time.sleep(2 * args.interval)  # every target scraped: the steady state
                 if agent.group.pid is None or vm.group.pid is None:

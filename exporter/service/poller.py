@@ -232,7 +232,7 @@ class TargetPoller:
 
     @property
     def ready(self) -> bool:
-        """Whether a poll of ``/metrics`` has succeeded yet."""
+        """Whether a poll has succeeded and published its figures yet."""
         return self._ready
 
     def _record(
@@ -483,7 +483,6 @@ class TargetPoller:
                 ),
             )
         self._record("vllm_metrics", started, None)
-        self._ready = True
 
         sample = next_sample(self._window.latest, now, snapshot, wall=self._wall())
         if sample.restarted:
@@ -523,6 +522,9 @@ class TargetPoller:
             dropped=snapshot.dropped,
             window_evictions=dict(self._window.evictions),
         )
+        # Ready once the figures are published, not when /metrics answered: discovery and the
+        # GPU read await in between, and a scrape then would find the target without figures.
+        self._ready = True
         if snapshot.dropped_samples and not previous_dropped:
             log.warning("target_series_dropped", target=self.target, dropped=dict(snapshot.dropped))
         return self._view

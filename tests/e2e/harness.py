@@ -1075,6 +1075,26 @@ class ToolServer:
         self.group.stop()
 
 
+def prometheus_agent(config_path: Path, *, workdir: Path, name: str) -> ToolServer:
+    """A Prometheus in agent mode (scrape and remote-write only) on a free loopback port.
+
+    Not started; its WAL is ``workdir / f"{name}-wal"``, its log ``workdir / f"{name}.log"``.
+    """
+    port = free_port()
+    return ToolServer(
+        [
+            str(prometheus_binary()),
+            "--enable-feature=agent",
+            f"--config.file={config_path}",
+            f"--storage.agent.path={workdir / f'{name}-wal'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        port=port,
+        log_path=workdir / f"{name}.log",
+        ready_path="/-/ready",
+    )
+
+
 # ------------------------------------------------------------------------------ load driver
 
 

@@ -38,12 +38,11 @@ vLLM on a slow machine preempted below the spike rate for a moment (the ``for`` 
 sustained branch pages within its 2-minute window, its ``for`` and the same delivery.
 
 A stalled engine, in the minutes the page takes to resolve (no extra CI time): as soon as the
-burst has drained, a second burst of three concurrent requests of 32 + 200 tokens (together six
-of the pool's seven blocks: never preempts) starts, and once vLLM runs at least two of them and
-has generated tokens its EngineCore process is stopped (SIGSTOP) mid-burst while the API server
-keeps answering ``/health`` and ``/metrics``. VllmHeadroomEngineStalled must fire in Prometheus
-within 3 minutes and reach the pager; then the engine resumes (SIGCONT) and the alert resolves.
-The engine is always resumed on the way out: the vLLM server is shared by the session.
+burst has drained, one request of 32 + 448 tokens (never preempts) starts, and once vLLM has
+generated a token of it its EngineCore process is stopped (SIGSTOP) while the API server keeps
+answering ``/health`` and ``/metrics``. VllmHeadroomEngineStalled must fire in Prometheus within
+3 minutes and reach the pager; then the engine resumes (SIGCONT) and the alert resolves. The
+engine is always resumed on the way out: the vLLM server is shared by the session.
 
 """
 
@@ -97,12 +96,8 @@ BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 BURST_SECONDS = 120.0
 SLO_PAGE_ALERT = "VllmHeadroomTtftBudgetBurn"
 STALL_ALERT = "VllmHeadroomEngineStalled"
-#: The burst in flight when the engine stops: three requests of 232 tokens (two blocks each,
-#: six of the pool's seven together), so that it never preempts.
-STALL_BURST = {"concurrency": 3, "prompt_tokens": 32, "output_tokens": 200}
-STALL_REQUESTS = 3
-#: The engine stops once it runs this many of them: mid-burst, not one request alone.
-STALL_RUNNING_AT_STOP = 2
+#: The request that is in flight when the engine stops: 480 tokens, alone, never preempts.
+STALL_REQUEST = {"concurrency": 1, "prompt_tokens": 32, "output_tokens": 448}
 #: The acceptance: a stalled engine pages within 3 minutes (Prometheus firing).
 STALL_PAGE_S = 180.0
 #: The page's keep_firing_for here (5 minutes in the shipped rules; see the module docstring).
@@ -206,8 +201,6 @@ class Stall:
     stopped: float = 0.0
     #: vLLM's running + waiting requests when the engine was stopped (its frozen gauges).
     held_requests: float = 0.0
-    #: Of those, running.
-    held_running: float = 0.0
     #: /health status codes the API server answered while the engine was stopped.
     health_while_stopped: set[int] = field(default_factory=set)
     fired: float | None = None
@@ -310,7 +303,7 @@ class StalledEngine:
         return sample_value(self.vllm.metrics_text(), name) or 0.0
 
     def _wait_for_tokens_beyond(self, before: float) -> None:
-        """Until one scrape shows tokens generated since ``before`` and the burst running.
+        """Until one scrape shows tokens generated since ``before`` and a request running.
 
         Tokens alone are not enough: the previous request's last tokens can be counted just
         after its answer arrived, before the new request reached the engine (a loaded CI run
@@ -321,35 +314,33 @@ class StalledEngine:
             text = self.vllm.metrics_text()
             running = sample_value(text, "vllm:num_requests_running") or 0.0
             return (
-                running >= STALL_RUNNING_AT_STOP
-                and (sample_value(text, "vllm:generation_tokens_total") or 0.0) > before
+                running > 0 and (sample_value(text, "vllm:generation_tokens_total") or 0.0) > before
             )
 
         wait_until(
             generating,
             timeout_s=60.0,
-            what="the first tokens of the burst the engine will hold",
+            what="the first tokens of the request the engine will hold",
             interval_s=0.1,
         )
 
     def stop(self) -> None:
-        """Start a small burst and stop the engine (SIGSTOP) once it runs and generates.
+        """Start one request and stop the engine (SIGSTOP) once it has generated a token of it.
 
-        Should the burst finish between the tokens seen and the signal (vLLM then holds no
+        Should the request finish between the token seen and the signal (vLLM then holds no
         request), resume, let it complete and try again, up to three times.
         """
         self.pid = engine_core_pid(self.vllm)
         for _ in range(3):
             before = self._sample("vllm:generation_tokens_total")
             self.load = BackgroundBurst(
-                self.vllm.base_url, REFERENCE_MODEL_NAME, count=STALL_REQUESTS, **STALL_BURST
+                self.vllm.base_url, REFERENCE_MODEL_NAME, count=1, **STALL_REQUEST
             )
             self._wait_for_tokens_beyond(before)
             os.kill(self.pid, signal.SIGSTOP)
             self.stall.stopped = time.monotonic()
             text = self.vllm.metrics_text()
-            self.stall.held_running = sample_value(text, "vllm:num_requests_running") or 0.0
-            self.stall.held_requests = self.stall.held_running + (
+            self.stall.held_requests = (sample_value(text, "vllm:num_requests_running") or 0.0) + (
                 sample_value(text, "vllm:num_requests_waiting") or 0.0
             )
             if self.stall.held_requests > 0:
@@ -401,8 +392,7 @@ class StalledEngine:
         self.resume()
         if self.load is not None:
             with self.load:
-                completed = len(self.load.result(timeout_s=120.0))
-                self.stall.request_completed = completed == STALL_REQUESTS
+                self.stall.request_completed = len(self.load.result(timeout_s=120.0)) == 1
             self.load = None
 
 
@@ -672,10 +662,10 @@ def test_the_page_resolves_after_the_burst(incident: Incident) -> None:
 
 
 def test_a_stalled_engine_pages_within_3_minutes(incident: Incident) -> None:
-    """EngineCore stopped mid-burst, the API server still answering: the page fires in 3 min."""
+    """EngineCore stopped mid-request, the API server still answering: the page fires in 3 min."""
     stall = incident.stall
     assert stall.before_stop == set(), "the stall alert was raised before the engine stopped"
-    assert stall.held_running >= STALL_RUNNING_AT_STOP, "the engine stopped outside the burst"
+    assert stall.held_requests > 0, "the request finished before the engine stopped"
     assert stall.health_while_stopped == {200}
     assert stall.fired is not None, "VllmHeadroomEngineStalled never fired"
     assert stall.fired_labels["pod"] == POD
@@ -691,7 +681,7 @@ def test_a_stalled_engine_pages_within_3_minutes(incident: Incident) -> None:
 
 
 def test_the_stall_page_resolves_when_the_engine_resumes(incident: Incident) -> None:
-    """After SIGCONT the held requests complete and the alert leaves Prometheus."""
+    """After SIGCONT the held request completes and the alert leaves Prometheus."""
     stall = incident.stall
     assert stall.resumed is not None
     assert stall.resolved is not None, "VllmHeadroomEngineStalled still active after SIGCONT"

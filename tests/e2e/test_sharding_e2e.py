@@ -53,6 +53,7 @@ from tests.e2e.harness import (
     fleet_scrape_configs,
     free_port,
     helm_binary,
+    prometheus_agent,
     prometheus_binary,
     victoria_metrics_binary,
     wait_until,
@@ -208,7 +209,7 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Run the two shards, VictoriaMetrics, vmalert and Alertmanager until the page arrives."""
     helm = require(helm_binary)
-    prometheus = require(prometheus_binary)
+    require(prometheus_binary)  # the shards are Prometheus agents
     vm_binaries = {
         tool: require(functools.partial(victoria_metrics_binary, tool))
         for tool in ("victoria-metrics", "vmalert")
@@ -270,19 +271,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             }
             config_path = workdir / f"shard-{shard}.yml"
             config_path.write_text(json.dumps(config, indent=2))
-            port = free_port()
-            agent = ToolServer(
-                [
-                    str(prometheus),
-                    "--enable-feature=agent",
-                    f"--config.file={config_path}",
-                    f"--storage.agent.path={workdir / f'shard-{shard}-wal'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                port=port,
-                log_path=workdir / f"shard-{shard}.log",
-                ready_path="/-/ready",
-            )
+            agent = prometheus_agent(config_path, workdir=workdir, name=f"shard-{shard}")
             servers.append(agent.start())
             agents.append(agent)
         vmalert_port = free_port()
@@ -429,7 +418,8 @@ def test_operator_shards_keep_each_pods_probe_beside_its_vllm_scrape(tmp_path: P
     Two Prometheus agents with the operator's rules appended: each keeps the probes and the
     direct scrapes of the pods whose address hashes to it.
     """
-    helm, prometheus = require(helm_binary), require(prometheus_binary)
+    helm = require(helm_binary)
+    require(prometheus_binary)  # the shards are Prometheus agents
     discovery = helm_template(helm, CHART_VALUES, tmp_path, "templates/fleet-discovery.yaml")
     fakes = {pod: FakeVllm() for pod in PODS}
     agents: list[ToolServer] = []
@@ -448,19 +438,7 @@ def test_operator_shards_keep_each_pods_probe_beside_its_vllm_scrape(tmp_path: P
             config = {"scrape_configs": jobs}  # nothing to send: the targets are what counts
             config_path = tmp_path / f"operator-shard-{shard}.yml"
             config_path.write_text(json.dumps(config))
-            port = free_port()
-            agent = ToolServer(
-                [
-                    str(prometheus),
-                    "--enable-feature=agent",
-                    f"--config.file={config_path}",
-                    f"--storage.agent.path={tmp_path / f'operator-shard-{shard}-wal'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                port=port,
-                log_path=tmp_path / f"operator-shard-{shard}.log",
-                ready_path="/-/ready",
-            )
+            agent = prometheus_agent(config_path, workdir=tmp_path, name=f"operator-shard-{shard}")
             agents.append(agent.start())
 
         def kept() -> list[dict[str, set[str]]]:
