@@ -103,9 +103,8 @@ class TextSample(NamedTuple):
     """One sample of a wanted family, as written in the exposition.
 
     ``family`` is the wanted name it matched, ``suffix`` the rest of the sample name (``""``,
-    ``"_bucket"``, ``"_total"``...). ``labels`` is shared by every sample with the same label
-    text, in this payload and in the next ones parsed with the same :class:`WantedFamilies`:
-    read it, never change it. ``timestamp`` is as written, in the format's unit
+    ``"_bucket"``, ``"_total"``...). ``labels`` is shared by the samples of one payload that have
+    the same label text: read it, never change it. ``timestamp`` is as written, in the format's unit
     (milliseconds in 0.0.4, seconds in OpenMetrics); vLLM never writes one. ``lineno`` is the
     1-based line of the payload, for error messages that point at the input.
     """
@@ -123,39 +122,16 @@ class TextSample(NamedTuple):
         return self.family + self.suffix
 
 
-@dataclass(slots=True)
-class _LabelMemo:
-    """Label sets already read, by label text, kept from one payload to the next.
-
-    A target writes the same label texts on every poll (an engine's buckets, its model name):
-    reading one again costs a lookup instead of a split and a new dict (on 8 engines of vLLM
-    0.32, 506 label sets, about a sixth of a poll). Bounded in entries and in characters, it
-    is emptied when full, so a target that changes its labels on every poll costs what it did
-    without the memo.
-    """
-
-    sets: dict[str, dict[str, str]] = field(default_factory=dict)
-    #: Characters of the label texts held (each dict holds its values again).
-    chars: int = 0
-
-
 @dataclass(frozen=True, slots=True)
 class WantedFamilies:
     """A compiled set of wanted family names: build it once, parse with it on every poll.
 
     ``lookup`` maps every sample name that belongs to a wanted family (the family itself and each
-    name with a suffix of :data:`SUFFIXES`) to ``(family, suffix)``. ``labels`` remembers the
-    label sets read with it, from poll to poll (:class:`_LabelMemo`).
+    name with a suffix of :data:`SUFFIXES`) to ``(family, suffix)``.
     """
 
     names: frozenset[str]
     lookup: Mapping[str, tuple[str, str]] = field(repr=False)
-    labels: _LabelMemo = field(default_factory=_LabelMemo, repr=False, compare=False)
-
-    def forget(self) -> None:
-        """Empty the memo of label sets: what a window holds is then measured without it."""
-        self.labels.sets.clear()
-        self.labels.chars = 0
 
 
 def wanted_families(names: Iterable[str], *, suffixes: Iterable[str] = SUFFIXES) -> WantedFamilies:
@@ -229,10 +205,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     # Label-name sequences seen in this payload, e.g. ('engine=', ',le=', ',model_name=', '')
     # -> ('engine', 'le', 'model_name'); None when not of the plain form (see _plain_label_names).
     label_names: dict[tuple[str, ...], tuple[str, ...] | None] = {}
-    # Label sets repeat across families and from one poll to the next: one dict per distinct
-    # label text, shared by its samples and kept by `wanted`, which is why labels are read-only.
-    label_memo = wanted.labels
-    label_sets = label_memo.sets
+    # Label sets repeat across families (every histogram of an engine has the same `le` labels):
+    # one dict per distinct label text, shared by its samples, which is why labels are read-only.
+    label_sets: dict[str, dict[str, str]] = {}
     # Value texts already read: a histogram's buckets repeat their counts (8 engines of vLLM
     # 0.32: 187 distinct texts in 1,219 samples), and a lookup costs less than the checks.
     numbers: dict[str, float] = {}
@@ -242,7 +217,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     # which starts no sample line.
     run_prefix, run_hit, run_brace = "\0", None, 0
     # Module constants as locals: this loop reads them for every wanted sample.
-    max_line, max_numbers = MAX_LINE_CHARS, MAX_NUMBERS
+    max_line, max_label_sets, max_numbers = MAX_LINE_CHARS, MAX_LABEL_SETS, MAX_NUMBERS
 
     for lineno, line in enumerate(text.split("\n"), 1):
         if line.startswith(run_prefix):
@@ -311,7 +286,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             if plain is None:
                 plain = _plain_labels(label_text, label_names)
                 if plain is not None:
-                    _remember(label_memo, label_text, plain)
+                    if len(label_sets) >= max_label_sets:
+                        label_sets.clear()  # endless distinct series must not grow the memo
+                    label_sets[label_text] = plain
             if plain is not None:
                 number = numbers.get(value_text)
                 # float() alone would also take "1_000", non-ASCII digits and, around the
@@ -360,24 +337,14 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     )
 
 
-#: Distinct label texts remembered from poll to poll, and their characters in all.
-MAX_LABEL_SETS = 8192
-MAX_LABEL_SET_CHARS = 1 << 19
+#: Distinct label texts remembered while parsing one payload.
+MAX_LABEL_SETS = 4096
 #: Distinct value texts remembered while parsing one payload, and the longest remembered.
 MAX_NUMBERS = 4096
 MAX_NUMBER_CHARS = 32
 #: Longest sample line of a wanted family that is parsed (vLLM's longest, cache_config_info,
 #: is about 2,000 characters): a longer one is counted and skipped, never copied into labels.
 MAX_LINE_CHARS = 65_536
-
-
-def _remember(memo: _LabelMemo, label_text: str, labels: dict[str, str]) -> None:
-    """Keep a label set read for the next lines and polls; empty the memo when it is full."""
-    if len(memo.sets) >= MAX_LABEL_SETS or memo.chars + len(label_text) > MAX_LABEL_SET_CHARS:
-        memo.sets.clear()  # endless distinct series must not grow the memo
-        memo.chars = 0
-    memo.sets[label_text] = labels
-    memo.chars += len(label_text)
 
 
 def _plain_labels(

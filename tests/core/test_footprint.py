@@ -11,7 +11,7 @@ from exporter.core.derive import Sample, next_sample
 from exporter.core.footprint import sample_bytes
 from exporter.testing import heavy
 from exporter.testing.fakevllm import VllmState, render_metrics
-from exporter.vllm.metrics import WANTED, parse_vllm_metrics
+from exporter.vllm.metrics import parse_vllm_metrics
 
 SAMPLES = 8
 
@@ -42,7 +42,6 @@ def test_the_estimate_is_near_what_a_window_of_samples_really_holds(case: heavy.
             estimate += sample_bytes(sample.snapshot, window[-1].snapshot if window else None)
             window.append(sample)
             del sample
-        WANTED.forget()  # the parser's memo of label sets is not the window's
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - before
     finally:

@@ -13,7 +13,7 @@ from exporter.core.reasons import EvictionReason
 from exporter.service.memory import MIN_SAMPLES, MemoryBudget, Window
 from exporter.testing import heavy
 from exporter.testing.fakevllm import VllmState, render_metrics
-from exporter.vllm.metrics import WANTED, parse_vllm_metrics
+from exporter.vllm.metrics import parse_vllm_metrics
 
 KIB = 1024
 
@@ -62,8 +62,6 @@ def _held_by_window(case: heavy.Heavy, polls: int, max_bytes: int = 2**30) -> in
                 keep_seconds=1e9,
                 capacity=10_000,
             )
-        # The parser's memo of label sets is the parser's, bounded on its own (test_promtext).
-        WANTED.forget()
         gc.collect()
         return tracemalloc.get_traced_memory()[0] - before
     finally:
