@@ -13,14 +13,13 @@ For each payload it times, in interleaved rounds so that both see the same machi
 - peer: ``list(prometheus_client.parser.text_string_to_metric_families(payload_str))``: a parse
   only, of an already decoded string.
 
-Each round times our runs, then one of the peer's, then one of ours after emptying the parser's
-memo of label sets (a target's first poll; every later poll finds its label sets remembered).
-It prints min and median wall time (``time.perf_counter``) of each and three ratios: of the
-minimums, of the medians, and the median of the rounds' own ratios (the peer's run over our
-fastest of that round: both saw the same moment's load). The goal (issues 3 and 29) is at least
-20x on every payload, minimums. On a machine shared with other busy processes, ``--clock
-process`` times CPU time of this process instead (``time.process_time``, in batches of runs so
-that its resolution does not matter): other processes' load then barely moves the ratios.
+Each round times our runs, then one of the peer's. It prints min and median wall time
+(``time.perf_counter``) of each and three ratios: of the minimums, of the medians, and the
+median of the rounds' own ratios (the peer's run over our fastest of that round: both saw the
+same moment's load). The goal (issues 3 and 29) is at least 20x on every payload, minimums. On a
+machine shared with other busy processes, ``--clock process`` times CPU time of this process
+instead (``time.process_time``, in batches of runs so that its resolution does not matter):
+other processes' load then barely moves the ratios.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.vllm.metrics import WANTED, parse_vllm_metrics
+from exporter.vllm.metrics import parse_vllm_metrics
 
 if not __package__:  # run as `python benchmarks/parse.py`: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -73,7 +72,6 @@ def _bench(name: str, text: str, *, rounds: int, ours_per_round: int) -> float:
 
     ours_times: list[float] = []
     peer_times: list[float] = []
-    first_times: list[float] = []
     round_ratios: list[float] = []
     batch = 1
     if _clock is time.process_time:  # enough runs per reading for a coarse clock
@@ -84,8 +82,6 @@ def _bench(name: str, text: str, *, rounds: int, ours_per_round: int) -> float:
         ours_times.extend(this_round)
         peer_times.append(_time_once(peer))
         round_ratios.append(peer_times[-1] / min(this_round))
-        WANTED.forget()  # a first poll: no label set remembered (one run, clock resolution aside)
-        first_times.append(_time_once(ours))
 
     ours_min, ours_median = min(ours_times), statistics.median(ours_times)
     peer_min, peer_median = min(peer_times), statistics.median(peer_times)
@@ -101,11 +97,6 @@ def _bench(name: str, text: str, *, rounds: int, ours_per_round: int) -> float:
     print(
         f"  peer  min {peer_min * 1e3:8.2f} ms  median {peer_median * 1e3:8.2f} ms"
         f"  ({len(peer_times)} runs, {lines / peer_min / 1e3:,.0f}k lines/s)"
-    )
-    first_min = min(first_times)
-    print(
-        f"  ours, a first poll  min {first_min * 1e3:8.2f} ms"
-        f"  ({len(first_times)} runs, {peer_min / first_min:.1f}x the peer's min)"
     )
     ratio = peer_min / ours_min
     print(
