@@ -35,7 +35,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import groupby, pairwise
 from typing import TYPE_CHECKING, Final
 
 from exporter.core.reasons import DropReason
@@ -167,7 +167,7 @@ class _HistogramParts:
     #: Samples of other series of the histogram, not kept (counted when it is dropped).
     extra: int = 0
     #: The labels of its ``_count`` and ``_sum`` (one series: the same ones).
-    series: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    series: dict[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -255,23 +255,18 @@ class _Fold:
         self.seen: set[str] = set()
         # `le` text -> bound: the same few dozen bounds come back in every histogram.
         self.bounds: dict[str, float] = {}
+        # The last label set _engine_parts accepted, and its engine's parts: the parser shares
+        # one mapping per label text, and every gauge and counter of an engine has the same.
+        self.last_labels: Mapping[str, str] | None = None
+        self.last_parts: _EngineParts | None = None
 
     def add_all(self, samples: Iterable[TextSample]) -> None:
         """Fold every sample in; raise ParseError on a malformed one."""
-        family = ""
-        run: list[TextSample] = []
-        # vLLM writes each family's samples together: handle them run by run.
-        for sample in samples:
-            if sample[0] == family:
-                run.append(sample)
-                continue
-            if run:
-                self._add_run(family, run)
-            family, run = sample[0], [sample]
-        if run:
+        # vLLM writes each family's samples together: handle them run by run (grouped in C).
+        for family, run in groupby(samples, _FAMILY):
             self._add_run(family, run)
 
-    def _add_run(self, family: str, run: list[TextSample]) -> None:
+    def _add_run(self, family: str, run: Iterable[TextSample]) -> None:
         self.seen.add(family)
         if family in _HISTOGRAMS:
             self._add_histogram_run(family, run)
@@ -290,6 +285,8 @@ class _Fold:
     def _engine_parts(self, sample: TextSample) -> _EngineParts | None:
         """The parts of the sample's engine; None (and the drop counted) when it is refused."""
         labels = sample.labels
+        if labels is self.last_labels:
+            return self.last_parts  # the same labels, hence the same engine, accepted
         engine = labels.get("engine")
         if engine is None:
             engine = "0"
@@ -308,6 +305,7 @@ class _Fold:
             parts = self.engines[engine] = _EngineParts()
         if parts.model_name is None:  # cache_config_info has none: take it from the others
             parts.model_name = model_name
+        self.last_labels, self.last_parts = labels, parts
         return parts
 
     # The hot loop: histogram buckets are most of the samples, so it only looks up the engine
@@ -337,15 +335,14 @@ class _Fold:
                 bound = bounds.get(le)
                 if bound is None:
                     bound = bounds[le] = _bucket_bound(sample)
-                size = len(buckets)
-                if size >= max_buckets:
+                if len(buckets) >= max_buckets:
                     histogram.overflow += 1  # dropped whole, and counted, when frozen
-                    continue
-                buckets.setdefault(bound, value)
-                if len(buckets) == size:
+                elif bound in buckets:
                     # The engine already has this bucket: a second series of the histogram.
                     histogram.rejected = histogram.rejected or DropReason.UNEXPECTED_SERIES
                     histogram.extra += 1
+                else:
+                    buckets[bound] = value
                 continue
             _add_histogram_total(histogram, sample)
 
@@ -355,10 +352,11 @@ def _add_histogram_total(histogram: _HistogramParts, sample: TextSample) -> None
     suffix = sample.suffix
     if suffix not in ("_count", "_sum"):
         return
-    key = frozenset(sample.labels.items())
-    first = histogram.series.setdefault(suffix, key)
+    labels = sample.labels
+    first = histogram.series.setdefault(suffix, labels)
     if (histogram.count if suffix == "_count" else histogram.sum) is not None:
-        if first == key:
+        # The parser shares one mapping per label text: identity first, equality otherwise.
+        if first is labels or first == labels:
             raise _error(sample, _TWICE)
         histogram.rejected = histogram.rejected or DropReason.UNEXPECTED_SERIES
         histogram.extra += 1

@@ -77,6 +77,9 @@ METRIC_TYPES: frozenset[str] = frozenset(
 )
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# The unquoted parts of a plain label set: `name=` first, then `,name=`.
+_FIRST_LABEL_PART = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*=")
+_NEXT_LABEL_PART = re.compile(r",[a-zA-Z_][a-zA-Z0-9_]*=")
 
 _BLANKS = re.compile(r"[ \t]+")
 _NAME_END = re.compile(r"[ \t{]")
@@ -205,11 +208,16 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
     # Label sets repeat across families (every histogram of an engine has the same `le` labels):
     # one dict per distinct label text, shared by its samples, which is why labels are read-only.
     label_sets: dict[str, dict[str, str]] = {}
+    # Value texts already read: a histogram's buckets repeat their counts (8 engines of vLLM
+    # 0.32: 187 distinct texts in 1,219 samples), and a lookup costs less than the checks.
+    numbers: dict[str, float] = {}
 
     # Samples of one series come in runs (a histogram's buckets): while lines start with the
     # `name{` of the previous plain line, its lookup result stands. The first prefix is NUL,
     # which starts no sample line.
     run_prefix, run_hit, run_brace = "\0", None, 0
+    # Module constants as locals: this loop reads them for every wanted sample.
+    max_line, max_label_sets, max_numbers = MAX_LINE_CHARS, MAX_LABEL_SETS, MAX_NUMBERS
 
     for lineno, line in enumerate(text.split("\n"), 1):
         if line.startswith(run_prefix):
@@ -220,11 +228,18 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             if not line:
                 continue
             if line[0] == "#":
-                if line.startswith("# HELP "):  # the commonest comment: only its name matters
+                # The commonest comments, `# HELP name ...` and `# TYPE name ...` of a family
+                # not wanted: only the name matters. A printable name holds no blank of any
+                # kind, so it is the name _comment's split would find; anything else goes there.
+                if line.startswith(("# HELP ", "# TYPE ")):
                     end = line.find(" ", 7)
-                    help_name = line[7:end] if end != -1 else line[7:]
-                    if help_name and "\t" not in help_name:
-                        declared.add(help_name)
+                    comment_name = line[7:end] if end != -1 else line[7:]
+                    if (
+                        comment_name
+                        and comment_name.isprintable()
+                        and (line[2] == "H" or comment_name not in lookup)
+                    ):
+                        declared.add(comment_name)
                         continue
                 _comment(line, lineno, lookup, types, declared)
                 continue
@@ -243,7 +258,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
                 found = lookup.get(unusual_name)
                 if found is None:
                     continue
-                if len(line) > MAX_LINE_CHARS:
+                if len(line) > max_line:
                     too_long += 1
                     continue
                 if not clean:
@@ -261,7 +276,7 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
         # blanks in the label set, timestamp or exemplar: what vLLM writes. Anything else,
         # errors included, takes the careful path.
         close = line.rfind("} ")
-        if close - brace > MAX_LINE_CHARS or (close == -1 and len(line) > MAX_LINE_CHARS):
+        if close - brace > max_line or (close == -1 and len(line) > max_line):
             too_long += 1  # skipped unparsed: its label values could only be dropped
             continue
         if close > brace > 0:
@@ -271,26 +286,37 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
             if plain is None:
                 plain = _plain_labels(label_text, label_names)
                 if plain is not None:
-                    if len(label_sets) >= MAX_LABEL_SETS:
+                    if len(label_sets) >= max_label_sets:
                         label_sets.clear()  # endless distinct series must not grow the memo
                     label_sets[label_text] = plain
-            # float() alone would also take "1_000", non-ASCII digits and, around the number,
-            # control characters that are not blanks ("1\x0c"): the careful path names them.
-            if (
-                plain is not None
-                and "_" not in value_text
-                and value_text.isascii()
-                and value_text.isprintable()
-            ):
-                try:
-                    value = float(value_text)
-                except ValueError:
-                    pass
-                else:
+            if plain is not None:
+                number = numbers.get(value_text)
+                # float() alone would also take "1_000", non-ASCII digits and, around the
+                # number, control characters that are not blanks ("1\x0c"): the careful path
+                # names them. Only a text that passed these checks is remembered.
+                if (
+                    number is None
+                    and "_" not in value_text
+                    and value_text.isascii()
+                    and value_text.isprintable()
+                ):
+                    try:
+                        number = float(value_text)
+                    except ValueError:
+                        pass
+                    else:
+                        if len(numbers) >= max_numbers:
+                            numbers.clear()  # endless distinct values must not grow the memo
+                        if len(value_text) <= MAX_NUMBER_CHARS:  # any float's repr fits
+                            numbers[value_text] = number
+                if number is not None:
                     if len(samples) == room:
                         overflow += 1
                         continue
-                    # Concatenation: measured a third faster than unpacking `hit` here.
+                    # Concatenation: measured a third faster than unpacking `hit` here. A
+                    # remembered value is copied (`* 1.0`, exact, -0.0 and NaN included):
+                    # one float per sample, what the window's memory estimate counts.
+                    value = number * 1.0
                     append(new_sample(TextSample, hit + (plain, value, None, lineno)))  # noqa: RUF005
                     continue
         pos = brace if brace > 0 else len(line)  # no labels: the whole line is the name
@@ -313,6 +339,9 @@ def parse_exposition(  # noqa: PLR0912, PLR0915
 
 #: Distinct label texts remembered while parsing one payload.
 MAX_LABEL_SETS = 4096
+#: Distinct value texts remembered while parsing one payload, and the longest remembered.
+MAX_NUMBERS = 4096
+MAX_NUMBER_CHARS = 32
 #: Longest sample line of a wanted family that is parsed (vLLM's longest, cache_config_info,
 #: is about 2,000 characters): a longer one is counted and skipped, never copied into labels.
 MAX_LINE_CHARS = 65_536
@@ -345,23 +374,21 @@ def _plain_label_names(key: tuple[str, ...]) -> tuple[str, ...] | None:
     """Label names from the unquoted parts of a plain label set, or None if it is not plain.
 
     ``key`` is every other part of the label set split on ``"``: ``('a=', ',b=', '')`` for
-    ``a="1",b="2"`` (``(..., ',')`` with a trailing comma, ``('',)`` for ``{}``).
+    ``a="1",b="2"`` (``(..., ',')`` with a trailing comma, ``('',)`` for ``{}``). Each part is
+    matched whole by a pattern mapped in C: ``cache_config_info`` has some 40 labels.
     """
-    if key[-1] not in ("", ","):
+    *named, last = key
+    if last not in ("", ","):
         return None
-    names: list[str] = []
-    for position, part in enumerate(key[:-1]):
-        name = part[:-1] if position == 0 else part[1:-1]
-        if (
-            not part.endswith("=")
-            or (position > 0 and not part.startswith(","))
-            or _LABEL_NAME.fullmatch(name) is None
-        ):
-            return None
-        names.append(name)
-    if len(set(names)) != len(names) or (key == (",",)):
-        return None  # duplicates, or "{,}": the careful path says what is wrong
-    return tuple(names)
+    if not named:
+        return None if last else ()  # "{,}": the careful path says what is wrong
+    first, *rest = named
+    if _FIRST_LABEL_PART.fullmatch(first) is None or not all(map(_NEXT_LABEL_PART.fullmatch, rest)):
+        return None
+    names = (first[:-1], *[part[1:-1] for part in rest])
+    if len(set(names)) != len(names):
+        return None  # duplicates: the careful path names them
+    return names
 
 
 def _decode(payload: str | bytes) -> tuple[str, bool]:

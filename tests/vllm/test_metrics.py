@@ -326,6 +326,9 @@ def test_a_series_written_twice_is_refused_as_prometheus_refuses_it() -> None:
     histogram = 'vllm:request_prompt_tokens_count{engine="0"} 1\n'
     with pytest.raises(ParseError, match="written twice"):
         parse_vllm_metrics(histogram + histogram)
+    spelt_otherwise = histogram.replace('"0"}', '"0",}')  # the same labels, another text
+    with pytest.raises(ParseError, match=r"^line 2: .*written twice"):
+        parse_vllm_metrics(histogram + spelt_otherwise)
 
 
 @pytest.mark.parametrize(

@@ -296,6 +296,12 @@ def test_names_of_lines_never_read_keep_no_invalid_bytes() -> None:
     assert parse_exposition(payload, ["a"]).declared == {"vllm:ok"}
 
 
+def test_comment_names_end_at_any_blank() -> None:
+    """A HELP or TYPE name ends at a blank of any kind, as the whitespace split reads it."""
+    payload = "# HELP vllm:a\x0cmore help\n# TYPE vllm:b\x0bgauge\n# HELP vllm:c help\na 1\n"
+    assert parse_exposition(payload, ["a"]).declared == {"vllm:a", "vllm:b", "vllm:c"}
+
+
 HOSTILE_LINES = [
     pytest.param("a{x=" + '"' + "\\" * 200_001 + '"} 1', id="backslashes"),
     pytest.param("a{x=" + '\\"' * 100_000 + "} 1", id="escaped-quotes"),
