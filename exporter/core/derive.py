@@ -39,7 +39,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
+from exporter.core.ceiling import (
+    Ceiling,
+    RunningLimit,
+    ceiling,
+    headroom,
+    queue_room,
+    shared_ceiling,
+)
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.reasons import Limit
 from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
@@ -859,9 +866,15 @@ def _headroom(
     sequences_running: float | None,
     asleep: bool,
     shared_tokens: float | None,
+    admission_room: float | None = None,
 ) -> _Headroom:
-    """Ceilings and headroom at p95 under every limit, unshared and with shared prefixes."""
+    """Ceilings and headroom at p95 under every limit, unshared and with shared prefixes.
+
+    ``admission_room``: what the API server's admission caps still let in (the server's).
+    """
     running_limit = limit.sequences if limit is not None else None
+    caps = limit.queue_caps if limit is not None else None
+    cap = float(caps.requests) if caps is not None and caps.requests is not None else None
     kv_ceiling = kv_available = mean_ceiling = None
     effective = effective_free = None
     granularity = kv.block_size or 1
@@ -885,19 +898,30 @@ def _headroom(
                     shared_tokens=shared_tokens,
                     block_size=granularity,
                 )
-    p95_ceiling = ceiling(kv_ceiling, running_limit=running_limit, asleep=asleep)
+    p95_ceiling = ceiling(kv_ceiling, running_limit=running_limit, asleep=asleep, queue_cap=cap)
     p95_available = headroom(
-        kv_available, running_limit=running_limit, running=sequences_running, asleep=asleep
+        kv_available,
+        running_limit=running_limit,
+        running=sequences_running,
+        asleep=asleep,
+        queue_room=admission_room,
     )
-    effective_ceiling = ceiling(effective, running_limit=running_limit, asleep=asleep)
+    effective_ceiling = ceiling(
+        effective, running_limit=running_limit, asleep=asleep, queue_cap=cap
+    )
     effective_headroom = headroom(
-        effective_free, running_limit=running_limit, running=sequences_running, asleep=asleep
+        effective_free,
+        running_limit=running_limit,
+        running=sequences_running,
+        asleep=asleep,
+        queue_room=admission_room,
     )
+    mean_bound = min((x for x in (running_limit, cap) if x is not None), default=None)
     return _Headroom(
         p95_ceiling=p95_ceiling,
         mean_ceiling=(
-            min(mean_ceiling, running_limit)
-            if mean_ceiling is not None and running_limit
+            min(mean_ceiling, mean_bound)
+            if mean_ceiling is not None and mean_bound is not None
             else mean_ceiling
         ),
         p95_available=p95_available,
@@ -922,12 +946,14 @@ def derive_engine(
     max_model_len: int | None = None,
     running_limit: RunningLimit | None = None,
     previous_context: ContextEstimate | None = None,
+    admission_room: float | None = None,
 ) -> EngineDerived:
     """Derive one engine's figures from the target's samples (the last one is "now").
 
     ``running_limit`` is the scheduler's ``max_num_seqs`` as learnt by the caller; without it
     only the KV pool limits the ceiling. ``previous_context`` is the engine's context figures
-    of the poll before, which may stand (:func:`_kept_context`).
+    of the poll before, which may stand (:func:`_kept_context`). ``admission_room``: the
+    sequences the API server's admission caps still let in (:func:`_admission_room`).
     """
     latest = samples[-1].snapshot
     engine = latest.engines[name]
@@ -954,6 +980,7 @@ def derive_engine(
         sequences_running=sequences_running,
         asleep=bool(asleep),
         shared_tokens=shared,
+        admission_room=admission_room,
     )
     ceiling_figure = room.p95_ceiling
     available = room.p95_available
@@ -1033,6 +1060,24 @@ def _admission_rate(samples: Sequence[Sample], seconds: float) -> float | None:
     return window_increase(values, _restarts(window), counted) / span
 
 
+def _admission_room(
+    snapshot: VllmSnapshot, limit: RunningLimit | None, rejections_per_second: float | None
+) -> float | None:
+    """What the API server's admission caps still let in: the cap less every engine's requests.
+
+    vLLM counts the server's unfinished requests over all its engines (waiting and running, a
+    request of ``n`` samples as ``n``: as V1's gauges count them).
+    """
+    engines = snapshot.engines.values()
+    counts = [e.requests_running for e in engines] + [e.requests_waiting for e in engines]
+    in_flight = sum(c for c in counts if c is not None) if None not in counts else None
+    return queue_room(
+        limit.queue_caps if limit is not None else None,
+        in_flight=in_flight,
+        rejecting=(rejections_per_second or 0.0) > 0,
+    )
+
+
 def derive_target(
     samples: Sequence[Sample],
     *,
@@ -1052,6 +1097,8 @@ def derive_target(
     if not samples:
         return TargetDerived(engines=())
     contexts = {e.engine: e.context for e in previous.engines} if previous is not None else {}
+    rejections = _admission_rate(samples, windows.rate_seconds)
+    room = _admission_room(samples[-1].snapshot, running_limit, rejections)
     engines = tuple(
         derive_engine(
             name,
@@ -1061,11 +1108,12 @@ def derive_target(
             max_model_len=max_model_len,
             running_limit=running_limit,
             previous_context=contexts.get(name),
+            admission_room=room,
         )
         for name in samples[-1].snapshot.engines  # in rank order, as the parser keeps them
     )
     return TargetDerived(
         engines=engines,
         restarted=len(samples) > 1 and samples[-1].restarted,
-        admission_rejections_per_second=_admission_rate(samples, windows.rate_seconds),
+        admission_rejections_per_second=rejections,
     )
