@@ -170,6 +170,10 @@ class EngineDerived:
     kv_tokens_per_running_sequence: float | None = None
     #: Prompt tokens served from each cache tier over all prompt tokens, in the window (0.32+).
     prompt_tokens_cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
+    #: Prompt tokens by where their KV came from over all prompt tokens, in the window:
+    #: ``external_kv_transfer`` is what a KV connector supplied (P/D's prefill, an offload
+    #: tier), apart from the GPU pool's own hits (``local_cache_hit``).
+    prompt_tokens_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
     #: The scheduler's limit on running sequences, and where it was learnt.
     max_num_seqs: float | None = None
     max_num_seqs_source: str | None = None
@@ -454,6 +458,9 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             prompt_tokens_cached_by_source=_shared_keys(
                 engine.prompt_tokens_cached_by_source,
                 old.prompt_tokens_cached_by_source if old else None,
+            ),
+            prompt_tokens_by_source=_shared_keys(
+                engine.prompt_tokens_by_source, old.prompt_tokens_by_source if old else None
             ),
             prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
             generation_tokens=_shared_bounds(
@@ -744,6 +751,7 @@ def _mean_n(traffic: _Traffic) -> float | None:
 class _Caching:
     hit_ratio: float | None = None
     cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
+    prompt_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
 
 
 def _caching(name: str, window: Sequence[Sample]) -> _Caching:
@@ -780,7 +788,15 @@ def _caching(name: str, window: Sequence[Sample]) -> _Caching:
         )
         if share is not None:
             by_source[source] = share
-    return _Caching(hit_ratio, by_source)
+    by_origin: dict[str, float] = {}
+    for source in latest.prompt_tokens_by_source:
+        share = ratio(
+            lambda e, s=source: e.prompt_tokens_by_source.get(s),  # type: ignore[misc]
+            lambda e: e.prompt_tokens_total,
+        )
+        if share is not None:
+            by_origin[source] = share
+    return _Caching(hit_ratio, by_source, by_origin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1029,6 +1045,7 @@ def derive_engine(
         shared_prefix_tokens=room.shared_tokens,
         kv_tokens_per_running_sequence=per_running,
         prompt_tokens_cached_ratio_by_source=caching.cached_ratio_by_source,
+        prompt_tokens_ratio_by_source=caching.prompt_ratio_by_source,
         max_num_seqs=float(running_limit.sequences) if running_limit is not None else None,
         max_num_seqs_source=running_limit.source if running_limit is not None else None,
         asleep=asleep,

@@ -418,6 +418,18 @@ _DEFS: tuple[MetricDef, ...] = (
         check_key="prompt_tokens_cached_ratio",
     ),
     MetricDef(
+        "headroom_prompt_tokens_ratio",
+        Kind.GAUGE,
+        "Prompt tokens by where their KV came from (local_compute, local_cache_hit, "
+        "external_kv_transfer: a KV connector, the prefill side of P/D or an offload tier, "
+        "apart from the GPU pool) over all prompt tokens, in the context window (V1).",
+        (*ENGINE, "source"),
+        source="increase of vllm:prompt_tokens_by_source_total / vllm:prompt_tokens_total",
+        row=Row.ENGINE,
+        field="prompt_tokens_ratio_by_source",
+        check_key="prompt_tokens_ratio",
+    ),
+    MetricDef(
         "headroom_preemptions_per_second",
         Kind.GAUGE,
         "Preemptions per second over the rate window (reset-aware).",

@@ -404,6 +404,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "vllm:prompt_tokens_by_source",
         _C,
         "prompt tokens by source (local_compute, local_cache_hit, external_kv_transfer)",
+        feeds="prompt_tokens_by_source",
         split="source",
         engines="V1",
     ),

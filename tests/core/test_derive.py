@@ -552,6 +552,32 @@ def test_cached_prompt_share_by_source_over_the_window() -> None:
     assert e.prompt_tokens_cached_ratio_by_source == {"device": 0.0, "host": 0.6}
 
 
+def test_prompt_tokens_by_origin_keep_pd_transfers_apart_from_the_gpu_pool() -> None:
+    """A P/D decode instance: 800 of 1,000 prompt tokens in the window came over a KV connector."""
+
+    def by_source(prompt: float, computed: float, hit: float, transferred: float) -> EngineMetrics:
+        return replace(
+            engine(finished=1),
+            prompt_tokens_total=prompt,
+            prompt_tokens_by_source={
+                "local_compute": computed,
+                "local_cache_hit": hit,
+                "external_kv_transfer": transferred,
+            },
+        )
+
+    samples = chain(
+        Sample(0.0, snap(by_source(500.0, 500.0, 0.0, 0.0))),
+        Sample(30.0, snap(by_source(1500.0, 600.0, 100.0, 800.0))),
+    )
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.prompt_tokens_ratio_by_source == {
+        "local_compute": 0.1,
+        "local_cache_hit": 0.1,
+        "external_kv_transfer": 0.8,
+    }
+
+
 def test_admission_rejections_are_a_rate_per_server() -> None:
     """10 queue-limit refusals in 20 s: 0.5 per second; absent where vLLM does not count them."""
     first = replace(snap(engine()), admission_rejections_total=5.0)
