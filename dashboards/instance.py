@@ -465,7 +465,8 @@ def _limits(facts: RuleFacts) -> Row:
                     "Binding limit",
                     description=(
                         "The limit of vLLM's scheduler that stops the next p95 sequence now: "
-                        "the KV cache, max_num_seqs (every running slot taken) or sleep."
+                        "the KV cache, max_num_seqs (every running slot taken), sleep, or the "
+                        "queue cap (--max-num-queued-reqs reached, or vLLM refusing requests)."
                     ),
                     unit="none",
                     queries=[Query(next_limit, legend=ENGINE_LEGEND)],
@@ -481,7 +482,8 @@ def _limits(facts: RuleFacts) -> Row:
                     "Ceiling set by",
                     description=(
                         "The limit that sets the p95 ceiling: the KV cache when it holds fewer "
-                        "p95 sequences than max_num_seqs, else max_num_seqs (on a tie too)."
+                        "p95 sequences than max_num_seqs, else max_num_seqs (on a tie too); the "
+                        "queue cap when --max-num-queued-reqs is under both."
                     ),
                     unit="none",
                     queries=[Query(ceiling_limit, legend=ENGINE_LEGEND)],

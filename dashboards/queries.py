@@ -81,6 +81,7 @@ SCHEDULER_LIMITS = (
     ("kv_cache", "KV cache", "green"),
     ("max_num_seqs", "max_num_seqs", "orange"),
     ("engine_asleep", "asleep", "blue"),
+    ("queue_cap", "queue cap", "red"),
 )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from exporter.boundedread import FileReadError, read_bounded
+from exporter.core.ceiling import QueueCaps, RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import Limit, PredictionState
 from exporter.core.views import PredictionView, TargetInfo
@@ -34,7 +35,6 @@ from exporter.vllm.version import guess_vllm_version
 if TYPE_CHECKING:
     import argparse
 
-    from exporter.core.ceiling import RunningLimit
     from exporter.core.derive import EngineDerived
     from exporter.core.snapshot import VllmSnapshot
 
@@ -66,6 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs",
         type=int,
         help="vLLM --max-num-seqs (default: vLLM's default for its version and GPU)",
+    )
+    parser.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        help="vLLM --max-num-queued-reqs (0.32+; default: no cap)",
+    )
+    parser.add_argument(
+        "--max-num-queued-tokens",
+        type=int,
+        help="vLLM --max-num-queued-tokens (0.32+; default: no cap)",
     )
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds per HTTP request, or to read FILE (5)"
@@ -157,6 +167,7 @@ def to_json(report: CheckReport) -> dict[str, Any]:
         "num_requests_running": _total([e.requests_running for e in engines]),
         "num_requests_waiting": _total([e.requests_waiting for e in engines]),
         "num_preemptions": _total([metrics[e.engine].preemptions_total for e in engines]),
+        "num_admission_rejections": report.snapshot.admission_rejections_total,
         "engines": engine_objects,
         "missing_families": [
             {"family": needed.family, "needed_for": needed.needed_for}
@@ -251,6 +262,12 @@ def render(report: CheckReport) -> str:
                 f" ({e['kv_capacity_error_ratio']:+.1%} against vLLM's)"
             )
         lines.append("")
+    if data["num_admission_rejections"]:
+        lines += [
+            f"admission: {_fmt(data['num_admission_rejections'])} requests refused at a queue cap"
+            " since start (raise --max-num-queued-reqs/--max-num-queued-tokens or add replicas)",
+            "",
+        ]
     for missing in data["missing_families"]:
         lines.append(f"missing: {missing['family']} (needed for {missing['needed_for']})")
     if data["missing_families"]:
@@ -358,6 +375,12 @@ def _running_limit(
     """``--max-num-seqs``, else vLLM's default for the version and GPU the flags give."""
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise UsageError("--max-num-seqs must be at least 1")
+    for flag, value in (
+        ("--max-num-queued-reqs", args.max_num_queued_reqs),
+        ("--max-num-queued-tokens", args.max_num_queued_tokens),
+    ):
+        if value is not None and value < 0:
+            raise UsageError(f"{flag} must be 0 or more (leave it out for no cap)")
     gpu = find_gpu(args.gpu) if args.gpu else None
     memory = gpu.memory_bytes if gpu else int(args.gpu_mem_gib * GIB) if args.gpu_mem_gib else None
     cache = next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
@@ -371,6 +394,7 @@ def _running_limit(
             pipeline_parallel=args.pp,
             max_model_len=info.max_model_len,
             cache_config=cache,
+            queue_caps=QueueCaps(args.max_num_queued_reqs, args.max_num_queued_tokens),
         )
     )
 

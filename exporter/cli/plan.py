@@ -86,6 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--max-num-seqs (default: vLLM's for that version and GPU)",
     )
     hardware.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        help="--max-num-queued-reqs, the admission cap (default: none, as vLLM)",
+    )
+    hardware.add_argument(
         "--max-num-batched-tokens",
         type=int,
         help="--max-num-batched-tokens (default: vLLM's for that version and GPU)",
@@ -269,6 +274,7 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_queued_reqs=args.max_num_queued_reqs,
         weights_bytes=weights,
         overhead_bytes=overhead,
         quantization=args.quant,
@@ -333,6 +339,8 @@ def _check_scheduler_flags(args: argparse.Namespace) -> None:
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 0:
+        raise UsageError("--max-num-queued-reqs must be 0 or more (leave it out for no cap)")
 
 
 def _check_fits(result: SizingResult) -> None:
@@ -413,6 +421,7 @@ def to_json(
         "max_num_seqs_source": "flag" if result.scheduler.max_num_seqs_given else "default",
         "max_num_seqs_rule": result.scheduler.rule,
         "max_num_batched_tokens": result.max_num_batched_tokens,
+        "max_num_queued_reqs": result.scheduler.max_num_queued_reqs,
         "kv_cache_groups": [
             {
                 "kind": group.kind,
@@ -544,6 +553,11 @@ def render(
                 f"    limited by max_num_seqs {result.scheduler.running_limit:,}; "
                 f"the KV pool would hold {row['kv_sequences']:,}"
             )
+        if row["limited_by"] == Limit.QUEUE_CAP:
+            lines.append(
+                f"    limited by --max-num-queued-reqs {result.scheduler.max_num_queued_reqs:,} "
+                f"(past it vLLM answers 503); the KV pool would hold {row['kv_sequences']:,}"
+            )
     if needs is not None:
         lines.append("")
         util = needs["utilization"]
@@ -568,7 +582,12 @@ def render(
             lines.append(f"  {row['change']:<30} {row['error']}")
             continue
         seqs = " / ".join(
-            f"{n:,}" + (" (max_num_seqs)" if row["limited_by"][t] == Limit.MAX_NUM_SEQS else "")
+            f"{n:,}"
+            + (
+                f" ({row['limited_by'][t]})"
+                if row["limited_by"][t] in (Limit.MAX_NUM_SEQS, Limit.QUEUE_CAP)
+                else ""
+            )
             for t, n in row["sequences"].items()
         )
         moved = [b != row["limited_by"][str(t)] for b, t in zip(base, contexts, strict=True)]

@@ -39,7 +39,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from exporter.core.ceiling import Ceiling, RunningLimit, ceiling, headroom, shared_ceiling
+from exporter.core.ceiling import (
+    Ceiling,
+    RunningLimit,
+    ceiling,
+    headroom,
+    queue_room,
+    shared_ceiling,
+)
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.reasons import Limit
 from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
@@ -163,6 +170,10 @@ class EngineDerived:
     kv_tokens_per_running_sequence: float | None = None
     #: Prompt tokens served from each cache tier over all prompt tokens, in the window (0.32+).
     prompt_tokens_cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
+    #: Prompt tokens by where their KV came from over all prompt tokens, in the window:
+    #: ``external_kv_transfer`` is what a KV connector supplied (P/D's prefill, an offload
+    #: tier), apart from the GPU pool's own hits (``local_cache_hit``).
+    prompt_tokens_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
     #: The scheduler's limit on running sequences, and where it was learnt.
     max_num_seqs: float | None = None
     max_num_seqs_source: str | None = None
@@ -447,6 +458,9 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             prompt_tokens_cached_by_source=_shared_keys(
                 engine.prompt_tokens_cached_by_source,
                 old.prompt_tokens_cached_by_source if old else None,
+            ),
+            prompt_tokens_by_source=_shared_keys(
+                engine.prompt_tokens_by_source, old.prompt_tokens_by_source if old else None
             ),
             prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
             generation_tokens=_shared_bounds(
@@ -737,6 +751,7 @@ def _mean_n(traffic: _Traffic) -> float | None:
 class _Caching:
     hit_ratio: float | None = None
     cached_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
+    prompt_ratio_by_source: Mapping[str, float] = field(default_factory=dict)
 
 
 def _caching(name: str, window: Sequence[Sample]) -> _Caching:
@@ -773,7 +788,15 @@ def _caching(name: str, window: Sequence[Sample]) -> _Caching:
         )
         if share is not None:
             by_source[source] = share
-    return _Caching(hit_ratio, by_source)
+    by_origin: dict[str, float] = {}
+    for source in latest.prompt_tokens_by_source:
+        share = ratio(
+            lambda e, s=source: e.prompt_tokens_by_source.get(s),  # type: ignore[misc]
+            lambda e: e.prompt_tokens_total,
+        )
+        if share is not None:
+            by_origin[source] = share
+    return _Caching(hit_ratio, by_source, by_origin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -859,9 +882,15 @@ def _headroom(
     sequences_running: float | None,
     asleep: bool,
     shared_tokens: float | None,
+    admission_room: float | None = None,
 ) -> _Headroom:
-    """Ceilings and headroom at p95 under every limit, unshared and with shared prefixes."""
+    """Ceilings and headroom at p95 under every limit, unshared and with shared prefixes.
+
+    ``admission_room``: what the API server's admission caps still let in (the server's).
+    """
     running_limit = limit.sequences if limit is not None else None
+    caps = limit.queue_caps if limit is not None else None
+    cap = float(caps.requests) if caps is not None and caps.requests is not None else None
     kv_ceiling = kv_available = mean_ceiling = None
     effective = effective_free = None
     granularity = kv.block_size or 1
@@ -885,19 +914,30 @@ def _headroom(
                     shared_tokens=shared_tokens,
                     block_size=granularity,
                 )
-    p95_ceiling = ceiling(kv_ceiling, running_limit=running_limit, asleep=asleep)
+    p95_ceiling = ceiling(kv_ceiling, running_limit=running_limit, asleep=asleep, queue_cap=cap)
     p95_available = headroom(
-        kv_available, running_limit=running_limit, running=sequences_running, asleep=asleep
+        kv_available,
+        running_limit=running_limit,
+        running=sequences_running,
+        asleep=asleep,
+        queue_room=admission_room,
     )
-    effective_ceiling = ceiling(effective, running_limit=running_limit, asleep=asleep)
+    effective_ceiling = ceiling(
+        effective, running_limit=running_limit, asleep=asleep, queue_cap=cap
+    )
     effective_headroom = headroom(
-        effective_free, running_limit=running_limit, running=sequences_running, asleep=asleep
+        effective_free,
+        running_limit=running_limit,
+        running=sequences_running,
+        asleep=asleep,
+        queue_room=admission_room,
     )
+    mean_bound = min((x for x in (running_limit, cap) if x is not None), default=None)
     return _Headroom(
         p95_ceiling=p95_ceiling,
         mean_ceiling=(
-            min(mean_ceiling, running_limit)
-            if mean_ceiling is not None and running_limit
+            min(mean_ceiling, mean_bound)
+            if mean_ceiling is not None and mean_bound is not None
             else mean_ceiling
         ),
         p95_available=p95_available,
@@ -922,12 +962,14 @@ def derive_engine(
     max_model_len: int | None = None,
     running_limit: RunningLimit | None = None,
     previous_context: ContextEstimate | None = None,
+    admission_room: float | None = None,
 ) -> EngineDerived:
     """Derive one engine's figures from the target's samples (the last one is "now").
 
     ``running_limit`` is the scheduler's ``max_num_seqs`` as learnt by the caller; without it
     only the KV pool limits the ceiling. ``previous_context`` is the engine's context figures
-    of the poll before, which may stand (:func:`_kept_context`).
+    of the poll before, which may stand (:func:`_kept_context`). ``admission_room``: the
+    sequences the API server's admission caps still let in (:func:`_admission_room`).
     """
     latest = samples[-1].snapshot
     engine = latest.engines[name]
@@ -954,6 +996,7 @@ def derive_engine(
         sequences_running=sequences_running,
         asleep=bool(asleep),
         shared_tokens=shared,
+        admission_room=admission_room,
     )
     ceiling_figure = room.p95_ceiling
     available = room.p95_available
@@ -1002,6 +1045,7 @@ def derive_engine(
         shared_prefix_tokens=room.shared_tokens,
         kv_tokens_per_running_sequence=per_running,
         prompt_tokens_cached_ratio_by_source=caching.cached_ratio_by_source,
+        prompt_tokens_ratio_by_source=caching.prompt_ratio_by_source,
         max_num_seqs=float(running_limit.sequences) if running_limit is not None else None,
         max_num_seqs_source=running_limit.source if running_limit is not None else None,
         asleep=asleep,
@@ -1033,6 +1077,24 @@ def _admission_rate(samples: Sequence[Sample], seconds: float) -> float | None:
     return window_increase(values, _restarts(window), counted) / span
 
 
+def _admission_room(
+    snapshot: VllmSnapshot, limit: RunningLimit | None, rejections_per_second: float | None
+) -> float | None:
+    """What the API server's admission caps still let in: the cap less every engine's requests.
+
+    vLLM counts the server's unfinished requests over all its engines (waiting and running, a
+    request of ``n`` samples as ``n``: as V1's gauges count them).
+    """
+    engines = snapshot.engines.values()
+    counts = [e.requests_running for e in engines] + [e.requests_waiting for e in engines]
+    in_flight = sum(c for c in counts if c is not None) if None not in counts else None
+    return queue_room(
+        limit.queue_caps if limit is not None else None,
+        in_flight=in_flight,
+        rejecting=(rejections_per_second or 0.0) > 0,
+    )
+
+
 def derive_target(
     samples: Sequence[Sample],
     *,
@@ -1052,6 +1114,8 @@ def derive_target(
     if not samples:
         return TargetDerived(engines=())
     contexts = {e.engine: e.context for e in previous.engines} if previous is not None else {}
+    rejections = _admission_rate(samples, windows.rate_seconds)
+    room = _admission_room(samples[-1].snapshot, running_limit, rejections)
     engines = tuple(
         derive_engine(
             name,
@@ -1061,11 +1125,12 @@ def derive_target(
             max_model_len=max_model_len,
             running_limit=running_limit,
             previous_context=contexts.get(name),
+            admission_room=room,
         )
         for name in samples[-1].snapshot.engines  # in rank order, as the parser keeps them
     )
     return TargetDerived(
         engines=engines,
         restarted=len(samples) > 1 and samples[-1].restarted,
-        admission_rejections_per_second=_admission_rate(samples, windows.rate_seconds),
+        admission_rejections_per_second=rejections,
     )

@@ -81,6 +81,9 @@ class Limit(StrEnum):
     MAX_NUM_SEQS = "max_num_seqs"
     #: The engine sleeps (``vllm:engine_sleep_state``): it runs nothing until woken.
     ENGINE_ASLEEP = "engine_asleep"
+    #: vLLM's admission caps (``--max-num-queued-reqs``, ``--max-num-queued-tokens``, 0.32+):
+    #: past them the API server answers 503 instead of queueing.
+    QUEUE_CAP = "queue_cap"
 
 
 class MaxNumSeqsSource(StrEnum):

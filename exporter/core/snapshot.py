@@ -105,6 +105,10 @@ class EngineMetrics:
     #: ``vllm:prompt_tokens_cached_by_source_total`` (0.32+): by ``device``, ``host``, ``disk``,
     #: ``p2p`` and ``external_unspecified``.
     prompt_tokens_cached_by_source: Mapping[str, float] = field(default_factory=dict)
+    #: ``vllm:prompt_tokens_by_source_total`` (V1): prompt tokens by where their KV came from,
+    #: ``local_compute``, ``local_cache_hit`` or ``external_kv_transfer`` (a KV connector: the
+    #: prefill instance of P/D, or an offload tier).
+    prompt_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
     cache_config: CacheConfig | None = None
 
 

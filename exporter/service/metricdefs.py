@@ -233,9 +233,11 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_p95_ceiling_sequences",
         Kind.GAUGE,
         "Sequences of p95 context length vLLM runs at once: the smallest of every limit (the "
-        "usable KV cache counting no block shared, max_num_seqs; 0 while the engine sleeps).",
+        "usable KV cache counting no block shared, max_num_seqs, the --max-num-queued-reqs "
+        "admission cap where declared; 0 while the engine sleeps).",
         ENGINE,
-        source="min(usable tokens // (ceil(p95 / block_size) x block_size), max_num_seqs)",
+        source="min(usable tokens // (ceil(p95 / block_size) x block_size), max_num_seqs, "
+        "max_num_queued_reqs)",
         row=Row.ENGINE,
         field="p95_ceiling_sequences",
         check_key="p95_ceiling_sequences",
@@ -243,10 +245,11 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_p95_ceiling_limited_by",
         Kind.GAUGE,
-        "1 for the limit that caps the p95 ceiling (kv_cache, max_num_seqs, engine_asleep), 0 "
-        "for the others.",
+        "1 for the limit that caps the p95 ceiling (kv_cache, max_num_seqs, engine_asleep, "
+        "queue_cap: vLLM's admission cap, past which it refuses requests with 503), 0 for the "
+        "others.",
         (*ENGINE, "limit"),
-        source="the smallest of the limits; on a tie, max_num_seqs",
+        source="the smallest of the limits; on a tie, queue_cap, then max_num_seqs",
         row=Row.ENGINE,
         field="p95_ceiling_limited_by",
     ),
@@ -285,10 +288,12 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_p95_available_sequences",
         Kind.GAUGE,
         "Headroom: how many more sequences of p95 context length vLLM would start now, under "
-        "every limit (free KV cache counting no block shared, free max_num_seqs slots).",
+        "every limit (free KV cache counting no block shared, free max_num_seqs slots, room "
+        "under the admission cap: 0 while vLLM refuses requests).",
         ENGINE,
         source="min(free tokens // (ceil(p95 / block_size) x block_size), "
-        "max_num_seqs - running sequences)",
+        "max_num_seqs - running sequences, max_num_queued_reqs - running - waiting of the "
+        "server; 0 when vllm:admission_rejections_total rose in the rate window)",
         row=Row.ENGINE,
         field="p95_available_sequences",
         check_key="p95_available_sequences",
@@ -297,9 +302,10 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_p95_available_limited_by",
         Kind.GAUGE,
         "1 for the limit that stops the next p95 sequence now (kv_cache, max_num_seqs, "
-        "engine_asleep), 0 for the others.",
+        "engine_asleep, queue_cap), 0 for the others.",
         (*ENGINE, "limit"),
-        source="the smaller of the free KV cache and the free max_num_seqs slots",
+        source="the smallest of the free KV cache, the free max_num_seqs slots and the room "
+        "under the admission cap",
         row=Row.ENGINE,
         field="p95_available_limited_by",
     ),
@@ -410,6 +416,18 @@ _DEFS: tuple[MetricDef, ...] = (
         row=Row.ENGINE,
         field="prompt_tokens_cached_ratio_by_source",
         check_key="prompt_tokens_cached_ratio",
+    ),
+    MetricDef(
+        "headroom_prompt_tokens_ratio",
+        Kind.GAUGE,
+        "Prompt tokens by where their KV came from (local_compute, local_cache_hit, "
+        "external_kv_transfer: a KV connector, the prefill side of P/D or an offload tier, "
+        "apart from the GPU pool) over all prompt tokens, in the context window (V1).",
+        (*ENGINE, "source"),
+        source="increase of vllm:prompt_tokens_by_source_total / vllm:prompt_tokens_total",
+        row=Row.ENGINE,
+        field="prompt_tokens_ratio_by_source",
+        check_key="prompt_tokens_ratio",
     ),
     MetricDef(
         "headroom_preemptions_per_second",

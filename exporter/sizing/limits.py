@@ -11,15 +11,19 @@ says which in ``headroom_max_num_seqs{origin}``:
    (:mod:`exporter.sizing.scheduler`), with whatever else the command line says (throughput
    mode, batched tokens, TP x PP).
 
+The API server's admission caps (``--max-num-queued-reqs``, ``--max-num-queued-tokens``) ride
+along from the command line, or from ``check``'s flags; vLLM has no default for them (no cap),
+so none is ever assumed.
+
 Pure: plain data in, a :class:`~exporter.core.ceiling.RunningLimit` out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from exporter.core.ceiling import RunningLimit
+from exporter.core.ceiling import QueueCaps, RunningLimit
 from exporter.core.reasons import MaxNumSeqsSource
 from exporter.errors import UsageError
 from exporter.sizing.scheduler import PERFORMANCE_MODES, SchedulerInputs, scheduler_limits
@@ -53,6 +57,8 @@ class LimitInputs:
     pipeline_parallel: int | None = None
     max_model_len: int | None = None
     cache_config: CacheConfig | None = None
+    #: Admission caps given outside the command line (``check --max-num-queued-reqs``).
+    queue_caps: QueueCaps | None = None
 
 
 def _on_cpu(inputs: LimitInputs) -> bool:
@@ -64,8 +70,26 @@ def _on_cpu(inputs: LimitInputs) -> bool:
     return cache.block_size == _CPU_DEFAULT_BLOCK and not chosen
 
 
+def _queue_caps(inputs: LimitInputs) -> QueueCaps | None:
+    """The command line's admission caps, each over the one given otherwise; None when neither."""
+    flags, given = inputs.flags, inputs.queue_caps or QueueCaps()
+    caps = QueueCaps(
+        requests=flags.max_num_queued_reqs if flags else None,
+        tokens=flags.max_num_queued_tokens if flags else None,
+    )
+    caps = QueueCaps(
+        requests=caps.requests if caps.requests is not None else given.requests,
+        tokens=caps.tokens if caps.tokens is not None else given.tokens,
+    )
+    return None if caps == QueueCaps() else caps
+
+
 def resolve_running_limit(inputs: LimitInputs) -> RunningLimit:
-    """The most sequences the engine runs at once, and where the figure came from."""
+    """The most sequences the engine runs at once, where the figure came from, and the caps."""
+    return replace(_running_limit(inputs), queue_caps=_queue_caps(inputs))
+
+
+def _running_limit(inputs: LimitInputs) -> RunningLimit:
     flags = inputs.flags
     active = flags.max_num_active_seqs if flags else None
     if flags is not None and flags.max_num_seqs is not None:

@@ -298,6 +298,8 @@ class Deployment:
     quantization: str | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    #: ``--max-num-queued-reqs``: the API server's admission cap (None: no cap, vLLM's default).
+    max_num_queued_reqs: int | None = None
     #: Lower-cased GPU product name, if known (vLLM keeps A100s on the small batch defaults).
     gpu_name: str | None = None
     device: Device = "cuda"
@@ -507,9 +509,14 @@ class SizingResult:
         return self.usable_blocks // self.blocks_per_sequence(context_tokens)
 
     def ceiling_at(self, context_tokens: int) -> Ceiling:
-        """Sequences of ``context_tokens`` vLLM runs at once: the KV pool or the scheduler."""
+        """Sequences of ``context_tokens`` vLLM runs at once: KV pool, scheduler, admission cap."""
         kv = float(self.sequences_at(context_tokens))
-        found = ceiling(kv, running_limit=self.scheduler.running_limit)
+        cap = self.scheduler.max_num_queued_reqs
+        found = ceiling(
+            kv,
+            running_limit=self.scheduler.running_limit,
+            queue_cap=float(cap) if cap is not None else None,
+        )
         return found or Ceiling(kv, Limit.KV_CACHE, kv)
 
 
@@ -865,6 +872,7 @@ def batch_limits(deployment: Deployment, *, max_model_len: int | None = None) ->
             max_model_len=max_model_len,
             max_num_seqs=deployment.max_num_seqs,
             max_num_batched_tokens=deployment.max_num_batched_tokens,
+            max_num_queued_reqs=deployment.max_num_queued_reqs,
         )
     )
 

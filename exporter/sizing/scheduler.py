@@ -83,6 +83,8 @@ class SchedulerInputs:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_num_active_seqs: int | None = None
+    #: ``--max-num-queued-reqs`` (0.29+): the API server's admission cap; no default.
+    max_num_queued_reqs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,9 @@ class SchedulerLimits:
     max_num_seqs_given: bool
     #: One line saying which rule gave ``max_num_seqs``, for a user.
     rule: str
+    #: ``--max-num-queued-reqs`` when given: unfinished requests (waiting and running) past
+    #: which the API server refuses new ones with 503; None: no cap (vLLM's default).
+    max_num_queued_reqs: int | None = None
 
     @property
     def running_limit(self) -> int:
@@ -221,4 +226,5 @@ def scheduler_limits(inputs: SchedulerInputs) -> SchedulerLimits:
         max_num_active_seqs=active,
         max_num_seqs_given=seqs_given,
         rule=rule,
+        max_num_queued_reqs=inputs.max_num_queued_reqs,
     )

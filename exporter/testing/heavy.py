@@ -27,6 +27,7 @@ _SPLIT_FAMILIES = tuple(
         "num_requests_waiting_by_reason",
         "engine_sleep_state",
         "prompt_tokens_cached_by_source",
+        "prompt_tokens_by_source",
     )
 )
 _CACHE_CONFIG = named("cache_config_info")

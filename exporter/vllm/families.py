@@ -404,6 +404,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "vllm:prompt_tokens_by_source",
         _C,
         "prompt tokens by source (local_compute, local_cache_hit, external_kv_transfer)",
+        feeds="prompt_tokens_by_source",
         split="source",
         engines="V1",
     ),
@@ -462,6 +463,45 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "vllm:estimated_write_bytes_per_gpu",
         _C,
         "MFU estimate: bytes written per GPU",
+        engines="V1",
+    ),
+    # --- written only when configured (vLLM 0.33.0's loggers.py, read in the released wheel) --
+    Family(
+        "vllm:num_requests_kv_fetch_by_stage",
+        _G,
+        "waiting requests by async KV load stage (a KV consumer of P/D only)",
+        split="stage",
+        engines="V1",
+        since=(0, 33),
+    ),
+    Family(
+        "vllm:corrupted_requests",
+        _C,
+        "requests with NaNs in logits (VLLM_COMPUTE_NANS_IN_LOGITS only)",
+        engines="V1",
+    ),
+    Family(
+        "vllm:watermark_requests",
+        _C,
+        "finished requests by watermark status (watermark_config only)",
+        engines="V1",
+    ),
+    Family(
+        "vllm:kv_block_lifetime_seconds",
+        _H,
+        "KV block lifetime, allocation to eviction (kv_cache_metrics only)",
+        engines="V1",
+    ),
+    Family(
+        "vllm:kv_block_idle_before_evict_seconds",
+        _H,
+        "KV block idle time before eviction (kv_cache_metrics only)",
+        engines="V1",
+    ),
+    Family(
+        "vllm:kv_block_reuse_gap_seconds",
+        _H,
+        "time between reuses of a KV block (kv_cache_metrics only)",
         engines="V1",
     ),
 )

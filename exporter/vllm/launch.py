@@ -38,7 +38,11 @@ _INT_FLAGS = {
     "--pipeline-parallel-size": "pipeline_parallel",
     "-pp": "pipeline_parallel",
     "--port": "port",
+    "--max-num-queued-reqs": "max_num_queued_reqs",
+    "--max-num-queued-tokens": "max_num_queued_tokens",
 }
+#: Flags for which vLLM accepts 0 (``Field(ge=0)``: an admission cap of 0 refuses everything).
+_ZERO_ALLOWED = frozenset({"--max-num-queued-reqs", "--max-num-queued-tokens"})
 _TEXT_FLAGS = {"--performance-mode": "performance_mode", "--config": "config_file"}
 
 
@@ -53,6 +57,10 @@ class LaunchFlags:
     pipeline_parallel: int | None = None
     performance_mode: str | None = None
     port: int | None = None
+    #: The API server's admission caps (0.32+): unfinished requests, and prompt tokens in
+    #: prefill, past which vLLM answers 503.
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     #: ``--config FILE``: flags may be set there too.
     config_file: str | None = None
     #: Why the config file's values are not included (unreadable, not a mapping); None when
@@ -147,7 +155,7 @@ def parse_launch_flags(
             found[_TEXT_FLAGS[name]] = value
             continue
         number = human_readable_int(value)
-        if number is None or number < 1:
+        if number is None or number < (0 if name in _ZERO_ALLOWED else 1):
             invalid[name] = value
             found.pop(_INT_FLAGS[name], None)
             continue

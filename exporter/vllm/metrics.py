@@ -594,6 +594,7 @@ def _freeze(
         prefix_cache_hits_total=sums.get(hits),
         prompt_tokens_cached_total=sums.get("prompt_tokens_cached_total"),
         prompt_tokens_cached_by_source=splits.get("prompt_tokens_cached_by_source", {}),
+        prompt_tokens_by_source=splits.get("prompt_tokens_by_source", {}),
         cache_config=cache_config,
     )
 

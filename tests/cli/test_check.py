@@ -242,6 +242,33 @@ def test_max_num_seqs_flag_caps_the_ceiling_and_names_the_limit(
     assert engine["p95_ceiling_limited_by"] == "kv_cache"
 
 
+def test_the_033_reconstruction_is_read_with_its_rejections_and_caps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vLLM 0.33's exposition: 4 refusals counted; --max-num-queued-reqs 1 binds the ceiling."""
+    capture = str(CAPTURES / "vllm-0.33.0-reconstructed.prom")
+    result = run_json(capsys, capture)
+    assert result["num_admission_rejections"] == 4
+    assert result["missing_families"] == []
+    (engine,) = result["engines"]
+    assert engine["num_requests_waiting_by_reason"] == {"capacity": 0.0, "deferred": 0.0}
+    assert engine["p95_ceiling_limited_by"] == "kv_cache"
+    capped = run_json(capsys, capture, "--max-num-queued-reqs", "1")
+    (engine,) = capped["engines"]
+    assert (engine["p95_ceiling_sequences"], engine["p95_ceiling_limited_by"]) == (1, "queue_cap")
+    assert main(["check", capture]) == 0
+    assert "4 requests refused at a queue cap" in capsys.readouterr().out
+
+
+def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-num-queued-reqs -1: one line naming the flag and the fix, exit 2."""
+    capture = str(CAPTURES / "vllm-0.33.0-reconstructed.prom")
+    assert main(["check", capture, "--max-num-queued-reqs", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-queued-reqs must be 0 or more" in err
+    assert "Traceback" not in err
+
+
 def test_a_bad_max_num_seqs_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """--max-num-seqs 0: one line naming the flag, exit 2."""
     capture = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")

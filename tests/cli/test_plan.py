@@ -392,3 +392,30 @@ def test_bad_speculative_flags_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_a_queue_cap_under_max_num_seqs_is_the_ceiling_and_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--max-num-queued-reqs 8 under --max-num-seqs 256: 8 sequences, limited by queue_cap."""
+    out = run_json(
+        capsys, "plan", "--model", "qwen2.5-7b", "--gpu", "L40S", "--max-num-queued-reqs", "8"
+    )
+    assert out["max_num_queued_reqs"] == 8
+    for row in out["sequences"]:
+        assert row["sequences"] == min(8, row["kv_sequences"])
+        if row["kv_sequences"] >= 8:
+            assert row["limited_by"] == "queue_cap"
+    plain = run_json(capsys, "plan", "--model", "qwen2.5-7b", "--gpu", "L40S")
+    assert plain["max_num_queued_reqs"] is None
+    assert all(row["limited_by"] != "queue_cap" for row in plain["sequences"])
+
+
+def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-num-queued-reqs -1: one line naming the flag, exit 2."""
+    assert (
+        main(["plan", "--model", "qwen2.5-7b", "--gpu", "L40S", "--max-num-queued-reqs", "-1"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "--max-num-queued-reqs must be 0 or more" in err
+    assert "Traceback" not in err

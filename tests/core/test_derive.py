@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.core.ceiling import RunningLimit
+from exporter.core.ceiling import QueueCaps, RunningLimit
 from exporter.core.derive import (
     COUNTER_CEILINGS_PER_SECOND,
     Counted,
@@ -306,7 +306,12 @@ def test_max_num_seqs_caps_the_ceiling_and_is_named() -> None:
     assert e.p95_kv_ceiling_sequences == 7.0  # one block each, 7 usable blocks
     assert e.p95_ceiling_sequences == 2.0
     assert e.p95_ceiling_limit == Limit.MAX_NUM_SEQS
-    assert e.p95_ceiling_limited_by == {"kv_cache": 0.0, "max_num_seqs": 1.0, "engine_asleep": 0.0}
+    assert e.p95_ceiling_limited_by == {
+        "kv_cache": 0.0,
+        "max_num_seqs": 1.0,
+        "engine_asleep": 0.0,
+        "queue_cap": 0.0,
+    }
     assert e.max_num_seqs_by_source == {"command_line": 2.0}
 
 
@@ -323,6 +328,49 @@ def test_headroom_is_zero_when_the_scheduler_is_full_however_free_the_pool() -> 
     assert e.p95_available_sequences == 0.0
     assert e.p95_available_limit == Limit.MAX_NUM_SEQS
     assert e.p95_available_ratio == 0.0
+
+
+def capped(limit: int, *, requests: int | None = None, tokens: int | None = None) -> RunningLimit:
+    """A max_num_seqs and the admission caps, learnt from vLLM's command line."""
+    return replace(limited(limit), queue_caps=QueueCaps(requests=requests, tokens=tokens))
+
+
+def test_a_full_admission_cap_stops_the_headroom_over_every_engine_of_the_server() -> None:
+    """--max-num-queued-reqs 6: 2 running + 1 waiting on each of two engines, so 0 more."""
+    busy = [
+        engine(finished=10, running=2, waiting=1, usage=2 / 7, name=name) for name in ("0", "1")
+    ]
+    derived = derive_target(
+        [Sample(0.0, snap(*busy))], windows=WINDOWS, running_limit=capped(256, requests=6)
+    )
+    for e in derived.engines:
+        assert e.p95_available_sequences == 0.0
+        assert e.p95_available_limit == Limit.QUEUE_CAP
+        assert e.p95_available_limited_by["queue_cap"] == 1.0
+
+
+def test_a_cap_under_max_num_seqs_is_the_ceiling() -> None:
+    """--max-num-queued-reqs 3 under --max-num-seqs 256 and a pool of 7: 3, the queue cap."""
+    small = replace(engine(finished=10), prompt_tokens=token_hist(2, 10, 4.0))
+    small = replace(small, generation_tokens=token_hist(2, 10, 4.0))
+    derived = derive_target(
+        [Sample(0.0, snap(small))], windows=WINDOWS, running_limit=capped(256, requests=3)
+    )
+    (e,) = derived.engines
+    assert (e.p95_ceiling_sequences, e.p95_ceiling_limit) == (3.0, Limit.QUEUE_CAP)
+    assert e.mean_ceiling_sequences == 3.0
+
+
+def test_rejections_in_the_window_stop_the_headroom_at_an_undeclared_cap() -> None:
+    """vLLM refused 10 requests in 20 s (a token cap): 0 more, limited by the queue cap."""
+    first = replace(snap(engine(finished=10)), admission_rejections_total=5.0)
+    second = replace(snap(engine(finished=10)), admission_rejections_total=15.0)
+    derived = derive_target(chain(Sample(0.0, first), Sample(20.0, second)), windows=WINDOWS)
+    (e,) = derived.engines
+    assert (e.p95_available_sequences, e.p95_available_limit) == (0.0, Limit.QUEUE_CAP)
+    quiet = replace(snap(engine(finished=10)), admission_rejections_total=15.0)
+    (e,) = derive_target(chain(Sample(0.0, second), Sample(20.0, quiet)), windows=WINDOWS).engines
+    assert e.p95_available_limit == Limit.KV_CACHE
 
 
 def test_without_a_limit_the_kv_pool_alone_decides() -> None:
@@ -502,6 +550,32 @@ def test_cached_prompt_share_by_source_over_the_window() -> None:
     )
     (e,) = derive_target(samples, windows=WINDOWS).engines
     assert e.prompt_tokens_cached_ratio_by_source == {"device": 0.0, "host": 0.6}
+
+
+def test_prompt_tokens_by_origin_keep_pd_transfers_apart_from_the_gpu_pool() -> None:
+    """A P/D decode instance: 800 of 1,000 prompt tokens in the window came over a KV connector."""
+
+    def by_source(prompt: float, computed: float, hit: float, transferred: float) -> EngineMetrics:
+        return replace(
+            engine(finished=1),
+            prompt_tokens_total=prompt,
+            prompt_tokens_by_source={
+                "local_compute": computed,
+                "local_cache_hit": hit,
+                "external_kv_transfer": transferred,
+            },
+        )
+
+    samples = chain(
+        Sample(0.0, snap(by_source(500.0, 500.0, 0.0, 0.0))),
+        Sample(30.0, snap(by_source(1500.0, 600.0, 100.0, 800.0))),
+    )
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.prompt_tokens_ratio_by_source == {
+        "local_compute": 0.1,
+        "local_cache_hit": 0.1,
+        "external_kv_transfer": 0.8,
+    }
 
 
 def test_admission_rejections_are_a_rate_per_server() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from exporter.core.ceiling import QueueCaps
 from exporter.core.reasons import MaxNumSeqsSource
 from exporter.core.snapshot import CacheConfig
 from exporter.core.views import GpuMemoryView
@@ -36,6 +37,28 @@ def test_max_num_active_seqs_lowers_the_command_line_limit() -> None:
         ["vllm", "serve", "m", "--max-num-seqs", "64", "--max-num-active-seqs", "8"]
     )
     assert resolve_running_limit(LimitInputs(flags=flags)).sequences == 8
+
+
+def test_the_admission_caps_ride_along_from_the_command_line() -> None:
+    """--max-num-queued-reqs 300 on the command line: the limit carries it, whatever its origin."""
+    flags = parse_launch_flags(["vllm", "serve", "m", "--max-num-queued-reqs", "300"])
+    limit = resolve_running_limit(LimitInputs(flags=flags, setting=48))
+    assert limit.queue_caps == QueueCaps(requests=300)
+
+
+def test_no_admission_cap_is_assumed_where_none_is_given() -> None:
+    """vLLM's default is no cap: none in the limit."""
+    flags = parse_launch_flags(["vllm", "serve", "m", "--max-num-seqs", "2"])
+    assert resolve_running_limit(LimitInputs(flags=flags)).queue_caps is None
+
+
+def test_caps_given_otherwise_fill_what_the_command_line_does_not_say() -> None:
+    """check's --max-num-queued-tokens beside a command line that sets only the request cap."""
+    flags = parse_launch_flags(["vllm", "serve", "m", "--max-num-queued-reqs", "300"])
+    limit = resolve_running_limit(
+        LimitInputs(flags=flags, queue_caps=QueueCaps(requests=5, tokens=4096))
+    )
+    assert limit.queue_caps == QueueCaps(requests=300, tokens=4096)
 
 
 def test_the_setting_when_the_command_line_does_not_say() -> None:

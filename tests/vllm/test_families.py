@@ -29,6 +29,7 @@ CAPTURE_VERSIONS: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
     "14_v0.33.0-docs_V1_vllm-docs-examples.prom": ((0, 33, 0), (0, 33, 0)),
     "vllm-0.32.0-cpu-idle.prom": ((0, 32, 0), (0, 32, 0)),
     "vllm-0.32.0-cpu-after-load.prom": ((0, 32, 0), (0, 32, 0)),
+    "vllm-0.33.0-reconstructed.prom": ((0, 33, 0), (0, 33, 0)),
 }
 
 #: A ``vllm:`` name as it stands in a payload or a text (sample, ``# TYPE`` line, prose).

@@ -64,6 +64,24 @@ def test_values_vllm_would_refuse_are_reported_not_used(value: str) -> None:
     assert flags.invalid == (("--max-num-seqs", value),)
 
 
+def test_the_admission_caps_are_read_and_zero_is_a_cap() -> None:
+    """--max-num-queued-reqs / --max-num-queued-tokens (human-readable); 0 refuses everything."""
+    flags = parse_launch_flags(
+        ["vllm", "serve", "m", "--max-num-queued-reqs", "0", "--max_num_queued_tokens=8k"]
+    )
+    assert (flags.max_num_queued_reqs, flags.max_num_queued_tokens) == (0, 8000)
+    assert flags.invalid == ()
+    bare = parse_launch_flags(["vllm", "serve", "m"])
+    assert (bare.max_num_queued_reqs, bare.max_num_queued_tokens) == (None, None)
+
+
+def test_a_negative_admission_cap_is_invalid() -> None:
+    """vLLM's Field(ge=0) refuses -1: reported, not used."""
+    flags = parse_launch_flags(["vllm", "serve", "m", "--max-num-queued-reqs", "-1"])
+    assert flags.max_num_queued_reqs is None
+    assert flags.invalid == (("--max-num-queued-reqs", "-1"),)
+
+
 def test_a_flag_without_its_value_at_the_end_is_invalid() -> None:
     """`--max-num-seqs` as the last word has no value."""
     flags = parse_launch_flags(["vllm", "serve", "m", "--max-num-seqs"])

@@ -111,7 +111,12 @@ def test_the_help_type_only_capture_gives_one_engine_without_samples() -> None:
     assert engine.engine == "0"
     values = {f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)}
     assert values.pop("engine") == "0"
-    for split in ("requests_waiting_by_reason", "sleep_state", "prompt_tokens_cached_by_source"):
+    for split in (
+        "requests_waiting_by_reason",
+        "sleep_state",
+        "prompt_tokens_cached_by_source",
+        "prompt_tokens_by_source",
+    ):
         assert values.pop(split) == {}
     assert set(values.values()) == {None}
     assert "vllm:num_preemptions_total" in snapshot.families

@@ -130,6 +130,7 @@ VERSIONS = {
     "10_v0.11+_V1_rhoai-lab-doc.prom": (["0.11.0", "0.33.0"], ">=0.9.2"),
     "vllm-0.32.0-cpu-idle.prom": (["0.32.0"], ">=0.32"),
     AFTER_LOAD: (["0.32.0"], ">=0.32"),
+    "vllm-0.33.0-reconstructed.prom": (["0.33.0"], ">=0.32"),
 }
 
 
