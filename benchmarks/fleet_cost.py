@@ -12,15 +12,16 @@ One run, one machine, the same targets and interval throughout:
 
 Each phase warms up for two intervals, then reads CPU time from ``/proc/PID/stat`` over
 ``--seconds``. Prints each share of one core, the CPU milliseconds per target and scrape, and
-the ratio exporter / direct (issue 29's goal: at most 2). With ``--baseline DIR`` (a checkout of
-an earlier commit, e.g. ``git worktree add /tmp/base main``) the probe phase runs twice, the
-exporter imported first from ``DIR`` and then from this checkout, back to back: a before/after
+the ratio exporter / direct (issue 29's goal: at most 2). With ``--baseline PYTHON`` (the
+interpreter of an environment where an earlier commit is installed, its dependencies with it:
+``python3 -m venv /tmp/base && /tmp/base/bin/pip install <checkout>``) the probe phase runs
+twice, the exporter run first by ``PYTHON`` and then by this one, back to back: a before/after
 in one run. With ``--profile FILE`` the (last) probe phase's exporter runs under
 ``py-spy record --format raw --gil`` (``pip install py-spy``), attached over the measured
 time (its own CPU is not counted), writing folded stacks of the thread holding the GIL.
 
     .venv/bin/python -m benchmarks.fleet_cost                          # 200 targets, 60 s
-    .venv/bin/python -m benchmarks.fleet_cost --baseline /tmp/base --seconds 30
+    .venv/bin/python -m benchmarks.fleet_cost --baseline /tmp/base/bin/python --seconds 30
 
 Needs Helm, Prometheus and VictoriaMetrics in the cache (``make deps``).
 """
@@ -109,7 +110,7 @@ def run_phase(
 
 def measure_probe(
     label: str,
-    env: dict[str, str],
+    python: str,
     jobs: Callable[[str], dict[str, dict[str, Any]]],
     common: dict[str, Any],
     *,
@@ -117,7 +118,7 @@ def measure_probe(
     profile: Path | None,
 ) -> dict[str, float]:
     """Run the probe phase against a fresh exporter; print and return its figures."""
-    with ExporterProcess({**FLEET_ENV, **env}) as exporter:
+    with ExporterProcess(FLEET_ENV, python=python) as exporter:
         pid = exporter.pid
         spy = None
         if profile is not None:
@@ -162,13 +163,13 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=200, help="vLLM pods")
     parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, seconds")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured time per phase")
-    parser.add_argument("--baseline", type=Path, help="checkout of the exporter to compare with")
+    parser.add_argument("--baseline", type=Path, help="interpreter running an earlier exporter")
     parser.add_argument("--profile", type=Path, help="py-spy profile of the last probe phase")
     args = parser.parse_args()
     if not 1 <= args.targets <= 60_000:
         raise SystemExit("--targets must be between 1 and 60000 (loopback addresses)")
-    if args.baseline is not None and not (args.baseline / "exporter" / "__init__.py").is_file():
-        raise SystemExit(f"--baseline {args.baseline}: no exporter package there; give a checkout")
+    if args.baseline is not None and not os.access(args.baseline, os.X_OK):
+        raise SystemExit(f"--baseline {args.baseline}: not an interpreter; give a venv's python")
     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if args.profile is not None and py_spy is None:
         raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
@@ -230,13 +231,15 @@ def main() -> None:
                     f"= {direct_ms:.2f} ms per target and scrape; "
                     f"up {direct['up']:.0f} of {direct['targets']:.0f}"
                 )
-                runs: list[tuple[str, dict[str, str]]] = []
+                runs: list[tuple[str, str]] = []
                 if args.baseline is not None:
-                    runs.append(("baseline", {"PYTHONPATH": str(args.baseline.resolve())}))
-                runs.append(("this checkout", {}))
-                for index, (label, env) in enumerate(runs):
+                    runs.append(("baseline", str(args.baseline)))
+                runs.append(("this checkout", sys.executable))
+                for index, (label, python) in enumerate(runs):
                     profile = args.profile if index == len(runs) - 1 else None
-                    probe = measure_probe(label, env, jobs, common, py_spy=py_spy, profile=profile)
+                    probe = measure_probe(
+                        label, python, jobs, common, py_spy=py_spy, profile=profile
+                    )
                     # Per answered probe: under load the exporter refuses some (503), cheaply.
                     probe_ms = probe["exporter_share"] * probe["elapsed"] * 1000
                     probe_ms /= max(probe["answers"], 1)
