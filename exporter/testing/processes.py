@@ -103,7 +103,10 @@ class Scrape:
 
 
 class ExporterProcess:
-    """``vllm-headroom serve`` in a subprocess, stopped (SIGTERM, then SIGKILL) on close."""
+    """``vllm-headroom serve`` in a subprocess, stopped (SIGTERM, then SIGKILL) on close.
+
+    ``python`` is the interpreter (another environment's: a benchmark's earlier commit).
+    """
 
     def __init__(
         self,
@@ -113,6 +116,7 @@ class ExporterProcess:
         cwd: Path | None = None,
         start_timeout: float = 20.0,
         wait_listening: bool = True,
+        python: str = sys.executable,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="headroom-exporter-")
         workdir = cwd or Path(self._tmp.name)
@@ -122,8 +126,8 @@ class ExporterProcess:
         full_env = {**clean, **BASE_ENV, **env}
         self._stderr = self.log_path.open("wb")
         self._stdout = self.out_path.open("wb")
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI, by sys.executable
-            [*prefix, sys.executable, "-m", "exporter", "serve"],
+        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI, by sys.executable or ``python``
+            [*prefix, python, "-m", "exporter", "serve"],
             env=full_env,
             cwd=workdir,
             stdout=self._stdout,
