@@ -43,11 +43,9 @@ from benchmarks.shard import CAPTURE, NAMESPACE, VLLM_PORT, chart_scrape_configs
 from exporter.testing.fakevllm import FakeVllm, VllmState
 from exporter.testing.processes import ExporterProcess, process_stats
 from tests.e2e.harness import (
-    ToolServer,
     fleet_scrape_configs,
-    free_port,
     prometheus_agent,
-    victoria_metrics_binary,
+    victoria_metrics,
 )
 
 if TYPE_CHECKING:
@@ -181,17 +179,7 @@ def main() -> None:
         workdir = Path(tmp)
         state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
         crs = chart_scrape_configs(workdir)
-        vm_port = free_port()
-        vm = ToolServer(
-            [
-                str(victoria_metrics_binary("victoria-metrics")),
-                f"-httpListenAddr=127.0.0.1:{vm_port}",
-                f"-storageDataPath={workdir / 'vm'}",
-            ],
-            port=vm_port,
-            log_path=workdir / "vm.log",
-            ready_path="/health",
-        )
+        vm = victoria_metrics(workdir)
         with FakeVllm(state=state, payload=CAPTURE.read_bytes(), host="0.0.0.0") as vllm:  # noqa: S104
             addresses = [
                 f"127.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(1, args.targets + 1)

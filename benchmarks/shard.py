@@ -43,10 +43,9 @@ from exporter.testing.processes import ExporterProcess, process_stats
 from tests.e2e.harness import (
     ToolServer,
     fleet_scrape_configs,
-    free_port,
     helm_binary,
     prometheus_agent,
-    victoria_metrics_binary,
+    victoria_metrics,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,17 +106,7 @@ def main() -> None:
             }
             servers: list[ToolServer] = []
             try:
-                vm_port = free_port()
-                vm = ToolServer(
-                    [
-                        str(victoria_metrics_binary("victoria-metrics")),
-                        f"-httpListenAddr=127.0.0.1:{vm_port}",
-                        f"-storageDataPath={workdir / 'vm'}",
-                    ],
-                    port=vm_port,
-                    log_path=workdir / "vm.log",
-                    ready_path="/health",
-                )
+                vm = victoria_metrics(workdir)
                 servers.append(vm.start())
                 config = {
                     "global": {"scrape_interval": f"{args.interval:g}s"},

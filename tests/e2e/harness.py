@@ -1095,6 +1095,27 @@ def prometheus_agent(config_path: Path, *, workdir: Path, name: str) -> ToolServ
     )
 
 
+def victoria_metrics(
+    workdir: Path, *, extra: Sequence[str] = (), log_name: str = "vm.log"
+) -> ToolServer:
+    """A single-node VictoriaMetrics on a free loopback port, storing under ``workdir / "vm"``.
+
+    Not started; ``extra`` flags are appended (the sharding e2e's search settings).
+    """
+    port = free_port()
+    return ToolServer(
+        [
+            str(victoria_metrics_binary("victoria-metrics")),
+            f"-httpListenAddr=127.0.0.1:{port}",
+            f"-storageDataPath={workdir / 'vm'}",
+            *extra,
+        ],
+        port=port,
+        log_path=workdir / log_name,
+        ready_path="/health",
+    )
+
+
 # ------------------------------------------------------------------------------ load driver
 
 

@@ -55,6 +55,7 @@ from tests.e2e.harness import (
     helm_binary,
     prometheus_agent,
     prometheus_binary,
+    victoria_metrics,
     victoria_metrics_binary,
     wait_until,
 )
@@ -229,20 +230,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     )
     try:
         alertmanager.start()
-        vm_port = free_port()
-        vm = ToolServer(
-            [
-                str(vm_binaries["victoria-metrics"]),
-                f"-httpListenAddr=127.0.0.1:{vm_port}",
-                f"-storageDataPath={workdir / 'vm'}",
-                # Samples are searchable at once (default: 30 s late) and never served from
-                # a cache filled before they arrived: the rules chain records on records.
-                "-search.latencyOffset=0s",
-                "-search.disableCache",
-            ],
-            port=vm_port,
-            log_path=workdir / "victoria-metrics.log",
-            ready_path="/health",
+        vm = victoria_metrics(
+            workdir,
+            # Samples are searchable at once (default: 30 s late) and never served from
+            # a cache filled before they arrived: the rules chain records on records.
+            extra=("-search.latencyOffset=0s", "-search.disableCache"),
+            log_name="victoria-metrics.log",
         )
         servers.append(vm.start())
         targets = {pod: fake.url.removeprefix("http://") for pod, fake in fakes.items()}
