@@ -21,7 +21,7 @@ from exporter.sizing.catalog import (
     models,
     unknown_model_error,
 )
-from exporter.sizing.lookup import find_model_arch
+from exporter.sizing.lookup import FoundModel, find_model_arch
 from exporter.sizing.lora import LoraSettings
 from exporter.sizing.model import (
     Deployment,
@@ -202,6 +202,17 @@ def _explicit_arch(args: argparse.Namespace) -> ModelArch:
     )
 
 
+def _found_model(name: str) -> FoundModel:
+    """``name`` (catalogue name or model directory) found, or the one-line error saying why not."""
+    try:
+        found = find_model_arch(name)
+    except ModelNotFoundError:
+        raise unknown_model_error(name) from None
+    if found.weights_error is not None:
+        raise ModelConfigError(found.weights_error)
+    return found
+
+
 def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
     """The architecture from ``--model`` or the explicit flags, and known weights if any."""
     shape_given = [flag for flag in (*_SHAPE_FLAGS, "kv_lora_rank") if getattr(args, flag)]
@@ -209,12 +220,7 @@ def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
         return _explicit_arch(args), None
     if any(flag not in {"params_b", "kv_lora_rank"} for flag in shape_given):
         raise UsageError("give --model or the explicit shape (--layers...), not both")
-    try:
-        found = find_model_arch(args.model)
-    except ModelNotFoundError:
-        raise unknown_model_error(args.model) from None
-    if found.weights_error is not None:
-        raise ModelConfigError(found.weights_error)
+    found = _found_model(args.model)
     arch, weights = found.arch, found.weights_bytes
     if args.kv_lora_rank is not None and arch.mla is None:
         raise UsageError(
@@ -304,12 +310,7 @@ def _speculative(args: argparse.Namespace) -> SpeculativeDecoding | None:
         )
     if tokens is None:
         raise UsageError("--speculative-draft-model needs --num-speculative-tokens, as vLLM does")
-    try:
-        found = find_model_arch(args.speculative_draft_model)
-    except ModelNotFoundError:
-        raise unknown_model_error(args.speculative_draft_model) from None
-    if found.weights_error is not None:
-        raise ModelConfigError(found.weights_error)
+    found = _found_model(args.speculative_draft_model)
     return SpeculativeDecoding(
         num_speculative_tokens=tokens, draft=found.arch, draft_weights_bytes=found.weights_bytes
     )
