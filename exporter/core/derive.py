@@ -780,23 +780,24 @@ def _caching(name: str, window: Sequence[Sample]) -> _Caching:
         return min(1.0, numerator / denominator) if denominator > 0 else None
 
     hit_ratio = ratio(lambda e: e.prefix_cache_hits_total, lambda e: e.prefix_cache_queries_total)
-    by_source: dict[str, float] = {}
-    for source in latest.prompt_tokens_cached_by_source:
-        share = ratio(
-            lambda e, s=source: e.prompt_tokens_cached_by_source.get(s),  # type: ignore[misc]
-            lambda e: e.prompt_tokens_total,
-        )
-        if share is not None:
-            by_source[source] = share
-    by_origin: dict[str, float] = {}
-    for source in latest.prompt_tokens_by_source:
-        share = ratio(
-            lambda e, s=source: e.prompt_tokens_by_source.get(s),  # type: ignore[misc]
-            lambda e: e.prompt_tokens_total,
-        )
-        if share is not None:
-            by_origin[source] = share
-    return _Caching(hit_ratio, by_source, by_origin)
+
+    def shares(split: Callable[[EngineMetrics], Mapping[str, float]]) -> dict[str, float]:
+        """Each value of a prompt-token split over the prompt tokens, where both increased."""
+        found: dict[str, float] = {}
+        for source in split(latest):
+            share = ratio(
+                lambda e, s=source: split(e).get(s),  # type: ignore[misc]
+                lambda e: e.prompt_tokens_total,
+            )
+            if share is not None:
+                found[source] = share
+        return found
+
+    return _Caching(
+        hit_ratio,
+        shares(lambda e: e.prompt_tokens_cached_by_source),
+        shares(lambda e: e.prompt_tokens_by_source),
+    )
 
 
 @dataclass(frozen=True, slots=True)
