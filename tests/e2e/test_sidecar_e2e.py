@@ -1,7 +1,7 @@
 """The sidecar against a real vLLM and a real Prometheus: one scenario, observed throughout.
 
 The reference vLLM (tiny Llama, ``--kv-cache-memory-bytes`` 1 MiB = 1,024 tokens in 8 blocks of
-128) runs on the CPU; the real sidecar (``python -m exporter serve``) polls it every second; a
+128) runs on the CPU; the real sidecar (``python -m exporter serve``) polls it every 2 s; a
 real Prometheus scrapes both every second and evaluates ``alerts/vllm-headroom.rules.yml``
 (with one change, the one a Helm value makes: the preemption page's ``for`` is shortened).
 
@@ -65,6 +65,9 @@ BURST_SECONDS = 40.0
 #: rate over a window with one sample is none, and what vLLM counted in that time is in no rate
 #: (a CI run saw 14.8 s without a successful poll, and the integral read 111 for 131 with 10 s).
 RATE_WINDOW_S = 30.0
+#: The sidecar's poll interval and timeout. Under the burst vLLM answers /metrics in 0.05 s at the
+#: median but up to 1.8 s (measured on two cores): with 1 s, a CI run lost 35 s of 77 s of polls.
+POLL_S = 2.0
 CONTEXT_WINDOW_S = 10.0
 #: The preemption page's longest window (5 minutes), plus evaluation and scrape slack.
 RESOLVE_TIMEOUT_S = 300.0 + 90.0
@@ -197,7 +200,7 @@ def _run_scenario(
     sidecar, url = start_sidecar(
         vllm.base_url,
         log_path=logs / "sidecar.log",
-        poll_interval_s=1,
+        poll_interval_s=POLL_S,
         model=vllm.model_dir,
         json_logs=True,
         settings={
@@ -364,6 +367,12 @@ def test_the_integral_of_the_preemption_rate_is_vllms_counter_change(scenario: S
     Each poll's rate holds until the next poll, on the sidecar's own clock: the sum is then
     vLLM's increase exactly when polls are regular (a rate over a window of whole intervals),
     whatever the timing of our reads (on a loaded machine, reads of the same poll bunch up).
+
+    A poll that fails (vLLM answers /metrics slower than the timeout on two busy cores) leaves a
+    gap ``g``: the rate before it holds ``g`` seconds, so the increase of the window before the
+    gap counts ``(g - 1) / W`` too much and that during the gap as much too little. The error
+    is then at most the whole increase times the missed share of a window, which the tolerance
+    adds; with regular polls it is the plain 15 %.
     """
     rate_by_poll: dict[float, float] = {}
     for o in scenario.between(scenario.burst_start - 2.0, scenario.drained):
@@ -375,8 +384,13 @@ def test_the_integral_of_the_preemption_rate_is_vllms_counter_change(scenario: S
     increase = scenario.preemptions_after - scenario.preemptions_before
     assert increase >= 10, "the burst preempted too little to judge"
     gaps = [t1 - t0 for t0, t1 in pairwise(polls)]
-    seen = f"{len(polls)} polls over {polls[-1] - polls[0]:.0f} s, longest gap {max(gaps):.1f} s"
-    assert integral == pytest.approx(increase, rel=0.15), seen
+    missed = sum(max(0.0, gap - POLL_S) for gap in gaps) / RATE_WINDOW_S
+    seen = (
+        f"{len(polls)} polls over {polls[-1] - polls[0]:.0f} s, longest gap {max(gaps):.1f} s, "
+        f"{missed:.2f} of a window missed"
+    )
+    assert missed < 0.5, f"too many polls failed to judge the rate: {seen}"
+    assert integral == pytest.approx(increase, rel=0.15 + missed), seen
 
 
 def test_after_the_burst_headroom_returns_to_the_ceiling(scenario: Scenario) -> None:
