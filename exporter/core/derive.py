@@ -520,6 +520,20 @@ def _tail(samples: Sequence[Sample], seconds: float) -> int:
     return len(samples) - 1
 
 
+def _covering_tail(samples: Sequence[Sample], seconds: float) -> int:
+    """Index of the last sample at or before ``seconds`` before the last one (else the first).
+
+    A rate's window reaches back to the read that covers its start: vLLM's ``/metrics`` goes
+    unanswered under the very load that preempts, and a window starting at the first read
+    after its start would leave out what a gap across that start counted (all of it when the
+    gap outlasts the window). The rate is then the average since that read.
+    """
+    first = _tail(samples, seconds)
+    if first > 0 and samples[first].t > samples[-1].t - seconds:
+        return first - 1
+    return first
+
+
 def _histogram_window(
     samples: Sequence[Sample],
     engine: str,
@@ -808,8 +822,7 @@ class _Rates:
 
 
 def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
-    start = _tail(samples, seconds)
-    window = samples[start:]
+    window = samples[_covering_tail(samples, seconds) :]
     window_resets = _restarts(window)
     span = window[-1].t - window[0].t
     if len(window) < 2 or span <= 0:
@@ -1067,7 +1080,7 @@ def derive_engine(
 
 
 def _admission_rate(samples: Sequence[Sample], seconds: float) -> float | None:
-    window = samples[_tail(samples, seconds) :]
+    window = samples[_covering_tail(samples, seconds) :]
     if window[-1].snapshot.admission_rejections_total is None:
         return None
     span = window[-1].t - window[0].t

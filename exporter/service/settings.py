@@ -163,7 +163,11 @@ class Settings(BaseSettings):
         description="How far back the context window may reach for context_min_requests.",
     )
     rate_window_seconds: WindowSeconds = Field(
-        default=60.0, description="Window of the preemption and request rates."
+        default=60.0,
+        description=(
+            "Window of the preemption and request rates; it reaches back to the last read at or "
+            "before its start, so a read gap across it keeps what vLLM counted."
+        ),
     )
     context_refresh_seconds: float = Field(
         default=30.0,

@@ -190,6 +190,43 @@ def test_preemption_rate_is_the_increase_over_the_rate_window() -> None:
     assert e.finished_requests_per_second == pytest.approx(0.4)
 
 
+def test_a_read_gap_across_the_window_start_keeps_its_increase_in_the_rate() -> None:
+    """A read gap longer than the rate window: the rate is the average since the read before.
+
+    vLLM unanswered for 100 s, then 90 more preemptions: 90 over 100 s, not none, and not the
+    last 5 s alone.
+    """
+    seconds = WINDOWS.rate_seconds
+    samples = chain(
+        Sample(0.0, snap(engine(finished=0, preemptions=0))),
+        Sample(5.0, snap(engine(finished=0, preemptions=10))),
+        Sample(5.0 + seconds + 40.0, snap(engine(finished=30, preemptions=100))),
+    )
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.preemptions_per_second == pytest.approx(90 / (seconds + 40.0))
+    assert e.finished_requests_per_second == pytest.approx(30 / (seconds + 40.0))
+    later = chain(*samples, Sample(samples[-1].t + 5.0, snap(engine(finished=30, preemptions=101))))
+    (e,) = derive_target(later, windows=WINDOWS).engines
+    assert e.preemptions_per_second == pytest.approx(91 / (seconds + 45.0))
+
+
+def test_the_rate_window_reaches_back_to_the_read_that_covers_its_start() -> None:
+    """The window's start falls between two reads: what they counted is in the rate.
+
+    Reads every 10 s, the last 5 s after one: 30 preemptions counted between the two reads
+    around the window's start, over the time since the earlier.
+    """
+    seconds = WINDOWS.rate_seconds
+    times = [*(10.0 * i for i in range(int(seconds / 10) + 2)), seconds + 25.0]
+    start = times[-1] - seconds
+    counted = [0.0 if t <= start - 5.0 else 30.0 for t in times]
+    samples = chain(
+        *(Sample(t, snap(engine(preemptions=c))) for t, c in zip(times, counted, strict=True))
+    )
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.preemptions_per_second == pytest.approx(30 / (seconds + 5.0))
+
+
 def test_preemption_rate_never_goes_negative_or_spikes_across_a_restart() -> None:
     """After a restart the counters start from zero: the rate counts only what happened."""
     samples = chain(
