@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from exporter.errors import UsageError
 from exporter.sizing.catalog import find_gpu, find_model, gpus, models, smallest_gpu
 from exporter.sizing.model import Deployment
 from exporter.sizing.overhead import GIB
+from tests import paths
 
 REQUIRED_GPUS = [
     "H100 80GB",
@@ -52,6 +55,28 @@ def test_every_model_entry_parses_and_cites() -> None:
         assert entry.source
         assert arch.num_layers > 0
         assert arch.params
+
+
+#: Catalogue entries whose published config.json is also copied under tests/fixtures/configs.
+FIXTURE_OF = {
+    "tiny-llama-2l": "tiny-llama",
+    "llama-3.1-8b": "llama-3.1-8b-instruct",
+    "qwen2.5-7b": "qwen2.5-7b-instruct",
+    "mistral-7b-v0.1": "mistral-7b-v0.1",
+    "gemma-2-9b": "gemma-2-9b-it",
+    "gemma-3-12b": "gemma-3-12b-it",
+    "deepseek-v3": "deepseek-v3",
+}
+
+
+@pytest.mark.parametrize(("name", "fixture"), sorted(FIXTURE_OF.items()))
+def test_entries_name_the_model_class_their_config_declares(name: str, fixture: str) -> None:
+    """An entry's ``architectures`` is its config.json's: the class vLLM loads (LoRA reads it)."""
+    entry = find_model(name)
+    assert entry is not None
+    declared = json.loads((paths.CONFIGS / fixture / "config.json").read_text())["architectures"]
+    assert entry.config["architectures"] == declared
+    assert entry.arch().architecture == declared[0]
 
 
 def test_model_lookup_by_hub_id_and_alias() -> None:
