@@ -452,3 +452,20 @@ def test_plan_sizes_a_falcon_h1_catalogue_entry(capsys: pytest.CaptureFixture[st
     assert "KV per token               45,056 bytes (44 layers x 2 KV heads/GPU" in text
     assert "state per layer            1,594,368 bytes (bfloat16/bfloat16" in text
     assert "block                      1568 tokens" in text
+
+
+def test_a_catalogue_entry_naming_its_class_sizes_lora_without_the_guess(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """qwen2.5-7b carries Qwen2ForCausalLM, whose class has no embedding LoRA modules.
+
+    Rank 16, bfloat16, per layer: qkv 3 x 16 x 3,584 + (3,584 + 512 + 512) x 16, o 16 x 3,584 +
+    3,584 x 16, gate_up 2 x 16 x 3,584 + 2 x 18,944 x 16, down 16 x 18,944 + 3,584 x 16 =
+    1,441,792 values; 28 layers x 2 B = 80,740,352 B, and no note that the class is unknown. An
+    entry without ``architectures`` (qwen3-8b) still says it counted the embedding buffers.
+    """
+    named = run_json(capsys, "plan", "--model", "qwen2.5-7b", "--gpu", "H100", "--enable-lora")
+    assert named["lora_bytes"] == 1_441_792 * 28 * 2
+    assert not any("model class unknown" in line for line in named["assumptions"])
+    unnamed = run_json(capsys, "plan", "--model", "qwen3-8b", "--gpu", "H100", "--enable-lora")
+    assert any("model class unknown" in line for line in unnamed["assumptions"])
