@@ -419,3 +419,53 @@ def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) ->
     err = capsys.readouterr().err
     assert "--max-num-queued-reqs must be 0 or more" in err
     assert "Traceback" not in err
+
+
+def test_plan_sizes_a_nemotron_h_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model nemotron-nano-9b-v2`: 4 attention layers, 27 Mamba2 layers in 7 groups.
+
+    State 3 x (128 x 80 + 2 x 8 x 128) x 2 B + 128 x 80 x 128 x 4 B (float32 SSM) = 5,316,608 B;
+    one attention token 2 x 8 x 128 x 2 = 4,096 B per layer: block 16 x cdiv(5,316,608, 65,536)
+    = 1,312. Its context is the cited 131,072 positions.
+    """
+    out = run_json(capsys, "plan", "--model", "nemotron-nano-9b-v2", "--gpu", "H100")
+    assert out["bytes_per_token"] == 4 * 4_096
+    assert out["state"]["bytes_per_layer"] == 5_316_608
+    assert out["state"]["dtypes"] == ["bfloat16", "float32"]
+    assert out["block_size"] == 1_312
+    assert [g["kind"] for g in out["kv_cache_groups"]] == ["full"] + ["state"] * 7
+    assert out["max_model_len"] == 131_072
+    assert out["kv_capacity_tokens"] == out["kv_cache_size_tokens"]
+
+
+def test_plan_sizes_a_falcon_h1_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model falcon-h1-7b`: every layer attends and keeps a Mamba2 state (two groups).
+
+    State 3 x (3,072 + 2 x 256) x 2 B + 24 x 128 x 256 x 2 B = 1,594,368 B; one attention token
+    2 x 2 x 128 x 2 = 1,024 B per layer: block 16 x cdiv(1,594,368, 16,384) = 1,568.
+    """
+    assert (
+        main(["plan", "--model", "falcon-h1-7b", "--gpu", "H100", "--max-model-len", "32768"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert text.startswith("falcon-h1-7b: GQA + 44 Mamba2 layers")
+    assert "KV per token               45,056 bytes (44 layers x 2 KV heads/GPU" in text
+    assert "state per layer            1,594,368 bytes (bfloat16/bfloat16" in text
+    assert "block                      1568 tokens" in text
+
+
+def test_a_catalogue_entry_naming_its_class_sizes_lora_without_the_guess(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """qwen2.5-7b carries Qwen2ForCausalLM, whose class has no embedding LoRA modules.
+
+    Rank 16, bfloat16, per layer: qkv 3 x 16 x 3,584 + (3,584 + 512 + 512) x 16, o 16 x 3,584 +
+    3,584 x 16, gate_up 2 x 16 x 3,584 + 2 x 18,944 x 16, down 16 x 18,944 + 3,584 x 16 =
+    1,441,792 values; 28 layers x 2 B = 80,740,352 B, and no note that the class is unknown. An
+    entry without ``architectures`` (qwen3-8b) still says it counted the embedding buffers.
+    """
+    named = run_json(capsys, "plan", "--model", "qwen2.5-7b", "--gpu", "H100", "--enable-lora")
+    assert named["lora_bytes"] == 1_441_792 * 28 * 2
+    assert not any("model class unknown" in line for line in named["assumptions"])
+    unnamed = run_json(capsys, "plan", "--model", "qwen3-8b", "--gpu", "H100", "--enable-lora")
+    assert any("model class unknown" in line for line in unnamed["assumptions"])

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, replace
+
 import pytest
 
 from exporter.errors import UsageError
 from exporter.sizing.catalog import find_gpu, find_model, gpus, models, smallest_gpu
-from exporter.sizing.model import Deployment
+from exporter.sizing.model import Deployment, require_sized, size_deployment
 from exporter.sizing.overhead import GIB
+from tests import paths
 
 REQUIRED_GPUS = [
     "H100 80GB",
@@ -54,6 +58,28 @@ def test_every_model_entry_parses_and_cites() -> None:
         assert arch.params
 
 
+#: Catalogue entries whose published config.json is also copied under tests/fixtures/configs.
+FIXTURE_OF = {
+    "tiny-llama-2l": "tiny-llama",
+    "llama-3.1-8b": "llama-3.1-8b-instruct",
+    "qwen2.5-7b": "qwen2.5-7b-instruct",
+    "mistral-7b-v0.1": "mistral-7b-v0.1",
+    "gemma-2-9b": "gemma-2-9b-it",
+    "gemma-3-12b": "gemma-3-12b-it",
+    "deepseek-v3": "deepseek-v3",
+}
+
+
+@pytest.mark.parametrize(("name", "fixture"), sorted(FIXTURE_OF.items()))
+def test_entries_name_the_model_class_their_config_declares(name: str, fixture: str) -> None:
+    """An entry's ``architectures`` is its config.json's: the class vLLM loads (LoRA reads it)."""
+    entry = find_model(name)
+    assert entry is not None
+    declared = json.loads((paths.CONFIGS / fixture / "config.json").read_text())["architectures"]
+    assert entry.config["architectures"] == declared
+    assert entry.arch().architecture == declared[0]
+
+
 def test_model_lookup_by_hub_id_and_alias() -> None:
     """A model is found by name, hub id or alias."""
     llama, qwen = find_model("meta-llama/Llama-3.1-8B-Instruct"), find_model("Qwen/Qwen2.5-7B")
@@ -87,3 +113,158 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
     assert arch.state is not None
     assert arch.state.num_layers == 36
     assert (arch.state.num_heads, arch.state.num_k_heads) == (32, 16)
+
+
+# --- hybrid entries: Nemotron-H and Falcon-H1 -----------------------------------------------------
+#
+# Each row is worked by hand from the fields the entry cites (exporter/data/models.json), the way
+# vLLM 0.32 sizes a Mamba2 layer (docs/sizing.md, "Hybrid state-space and linear-attention
+# models"): one attention token costs 2 (K and V) x KV heads x head_dim x 2 B per attention layer;
+# one Mamba2 state is conv (kernel 4 - 1) x (Mamba heads x head dim + 2 x groups x state) values
+# plus SSM Mamba heads x head dim x state values. Nemotron-H keeps its SSM state in float32
+# (vLLM's default for it), Falcon-H1 in the model's bfloat16; conv states are bfloat16. The
+# attention block is 16 x cdiv(state, 16 x one layer's attention bytes per token).
+
+
+@dataclass(frozen=True)
+class HybridRow:
+    """One hybrid entry: its layer split and the bytes worked by hand."""
+
+    name: str
+    layers: int
+    attention_layers: int
+    mamba_layers: int
+    attention_bytes_per_token: int
+    state_bytes: int
+    block_size: int
+
+
+HYBRID_ROWS = [
+    HybridRow(
+        "nemotron-h-8b",
+        52,
+        4,
+        24,
+        4 * 2 * 8 * 128 * 2,
+        3 * (128 * 64 + 2 * 8 * 128) * 2 + 128 * 64 * 128 * 4,
+        16 * 65,  # cdiv(4,255,744, 16 x 4,096) = 65
+    ),
+    HybridRow(
+        "nemotron-h-47b",
+        98,
+        5,
+        45,
+        5 * 2 * 8 * 128 * 2,
+        3 * (256 * 64 + 2 * 8 * 256) * 2 + 256 * 64 * 256 * 4,
+        16 * 258,  # cdiv(16,900,096, 65,536) = 258
+    ),
+    HybridRow(
+        "nemotron-h-56b",
+        118,
+        10,
+        54,
+        10 * 2 * 8 * 128 * 2,
+        3 * (256 * 64 + 2 * 8 * 256) * 2 + 256 * 64 * 256 * 4,
+        16 * 258,
+    ),
+    HybridRow(
+        "nemotron-nano-9b-v2",
+        56,
+        4,
+        27,
+        4 * 2 * 8 * 128 * 2,
+        3 * (128 * 80 + 2 * 8 * 128) * 2 + 128 * 80 * 128 * 4,
+        16 * 82,  # cdiv(5,316,608, 65,536) = 82
+    ),
+    HybridRow(
+        # Falcon-H1: attention and Mamba2 side by side in every layer.
+        "falcon-h1-7b",
+        44,
+        44,
+        44,
+        44 * 2 * 2 * 128 * 2,
+        3 * (24 * 128 + 2 * 1 * 256) * 2 + 24 * 128 * 256 * 2,
+        16 * 98,  # cdiv(1,594,368, 16 x 1,024) = 98
+    ),
+    HybridRow(
+        "falcon-h1-34b",
+        72,
+        72,
+        72,
+        72 * 2 * 4 * 128 * 2,
+        3 * (32 * 128 + 2 * 2 * 256) * 2 + 32 * 128 * 256 * 2,
+        16 * 65,  # cdiv(2,127,872, 16 x 2,048) = 65
+    ),
+]
+HYBRID_KV = Deployment(
+    gpu_memory_bytes=80 * GIB, kv_cache_memory_bytes=10 * GIB, max_model_len=8192
+)
+
+
+@pytest.mark.parametrize("row", HYBRID_ROWS, ids=lambda row: row.name)
+def test_hybrid_entries_are_sized_from_their_cited_fields(row: HybridRow) -> None:
+    """Nemotron-H and Falcon-H1 entries go through the hybrid path with the bytes worked above."""
+    entry = find_model(row.name)
+    assert entry is not None
+    arch = entry.arch()
+    assert arch.declined is None
+    assert arch.state is not None
+    assert (arch.num_layers, arch.attention_layers, arch.state.num_layers) == (
+        row.layers,
+        row.attention_layers,
+        row.mamba_layers,
+    )
+    assert arch.state.kind == "mamba2"
+    result = require_sized(size_deployment(arch, deployment=HYBRID_KV))
+    assert result.bytes_per_token == row.attention_bytes_per_token
+    assert result.state_bytes == row.state_bytes
+    assert (result.requested_block_size, result.block_size) == (16, row.block_size)
+
+
+def test_nemotron_h_8b_groups_and_concurrency_by_hand() -> None:
+    """Nemotron-H-8B, 10 GiB of KV cache, 8,192-token requests.
+
+    4 attention and 24 Mamba2 layers: group size 4, so one attention group and six state groups,
+    4 pages of 1,040 x 4,096 B per block: 10 GiB // 17,039,360 = 630 blocks. A request needs
+    cdiv(8,192, 1,040) = 8 attention blocks + 6 x 3 state blocks (align mode; Mamba2 keeps one
+    prefill checkpoint block) = 26.
+    """
+    entry = find_model("nvidia/Nemotron-H-8B-Base-8K")
+    assert entry is not None
+    result = require_sized(size_deployment(entry.arch(), deployment=HYBRID_KV))
+    assert [group.kind for group in result.kv_groups] == ["full"] + ["state"] * 6
+    assert result.block_bytes == 4 * 1_040 * 4_096
+    assert result.kv_blocks == 630
+    assert result.blocks_per_max_len_request == 26
+    assert result.kv_cache_size_tokens == int(630 / 26 * 8_192)
+    assert result.state_dtypes == ("bfloat16", "float32")
+
+
+def test_falcon_h1_34b_replicates_its_two_groups_at_tp4() -> None:
+    """Falcon-H1-34B at TP 4: its 2 Mamba groups are replicated to 4 so every shard has one.
+
+    conv (4 - 1) x (4,096 + 2 x 4 x 256) / 4 x 2 B = 9,216; SSM 32 / 4 heads x 128 x 256 x 2 B =
+    524,288; one KV head per GPU: 72 x 2 x 1 x 128 x 2 = 36,864 B per token.
+    """
+    entry = find_model("tiiuae/Falcon-H1-34B-Instruct")
+    assert entry is not None
+    result = require_sized(
+        size_deployment(entry.arch(), deployment=replace(HYBRID_KV, tensor_parallel=4))
+    )
+    assert result.state_bytes == 9_216 + 524_288
+    assert result.bytes_per_token == 36_864
+
+
+def test_hybrid_entries_name_their_model_class_where_their_source_gives_it() -> None:
+    """Nano 9B v2 and Falcon-H1 carry ``architectures``; the Megatron-recipe-only entries do not."""
+    classes = {}
+    for name in ("nemotron-nano-9b-v2", "falcon-h1-7b", "falcon-h1-34b", "nemotron-h-8b"):
+        entry = find_model(name)
+        assert entry is not None
+        classes[name] = entry.arch().architecture
+    assert classes == {
+        "nemotron-nano-9b-v2": "NemotronHForCausalLM",
+        "falcon-h1-7b": "FalconH1ForCausalLM",
+        "falcon-h1-34b": "FalconH1ForCausalLM",
+        "nemotron-h-8b": None,
+    }
