@@ -58,9 +58,12 @@ def what_ifs(
                 replace(deployment, gpu_memory_bytes=gpu.memory_bytes, gpu_name=gpu.name.lower()),
             )
         )
+    # Never past the model's own context length: vLLM refuses a longer --max-model-len (unless
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, for models whose positions allow it).
+    longest = arch.max_position_embeddings
     for factor, label in ((0.5, "half"), (2, "double")):
         length = int(result.max_model_len * factor)
-        if length >= 1:
+        if length >= 1 and (longest is None or length <= longest):
             trials.append(
                 (f"max-model-len {length:,} ({label})", replace(deployment, max_model_len=length))
             )

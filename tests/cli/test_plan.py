@@ -201,6 +201,18 @@ def test_what_ifs_show_when_a_change_moves_the_binding_limit(
     assert all(row["kv_budget_bytes"] < out["kv_budget_bytes"] for row in raised)
 
 
+def test_what_ifs_never_offer_a_context_longer_than_the_model_allows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """At the model's own context length there is no "double" row: vLLM refuses a longer one."""
+    longest = run_json(capsys, *WORKED[:-2])  # llama-3.1-8b at its 131,072 positions
+    changes = [row["change"] for row in longest["what_if"]]
+    assert "max-model-len 65,536 (half)" in changes
+    assert not any(change.startswith("max-model-len 262,144") for change in changes)
+    shorter = run_json(capsys, *WORKED)
+    assert "max-model-len 16,384 (double)" in [row["change"] for row in shorter["what_if"]]
+
+
 def test_needs_says_when_max_num_seqs_must_rise_too(capsys: pytest.CaptureFixture[str]) -> None:
     """Asking for more sequences than --max-num-seqs allows says the flag must rise too."""
     out = run_json(capsys, *SMALL_CONTEXT, "--max-num-seqs", "256", "--sequences", "400")
