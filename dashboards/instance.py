@@ -291,12 +291,14 @@ def _capacity(facts: RuleFacts) -> Row:
                     description=(
                         "KV-cache capacity vLLM allocated against what the sizing model "
                         "predicts: a gap means the budget changed (version, utilization, "
-                        "another process)."
+                        "another process); with a CPU offload pool of known size, the GPU pool "
+                        "plus it (what the prefix cache keeps, never room to run)."
                     ),
                     unit="count:tokens",
                     queries=[
                         per_engine("headroom_kv_capacity_tokens", "actual"),
                         per_engine("headroom_kv_capacity_predicted_tokens", "predicted"),
+                        per_engine("headroom_kv_effective_capacity_tokens", "with CPU offload"),
                     ],
                     facts=facts,
                     minimum=0,
@@ -779,7 +781,8 @@ def _traffic(facts: RuleFacts) -> Row:
                     "Running and waiting requests",
                     description=(
                         "Requests in vLLM's running batch and in its queue, by reason where vLLM "
-                        "gives one (0.20+); swapped is V0 only."
+                        "gives one (0.20+); of the waiting, those whose KV a connector loads (P/D, "
+                        "KV offload), by stage; swapped is V0 only."
                     ),
                     unit="count:req",
                     queries=[
@@ -787,6 +790,11 @@ def _traffic(facts: RuleFacts) -> Row:
                             f"sum({metric('vllm:num_requests_running', VLLM)})", legend="running"
                         ),
                         Query(waiting, legend="waiting: {{reason}}"),
+                        Query(
+                            "sum by (stage) "
+                            f"({metric('headroom_requests_kv_fetch_by_stage', ENGINE_SERIES)})",
+                            legend="KV fetch: {{stage}}",
+                        ),
                         Query(
                             f"sum({metric('vllm:num_requests_swapped', VLLM)})",
                             legend="swapped (V0)",

@@ -43,8 +43,13 @@ def busy_vllm() -> Iterator[FakeVllm]:
     """The fake vLLM serving a real 0.32 payload taken mid-burst: requests running, KV in use.
 
     Every figure that needs something running (tokens per running sequence) is defined on it.
+    The lines a KV offload connector adds (written from vLLM's source: no GPU here) follow, so
+    that the offload and KV fetch figures are defined too.
     """
     capture = (paths.FIXTURES / "vllm-cpu" / "burst" / "005.prom").read_bytes()
+    capture += (
+        paths.FIXTURES / "vllm-offload" / "kv-offload-0.32.0-written-from-source.prom"
+    ).read_bytes()
     state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
     with FakeVllm(state=state, payload=capture) as server:
         yield server

@@ -10,6 +10,12 @@ Definitions (documented for users in ``docs/metrics.md``):
   exposed (0.24+), else ``num_gpu_blocks x block_size`` per engine (``num_gpu_blocks`` is the
   sum over data-parallel engines). One block of it is vLLM's reserved null block, so running
   requests can hold at most ``capacity x (blocks - 1) / blocks`` tokens: the *usable* tokens.
+- **Offload tier** (``SimpleCPUOffloadConnector``: ``capacity_blocks`` of
+  ``vllm:simple_kv_offload_info``, else 0.33's ``simple_cpu_offload_num_blocks``) in tokens is
+  its blocks x the GPU pool's tokens per block (capacity / blocks): vLLM builds that pool with
+  the GPU pool's layout. The *effective* capacity adds it to the GPU pool's; it is kept apart
+  from the capacity, because an offloaded block must be loaded back into a GPU block before its
+  request runs: it holds cached prefixes (a preempted request's among them), not running ones.
 - **Tokens in use** = ``kv_cache_usage_perc x usable tokens``, rounded to whole blocks
   (block-granular; evictable prefix-cache blocks count as free, as in vLLM).
 - **Context length** of a finished request = prompt + generated tokens. Its quantiles come from
@@ -143,6 +149,10 @@ class EngineDerived:
     kv_capacity_tokens: float | None = None
     kv_capacity_predicted_tokens: float | None = None
     kv_capacity_error_ratio: float | None = None
+    #: The KV offload tier (:func:`offload_capacity_tokens`), and it plus the GPU pool.
+    kv_offload_capacity_blocks: float | None = None
+    kv_offload_capacity_tokens: float | None = None
+    kv_effective_capacity_tokens: float | None = None
     kv_usable_tokens: float | None = None
     kv_used_tokens: float | None = None
     kv_free_tokens: float | None = None
@@ -192,6 +202,8 @@ class EngineDerived:
     sequences_running: float | None = None
     requests_waiting: float | None = None
     requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+    #: Waiting requests by async KV load stage (a KV connector that loads KV: P/D, offload).
+    requests_kv_fetch_by_stage: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def p95_ceiling_limited_by(self) -> dict[str, float]:
@@ -462,6 +474,10 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             prompt_tokens_by_source=_shared_keys(
                 engine.prompt_tokens_by_source, old.prompt_tokens_by_source if old else None
             ),
+            requests_kv_fetch_by_stage=_shared_keys(
+                engine.requests_kv_fetch_by_stage,
+                old.requests_kv_fetch_by_stage if old else None,
+            ),
             prompt_tokens=_shared_bounds(engine.prompt_tokens, old.prompt_tokens if old else None),
             generation_tokens=_shared_bounds(
                 engine.generation_tokens, old.generation_tokens if old else None
@@ -581,6 +597,31 @@ def _capacity(engine: EngineMetrics, engine_count: int) -> tuple[float | None, f
     if blocks is not None and config.block_size is not None:
         return blocks * config.block_size, blocks
     return None, blocks
+
+
+def offload_capacity_tokens(
+    offload_blocks: float | None, capacity: float | None, blocks: float | None
+) -> float | None:
+    """Tokens the KV offload pool holds, in the GPU pool's own terms (None where unknown).
+
+    ``SimpleCPUOffloadConnector`` derives its pool from the GPU pool's ``KVCacheConfig``: the
+    same groups and pages, ``num_blocks`` scaled by the bytes (vLLM 0.32/0.33
+    ``vllm/v1/simple_kv_offload/manager.py`` ``_derive_cpu_config``); and vLLM's token capacity
+    is linear in ``num_blocks`` (``get_max_concurrency_for_kv_cache_config``). So a block of
+    either pool holds the same tokens: the GPU pool's capacity over its blocks (``block_size``
+    on a model of one attention kind, more with sliding-window groups).
+    """
+    if offload_blocks is None or capacity is None or not blocks:
+        return None
+    return offload_blocks * capacity / blocks
+
+
+def _offload_blocks(engine: EngineMetrics) -> int | None:
+    """The offload pool in blocks: the scheduler's (the info gauge), else 0.33's config label."""
+    if engine.kv_offload_capacity_blocks is not None:
+        return engine.kv_offload_capacity_blocks
+    config = engine.cache_config
+    return config.simple_cpu_offload_num_blocks if config is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1032,6 +1073,8 @@ def derive_engine(
     if predicted_capacity_tokens is not None and kv.capacity:
         error = (predicted_capacity_tokens - kv.capacity) / kv.capacity
     has_context = context is not None
+    offload_blocks = _offload_blocks(engine)
+    offload_tokens = offload_capacity_tokens(offload_blocks, kv.capacity, kv.blocks)
     return EngineDerived(
         engine=name,
         model_name=engine.model_name or "",
@@ -1040,6 +1083,13 @@ def derive_engine(
         kv_capacity_tokens=kv.capacity,
         kv_capacity_predicted_tokens=predicted_capacity_tokens,
         kv_capacity_error_ratio=error,
+        kv_offload_capacity_blocks=float(offload_blocks) if offload_blocks is not None else None,
+        kv_offload_capacity_tokens=offload_tokens,
+        kv_effective_capacity_tokens=(
+            kv.capacity + offload_tokens
+            if kv.capacity is not None and offload_tokens is not None
+            else None
+        ),
         kv_usable_tokens=kv.usable,
         kv_used_tokens=kv.used,
         kv_free_tokens=kv.free,
@@ -1076,6 +1126,7 @@ def derive_engine(
         sequences_running=sequences_running,
         requests_waiting=engine.requests_waiting,
         requests_waiting_by_reason=dict(engine.requests_waiting_by_reason),
+        requests_kv_fetch_by_stage=dict(engine.requests_kv_fetch_by_stage),
     )
 
 

@@ -63,6 +63,7 @@ def _engine_bytes(engine: EngineMetrics, old: EngineMetrics | None) -> int:
             old.prompt_tokens_cached_by_source if old else None,
         ),
         (engine.prompt_tokens_by_source, old.prompt_tokens_by_source if old else None),
+        (engine.requests_kv_fetch_by_stage, old.requests_kv_fetch_by_stage if old else None),
     ):
         total += _mapping_bytes(mapping, old_mapping)
     for histogram, old_histogram in (

@@ -56,6 +56,9 @@ class CacheConfig:
     cache_dtype: str | None = None
     enable_prefix_caching: bool | None = None
     sliding_window: int | None = None
+    #: 0.33+: the offload pool of ``SimpleCPUOffloadConnector`` in KV blocks (the workers'
+    #: aligned count); None without that connector.
+    simple_cpu_offload_num_blocks: int | None = None
     #: Every label of the series, verbatim (minus ``engine``), for the info metric and ``check``.
     labels: Mapping[str, str] = field(default_factory=dict)
 
@@ -109,6 +112,12 @@ class EngineMetrics:
     #: ``local_compute``, ``local_cache_hit`` or ``external_kv_transfer`` (a KV connector: the
     #: prefill instance of P/D, or an offload tier).
     prompt_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
+    #: ``vllm:num_requests_kv_fetch_by_stage`` (V1, with a KV connector that loads KV: P/D's
+    #: decode side, KV offload): waiting requests by async KV load stage.
+    requests_kv_fetch_by_stage: Mapping[str, float] = field(default_factory=dict)
+    #: The ``capacity_blocks`` label of ``vllm:simple_kv_offload_info``: the offload pool of
+    #: ``SimpleCPUOffloadConnector`` in KV blocks of the GPU pool's layout.
+    kv_offload_capacity_blocks: int | None = None
     cache_config: CacheConfig | None = None
 
 

@@ -128,6 +128,44 @@ _DEFS: tuple[MetricDef, ...] = (
         field="kv_block_size_tokens",
         check_key="kv_block_size_tokens",
     ),
+    # --- KV offload tier (kept apart from the GPU pool) ---------------------------------------
+    MetricDef(
+        "headroom_kv_offload_blocks",
+        Kind.GAUGE,
+        "KV blocks of this engine's CPU offload pool (SimpleCPUOffloadConnector only), of the "
+        "GPU pool's layout.",
+        ENGINE,
+        source="vllm:simple_kv_offload_info capacity_blocks, else vllm:cache_config_info "
+        "simple_cpu_offload_num_blocks (0.33)",
+        row=Row.ENGINE,
+        field="kv_offload_capacity_blocks",
+        check_key="kv_offload_blocks",
+    ),
+    MetricDef(
+        "headroom_kv_offload_capacity_tokens",
+        Kind.GAUGE,
+        "KV tokens this engine's CPU offload pool holds (SimpleCPUOffloadConnector only). Not "
+        "room to run: an offloaded block is loaded back into a GPU block before its request "
+        "runs, so it holds cached prefixes for later hits (a preempted request's too), never "
+        "running sequences.",
+        ENGINE,
+        source="headroom_kv_offload_blocks x headroom_kv_capacity_tokens / headroom_kv_blocks",
+        row=Row.ENGINE,
+        field="kv_offload_capacity_tokens",
+        check_key="kv_offload_capacity_tokens",
+    ),
+    MetricDef(
+        "headroom_kv_effective_capacity_tokens",
+        Kind.GAUGE,
+        "KV tokens this engine can keep, GPU pool plus CPU offload pool: the reach of its "
+        "prefix cache. Running sequences fit only in the GPU pool (headroom_kv_capacity_tokens, "
+        "which the headroom uses); absent without an offload pool of known size.",
+        ENGINE,
+        source="headroom_kv_capacity_tokens + headroom_kv_offload_capacity_tokens",
+        row=Row.ENGINE,
+        field="kv_effective_capacity_tokens",
+        check_key="kv_effective_capacity_tokens",
+    ),
     MetricDef(
         "headroom_kv_usable_tokens",
         Kind.GAUGE,
@@ -507,6 +545,17 @@ _DEFS: tuple[MetricDef, ...] = (
         row=Row.ENGINE,
         field="requests_waiting_by_reason",
         check_key="num_requests_waiting_by_reason",
+    ),
+    MetricDef(
+        "headroom_requests_kv_fetch_by_stage",
+        Kind.GAUGE,
+        "Waiting requests whose KV is loaded asynchronously by a KV connector (P/D's decode "
+        "side, KV offload), by stage: waiting_to_start, in_progress, completed_waiting.",
+        (*ENGINE, "stage"),
+        source="vllm:num_requests_kv_fetch_by_stage (kv_role kv_consumer or kv_both)",
+        row=Row.ENGINE,
+        field="requests_kv_fetch_by_stage",
+        check_key="num_requests_kv_fetch_by_stage",
     ),
     # --- Sizing chain (per GPU of this target) ----------------------------------------------
     MetricDef(

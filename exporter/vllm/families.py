@@ -320,6 +320,29 @@ FAMILIES: Final[tuple[Family, ...]] = (
         per_server=True,
         dates_version=True,
     ),
+    # Declared only with a KV connector whose kv_role consumes KV (kv_consumer or kv_both: the
+    # decode side of P/D, and --kv-offloading-size, which sets kv_both); in 0.32.0's loggers.py
+    # already (its first release not established: not used to date a payload).
+    Family(
+        "vllm:num_requests_kv_fetch_by_stage",
+        _G,
+        "waiting requests by async KV load stage (waiting_to_start, in_progress, "
+        "completed_waiting)",
+        feeds="requests_kv_fetch_by_stage",
+        split="stage",
+        engines="V1",
+        since=(0, 32),
+    ),
+    # SimpleCPUOffloadConnector only (vllm/v1/simple_kv_offload/metrics.py, 0.32.0 and
+    # 0.33.0): an info gauge whose capacity_blocks label is the offload pool in KV blocks.
+    Family(
+        "vllm:simple_kv_offload_info",
+        _I,
+        "SimpleCPUOffloadConnector facts as labels (backend, capacity_blocks...)",
+        feeds="kv_offload_capacity_blocks",
+        engines="V1",
+        since=(0, 32),
+    ),
     Family(
         "process_start_time_seconds",
         _G,
@@ -467,14 +490,6 @@ FAMILIES: Final[tuple[Family, ...]] = (
     ),
     # --- written only when configured (vLLM 0.33.0's loggers.py, read in the released wheel) --
     Family(
-        "vllm:num_requests_kv_fetch_by_stage",
-        _G,
-        "waiting requests by async KV load stage (a KV consumer of P/D only)",
-        split="stage",
-        engines="V1",
-        since=(0, 33),
-    ),
-    Family(
         "vllm:corrupted_requests",
         _C,
         "requests with NaNs in logits (VLLM_COMPUTE_NANS_IN_LOGITS only)",
@@ -504,6 +519,49 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "time between reuses of a KV block (kv_cache_metrics only)",
         engines="V1",
     ),
+    # KV offload, written only with its connector (0.32.0 and 0.33.0): SimpleCPUOffloadConnector
+    # (vllm/v1/simple_kv_offload/metrics.py) and OffloadingConnector, the default of
+    # --kv-offloading-size (vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py,
+    # vllm/v1/kv_offload/cpu/common.py). Only the first's pool size (simple_kv_offload_info)
+    # is read; the second writes no size at all.
+    Family(
+        "vllm:simple_kv_offload_used_blocks",
+        _G,
+        "offload-pool blocks pinned by transfers or cache hits (evictable ones not counted)",
+        engines="V1",
+        since=(0, 32),
+    ),
+    Family(
+        "vllm:simple_kv_offload_pending_store_blocks",
+        _G,
+        "offload blocks in pending stores",
+        engines="V1",
+        since=(0, 32),
+    ),
+    Family(
+        "vllm:simple_kv_offload_load_blocks",
+        _C,
+        "KV blocks restored to GPU from the offload pool",
+        engines="V1",
+        since=(0, 32),
+    ),
+    Family(
+        "vllm:simple_kv_offload_save_outcomes",
+        _C,
+        "offload store decisions, by outcome",
+        split="outcome",
+        engines="V1",
+        since=(0, 32),
+    ),
+    Family(
+        "vllm:kv_offload_cpu_cache_usage_perc",
+        _G,
+        "share of the CPU offload space pinned by in-flight transfers (not its fill)",
+        engines="V1",
+        since=(0, 32),
+    ),
+    Family("vllm:kv_offload_load_bytes", _C, "bytes loaded from offload to GPU", engines="V1"),
+    Family("vllm:kv_offload_store_bytes", _C, "bytes stored from GPU to offload", engines="V1"),
 )
 
 _BY_NAME: Final = {family.name: family for family in FAMILIES}

@@ -18,7 +18,8 @@ Pure: text in, plain data out. The rules (DESIGN section 4, and the real capture
 - ``cache_config_info`` label values are Python ``str()``: ``"None"`` is None, ``"True"`` is
   True. ``num_gpu_blocks`` is kept as vLLM says it: it counts the reserved null block and, under
   data parallelism, is the SUM over engines, repeated on every engine's series; per engine
-  capacity is ``kv_cache_size_tokens`` (about 0.24 on), when present.
+  capacity is ``kv_cache_size_tokens`` (about 0.24 on), when present. The offload pool of
+  ``SimpleCPUOffloadConnector`` is the ``capacity_blocks`` label of ``simple_kv_offload_info``.
 - A histogram without a ``+Inf`` bucket gets one from its ``_count``; one with neither, without
   ``_sum``, with a bad ``le`` or with decreasing buckets is malformed: :class:`ParseError`.
 - Cardinality is capped (:class:`CardinalityLimits`): past a cap, samples are dropped and counted
@@ -99,6 +100,8 @@ _HISTOGRAMS: Final = {
     row.name: row.feeds for row in vllm_families.read(Kind.HISTOGRAM) if row.feeds is not None
 }
 (_CACHE_CONFIG,) = vllm_families.names(vllm_families.feeding("cache_config"))
+# SimpleCPUOffloadConnector's info gauge: its capacity_blocks label is the offload pool.
+(_OFFLOAD_INFO,) = vllm_families.names(vllm_families.feeding("kv_offload_capacity_blocks"))
 # Per server, no engine label.
 (_ADMISSION_REJECTIONS,) = vllm_families.names(vllm_families.feeding("admission_rejections_total"))
 (_PROCESS_START,) = vllm_families.names(vllm_families.feeding("process_start_time_seconds"))
@@ -112,6 +115,7 @@ WANTED: Final = wanted_families(
         *_USAGE,
         *_SPLIT_GAUGES,
         _CACHE_CONFIG,
+        _OFFLOAD_INFO,
         _ADMISSION_REJECTIONS,
         _PROCESS_START,
     ],
@@ -181,6 +185,8 @@ class _EngineParts:
     split_values: dict[str, dict[str, float]] = field(default_factory=dict)
     histograms: dict[str, _HistogramParts] = field(default_factory=dict)
     cache_config: TextSample | None = None
+    #: The ``capacity_blocks`` of ``vllm:simple_kv_offload_info``.
+    offload_blocks: int | None = None
     #: The labels of the first series of each family: another series (other labels, but for
     #: the one vLLM splits the family by) for the same engine is not vLLM's: dropped, never
     #: summed in.
@@ -525,6 +531,21 @@ def _add_cache_config(
     return None
 
 
+def _add_offload_info(
+    parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
+) -> str | None:
+    if sample.suffix != "":
+        return None
+    if not _first_series(parts, sample.family, sample.labels):
+        return DropReason.UNEXPECTED_SERIES  # vLLM writes one series per engine
+    _once(parts, sample.family, sample)
+    blocks = _int_label(sample, "capacity_blocks")
+    if blocks is not None and blocks < 0:
+        return DropReason.OUT_OF_RANGE
+    parts.offload_blocks = blocks
+    return None
+
+
 _ADDERS: Final[
     Mapping[str, Callable[[_EngineParts, TextSample, CardinalityLimits], str | None]]
 ] = {
@@ -533,6 +554,7 @@ _ADDERS: Final[
     **dict.fromkeys(_USAGE, _add_usage),
     **dict.fromkeys(_SPLIT_GAUGES, _add_split_gauge),
     _CACHE_CONFIG: _add_cache_config,
+    _OFFLOAD_INFO: _add_offload_info,
 }
 
 
@@ -595,6 +617,8 @@ def _freeze(
         prompt_tokens_cached_total=sums.get("prompt_tokens_cached_total"),
         prompt_tokens_cached_by_source=splits.get("prompt_tokens_cached_by_source", {}),
         prompt_tokens_by_source=splits.get("prompt_tokens_by_source", {}),
+        requests_kv_fetch_by_stage=splits.get("requests_kv_fetch_by_stage", {}),
+        kv_offload_capacity_blocks=parts.offload_blocks,
         cache_config=cache_config,
     )
 
@@ -664,6 +688,7 @@ def _cache_config(
         cache_dtype=_str_label(sample, "cache_dtype"),
         enable_prefix_caching=_bool_label(sample, "enable_prefix_caching"),
         sliding_window=_int_label(sample, "sliding_window"),
+        simple_cpu_offload_num_blocks=_int_label(sample, "simple_cpu_offload_num_blocks"),
         labels={name: labels[name] for name in kept},
     )
 

@@ -615,6 +615,70 @@ def test_prompt_tokens_by_origin_keep_pd_transfers_apart_from_the_gpu_pool() -> 
     }
 
 
+# --- the KV offload tier, kept apart from the GPU pool ---------------------------------------
+
+
+def test_the_offload_pool_counts_in_the_effective_capacity_never_in_the_headroom() -> None:
+    """32 offload blocks of the 1,024-token pool's 128 tokens: 4,096 more tokens to keep.
+
+    The headroom stays that of the GPU pool: an offloaded block runs nothing until loaded back.
+    """
+    plain = derive_target([Sample(0.0, snap(engine(finished=4)))], windows=WINDOWS).engines[0]
+    offloading = replace(engine(finished=4), kv_offload_capacity_blocks=32)
+    (e,) = derive_target([Sample(0.0, snap(offloading))], windows=WINDOWS).engines
+    assert e.kv_offload_capacity_blocks == 32
+    assert e.kv_offload_capacity_tokens == 32 * 128
+    assert e.kv_effective_capacity_tokens == 1024 + 32 * 128
+    assert e.kv_capacity_tokens == plain.kv_capacity_tokens == 1024
+    assert e.p95_ceiling_sequences == plain.p95_ceiling_sequences is not None
+    assert e.p95_available_sequences == plain.p95_available_sequences
+
+
+def test_an_offload_block_holds_the_gpu_pools_tokens_per_block_on_hybrid_models() -> None:
+    """3,000 tokens in 100 blocks of 16 (sliding-window groups): an offload block holds 30."""
+    hybrid = CacheConfig(num_gpu_blocks=100, block_size=16, kv_cache_size_tokens=3000)
+    offloading = replace(engine(cache=hybrid), kv_offload_capacity_blocks=50)
+    (e,) = derive_target([Sample(0.0, snap(offloading))], windows=WINDOWS).engines
+    assert e.kv_offload_capacity_tokens == 1500
+    assert e.kv_effective_capacity_tokens == 4500
+
+
+def test_the_offload_pool_of_each_data_parallel_engine_is_its_own() -> None:
+    """num_gpu_blocks is summed over engines; each engine's offload pool is per engine."""
+    cache = CacheConfig(num_gpu_blocks=200, block_size=16)
+    engines = [replace(engine(cache=cache, name=n), kv_offload_capacity_blocks=10) for n in "01"]
+    derived = derive_target([Sample(0.0, snap(*engines))], windows=WINDOWS)
+    assert [e.kv_offload_capacity_tokens for e in derived.engines] == [160, 160]
+
+
+def test_033s_cache_config_names_the_pool_when_the_info_gauge_is_absent() -> None:
+    """simple_cpu_offload_num_blocks stands in; the scheduler's own info gauge wins over it."""
+    cache = replace(CPU_CACHE, simple_cpu_offload_num_blocks=16)
+    from_config = derive_target([Sample(0.0, snap(engine(cache=cache)))], windows=WINDOWS)
+    assert from_config.engines[0].kv_offload_capacity_tokens == 16 * 128
+    both = replace(engine(cache=cache), kv_offload_capacity_blocks=8)
+    from_info = derive_target([Sample(0.0, snap(both))], windows=WINDOWS)
+    assert from_info.engines[0].kv_offload_capacity_tokens == 8 * 128
+
+
+def test_without_an_offload_pool_of_known_size_there_is_no_effective_capacity() -> None:
+    """No connector, or one that writes no size (OffloadingConnector, LMCache): absent."""
+    (e,) = derive_target([Sample(0.0, snap(engine()))], windows=WINDOWS).engines
+    assert (e.kv_offload_capacity_tokens, e.kv_effective_capacity_tokens) == (None, None)
+    unknown_pool = replace(engine(cache=None), kv_offload_capacity_blocks=32)
+    (e,) = derive_target([Sample(0.0, snap(unknown_pool))], windows=WINDOWS).engines
+    assert e.kv_offload_capacity_blocks == 32
+    assert (e.kv_offload_capacity_tokens, e.kv_effective_capacity_tokens) == (None, None)
+
+
+def test_kv_fetch_stages_are_passed_through_per_engine() -> None:
+    """Waiting requests by async KV load stage, as vLLM counts them."""
+    stages = {"waiting_to_start": 2.0, "in_progress": 1.0, "completed_waiting": 0.0}
+    fetching = replace(engine(), requests_kv_fetch_by_stage=stages)
+    (e,) = derive_target([Sample(0.0, snap(fetching))], windows=WINDOWS).engines
+    assert e.requests_kv_fetch_by_stage == stages
+
+
 def test_admission_rejections_are_a_rate_per_server() -> None:
     """10 queue-limit refusals in 20 s: 0.5 per second; absent where vLLM does not count them."""
     first = replace(snap(engine()), admission_rejections_total=5.0)

@@ -46,6 +46,8 @@ UNITLESS = {
     "headroom_requests_running",
     "headroom_requests_waiting",
     "headroom_requests_waiting_by_reason",
+    "headroom_requests_kv_fetch_by_stage",
+    "headroom_kv_offload_blocks",
     "headroom_prediction_state",
     "headroom_target_up",
     "headroom_source_up",

@@ -152,6 +152,15 @@ def test_the_parser_wants_exactly_the_families_that_feed_a_figure() -> None:
     assert WANTED.names == {row.name for row in FAMILIES if row.feeds is not None}
 
 
+#: Labels of each info family's series the parser reads (vLLM writes more), engine aside.
+_INFO_LABELS = {
+    "vllm:cache_config_info": 'block_size="16",num_gpu_blocks="64"',
+    # vllm/v1/simple_kv_offload/metrics.py INFO_LABELS (0.32.0)
+    "vllm:simple_kv_offload_info": 'backend="cpu",capacity_blocks="32",lazy_offload="false",'
+    'model_name="m",page_cache="false"',
+}
+
+
 def _payload(row: Family) -> str:
     """One engine's minimal series of ``row``, as vLLM writes it."""
     labels = "" if row.per_server else 'engine="0",model_name="m"'
@@ -165,7 +174,7 @@ def _payload(row: Family) -> str:
             f"{row.name}_count{braces} 2\n{row.name}_sum{braces} 3\n"
         )
     if row.kind is Kind.INFO:
-        return f'{row.name}{{engine="0",block_size="16",num_gpu_blocks="64"}} 1\n'
+        return f'{row.name}{{engine="0",{_INFO_LABELS[row.name]}}} 1\n'
     return f"{row.type_name}{braces} 0.5\n"
 
 

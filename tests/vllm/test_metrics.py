@@ -116,6 +116,7 @@ def test_the_help_type_only_capture_gives_one_engine_without_samples() -> None:
         "sleep_state",
         "prompt_tokens_cached_by_source",
         "prompt_tokens_by_source",
+        "requests_kv_fetch_by_stage",
     ):
         assert values.pop(split) == {}
     assert set(values.values()) == {None}
@@ -455,6 +456,7 @@ def test_a_broken_histogram_raises_naming_its_first_line(lines: list[str], probl
         ('vllm:cache_config_info{block_size="16.5"} 1', "is not an integer"),
         ('vllm:cache_config_info{gpu_memory_utilization="inf"} 1', "is not a number"),
         ('vllm:cache_config_info{enable_prefix_caching="yes"} 1', "not True, False or None"),
+        ('vllm:simple_kv_offload_info{capacity_blocks="4096.5"} 1', "is not an integer"),
     ],
 )
 def test_a_malformed_series_we_read_raises_naming_its_line(line: str, problem: str) -> None:
@@ -732,3 +734,53 @@ def test_an_impossible_sleep_state_is_dropped_and_counted() -> None:
     snapshot = parse_vllm_metrics(text)
     assert snapshot.engines["0"].sleep_state == {"discard_all": 0.0}
     assert snapshot.dropped == {"not_finite": 1}
+
+
+# --- KV offload and KV fetch stages (written only with a KV connector) ------------------------
+
+#: What a vLLM 0.32.0 engine writes of them with SimpleCPUOffloadConnector, written from its
+#: source (the file's header names where each line comes from).
+OFFLOAD = paths.FIXTURES / "vllm-offload" / "kv-offload-0.32.0-written-from-source.prom"
+
+
+def test_kv_fetch_stages_and_the_offload_pool_are_read() -> None:
+    """Each stage is kept by its name; the offload pool is the info gauge's capacity_blocks."""
+    engine = parse_vllm_metrics(OFFLOAD.read_bytes()).engines["0"]
+    assert engine.requests_kv_fetch_by_stage == {
+        "completed_waiting": 0.0,
+        "in_progress": 1.0,
+        "waiting_to_start": 2.0,
+    }
+    assert engine.kv_offload_capacity_blocks == 32
+    assert engine.model_name == "tiny"
+    read_by_the_client = text_string_to_metric_families(OFFLOAD.read_text(encoding="utf-8"))
+    assert len([family.name for family in read_by_the_client]) == 2  # valid exposition
+
+
+def test_033_names_the_offload_pool_in_cache_config_too() -> None:
+    """0.33's CacheConfig adds simple_cpu_offload_num_blocks (vllm/config/cache.py)."""
+    text = (
+        'vllm:cache_config_info{engine="0",simple_cpu_offload_num_blocks="4096"} 1\n'
+        'vllm:cache_config_info{engine="1",simple_cpu_offload_num_blocks="None"} 1\n'
+    )
+    engines = parse_vllm_metrics(text).engines
+    configs = [engine.cache_config for engine in engines.values()]
+    assert [c.simple_cpu_offload_num_blocks if c else "?" for c in configs] == [4096, None]
+
+
+def test_a_negative_offload_pool_is_dropped_and_counted() -> None:
+    """A pool of -1 blocks is not vLLM's (str() of a block count): absent, counted."""
+    snapshot = parse_vllm_metrics('vllm:simple_kv_offload_info{capacity_blocks="-1"} 1\n')
+    assert snapshot.engines["0"].kv_offload_capacity_blocks is None
+    assert snapshot.dropped == {"out_of_range": 1}
+
+
+def test_a_second_offload_info_series_for_one_engine_is_dropped() -> None:
+    """vLLM writes one info series per engine: another label set for it is not summed in."""
+    text = (
+        'vllm:simple_kv_offload_info{capacity_blocks="32",engine="0"} 1\n'
+        'vllm:simple_kv_offload_info{capacity_blocks="64",engine="0"} 1\n'
+    )
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].kv_offload_capacity_blocks == 32
+    assert snapshot.dropped == {"unexpected_series": 1}
