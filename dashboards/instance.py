@@ -791,13 +791,13 @@ def _traffic(facts: RuleFacts) -> Row:
                         ),
                         Query(waiting, legend="waiting: {{reason}}"),
                         Query(
+                            f"sum({metric('vllm:num_requests_swapped', VLLM)})",
+                            legend="swapped (V0)",
+                        ),
+                        Query(
                             "sum by (stage) "
                             f"({metric('headroom_requests_kv_fetch_by_stage', ENGINE_SERIES)})",
                             legend="KV fetch: {{stage}}",
-                        ),
-                        Query(
-                            f"sum({metric('vllm:num_requests_swapped', VLLM)})",
-                            legend="swapped (V0)",
                         ),
                     ],
                     facts=facts,

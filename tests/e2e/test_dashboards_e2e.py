@@ -82,6 +82,16 @@ NEEDS_GPU_OR_V0 = {
     ("vllm-headroom-instance", "Free GPU memory", "A"): "needs NVML",
     ("vllm-headroom-instance", "Running and waiting requests", "C"): "swapped is V0 only",
 }
+#: Queries that need a KV connector, which vLLM's CPU build cannot run (both offload connectors
+#: need CUDA): proven on the replayed pod, whose payloads carry the lines one writes.
+NEEDS_KV_CONNECTOR = {
+    ("vllm-headroom-instance", "Running and waiting requests", "D"): "a connector that loads KV",
+    ("vllm-headroom-instance", "Predicted vs actual KV capacity", "C"): "an offload pool's size",
+}
+#: What SimpleCPUOffloadConnector adds to an engine's families (written from vLLM's source).
+OFFLOAD_LINES = (
+    ROOT / "tests" / "fixtures" / "vllm-offload" / "kv-offload-0.32.0-written-from-source.prom"
+)
 #: The harness's reference burst: 8 x 480 tokens into a 1,024-token pool preempt for sure.
 BURST_LOAD = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -96,9 +106,9 @@ V0_PROOF = {
 }
 
 
-def _replay(files: Sequence[Path]) -> Callable[[int], bytes]:
-    """One recorded payload per scrape, then the last one for ever (vLLM back to idle)."""
-    payloads = [path.read_bytes() for path in files]
+def _replay(files: Sequence[Path], extra: bytes = b"") -> Callable[[int], bytes]:
+    """One recorded payload (and ``extra``) per scrape, then the last for ever (back to idle)."""
+    payloads = [path.read_bytes() + extra for path in files]
     return lambda n: payloads[min(n, len(payloads) - 1)]
 
 
@@ -126,7 +136,7 @@ def prometheus(
     """Prometheus scraping both pods; yields it, host -> sidecar instance, and the start time."""
     servers: list[FakeVllm] = []
     pods = {
-        V1_HOST: _replay(sorted(BURST.glob("*.prom"))),
+        V1_HOST: _replay(sorted(BURST.glob("*.prom")), OFFLOAD_LINES.read_bytes()),
         V0_HOST: _growing(V0_CAPTURE),
     }
     sidecars: dict[str, str] = {}
@@ -314,7 +324,7 @@ def test_every_panel_query_returns_data_after_a_real_burst(
         what="the burst's requests in the sidecar's window",
     )
     time.sleep(3)
-    allowed = STATE_DEPENDENT | NEEDS_GPU_OR_V0
+    allowed = STATE_DEPENDENT | NEEDS_GPU_OR_V0 | NEEDS_KV_CONNECTOR
     empty, _ = _empty_queries(server, {V1_HOST: sidecar}, started, allowed)
     assert not empty, "\n".join(empty)
     # Not just any data: the preemption panel shows the burst's preemptions, both figures.
