@@ -22,6 +22,7 @@ import structlog
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
+from exporter.core.ceiling import QueueCaps
 from exporter.core.derive import WindowSettings
 from exporter.core.reasons import ProbeOutcome
 from exporter.errors import UsageError
@@ -227,6 +228,7 @@ def _poll_settings(settings: Settings) -> PollSettings:
         max_engine_samples=engine_samples,
         max_window_bytes=window_memory_bytes(settings),
         max_num_seqs=settings.max_num_seqs,
+        queue_caps=QueueCaps(settings.max_num_queued_reqs, settings.max_num_queued_tokens),
         gpu_memory_bytes=settings.gpu_memory_bytes,
         tensor_parallel=settings.tensor_parallel_size,
         pipeline_parallel=settings.pipeline_parallel_size,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
+from exporter.core.ceiling import QueueCaps
 from exporter.core.derive import (
     RestartEvidence,
     Sample,
@@ -163,6 +164,9 @@ class PollSettings:
     counter_reset_seconds: float = 60.0
     #: The ``max_num_seqs`` setting: used when vLLM's command line does not say it.
     max_num_seqs: int | None = None
+    #: The admission caps (``max_num_queued_reqs``, ``max_num_queued_tokens`` settings): each
+    #: used when vLLM's command line does not say it.
+    queue_caps: QueueCaps = field(default_factory=QueueCaps)
     #: Settings that also pick vLLM's default ``max_num_seqs`` when NVML cannot say.
     gpu_memory_bytes: int | None = None
     tensor_parallel: int | None = None
@@ -329,6 +333,7 @@ class TargetPoller:
                 pipeline_parallel=settings.pipeline_parallel,
                 max_model_len=self._info.max_model_len,
                 cache_config=cache,
+                queue_caps=settings.queue_caps,
             )
         )
         if limit != self._limit:

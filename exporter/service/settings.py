@@ -229,6 +229,25 @@ class Settings(BaseSettings):
             "version and GPU."
         ),
     )
+    max_num_queued_reqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "vLLM --max-num-queued-reqs (0.33+), when its command line cannot be read (fleet "
+            "mode, no shared process namespace): the queue cap the headroom counts. Default: "
+            "the command line's, else none known."
+        ),
+    )
+    max_num_queued_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000_000,
+        description=(
+            "vLLM --max-num-queued-tokens (0.33+), when its command line cannot be read. "
+            "Default: the command line's, else none known."
+        ),
+    )
     weights_bytes: int | None = Field(
         default=None, gt=0, description="Weights per GPU, when known better than the model files."
     )

@@ -9,7 +9,9 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from exporter.core.ceiling import QueueCaps
 from exporter.core.derive import WindowSettings
+from exporter.core.reasons import Limit
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.service.memory import MemoryBudget
 from exporter.service.poller import PollSettings, TargetPoller
@@ -312,6 +314,27 @@ def test_without_the_flag_the_setting_then_the_default() -> None:
     assert default.view.derived is not None
     # The capture is vLLM 0.32's CPU backend (128-token blocks, no GPU): 128 x 1.
     assert default.view.derived.engines[0].max_num_seqs_by_source == {"default": 128.0}
+
+
+def test_the_queue_cap_settings_count_where_the_command_line_is_silent() -> None:
+    """The queue cap settings count where vLLM's command line does not say them.
+
+    No --max-num-queued-reqs to read (fleet mode): the setting's cap of 1, with nothing in
+    flight, leaves room for 1 and binds (the pool holds 1 p95 sequence too; the cap is named);
+    the flag, where the command line has one, wins: 1,000 leave the pool binding.
+    """
+    caps = PollSettings(queue_caps=QueueCaps(requests=1, tokens=100_000))
+    capped = poll(fake_vllm(), Clock(), launch=Launch(None), settings=caps)
+    assert capped.view.derived is not None
+    (engine,) = capped.view.derived.engines
+    assert (engine.p95_available_sequences, engine.p95_available_limit) == (1.0, Limit.QUEUE_CAP)
+    flag = Launch(["vllm", "serve", "m", "--max-num-queued-reqs", "1000"])
+    over = poll(fake_vllm(), Clock(), launch=flag, settings=caps)
+    assert over.view.derived is not None
+    assert over.view.derived.engines[0].p95_available_limit != Limit.QUEUE_CAP
+    unset = poll(fake_vllm(), Clock(), launch=Launch(None))
+    assert unset.view.derived is not None
+    assert unset.view.derived.engines[0].p95_available_limit != Limit.QUEUE_CAP
 
 
 def test_a_restarted_vllm_has_its_command_line_read_again() -> None:

@@ -122,6 +122,18 @@ def test_the_context_windows_reach_is_never_shorter_than_the_window() -> None:
         load_settings({"context_window_seconds": 900, "context_max_window_seconds": 600})
 
 
+def test_the_queue_caps_reach_the_pollers() -> None:
+    """max_num_queued_reqs and _tokens are the caps a poller falls back on; unset, none."""
+    from exporter.core.ceiling import QueueCaps
+    from exporter.service.app import _poll_settings
+
+    given = {"max_num_queued_reqs": 64, "max_num_queued_tokens": 100_000}
+    assert _poll_settings(load_settings(given)).queue_caps == QueueCaps(64, 100_000)
+    assert _poll_settings(load_settings({})).queue_caps == QueueCaps()
+    with pytest.raises(UsageError, match="max_num_queued_reqs"):
+        load_settings({"max_num_queued_reqs": 0})
+
+
 def test_secret_values_are_never_echoed_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     """An invalid token setting does not print the token."""
     monkeypatch.setenv("HEADROOM_BEARER_TOKEN", "x" * 3)
