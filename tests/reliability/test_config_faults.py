@@ -100,6 +100,8 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("pipeline_parallel_size", {"HEADROOM_PIPELINE_PARALLEL_SIZE": "two"}, "valid integer"),
     ("gpu_memory_bytes", {"HEADROOM_GPU_MEMORY_BYTES": "80GB"}, "valid integer"),
     ("max_num_seqs", {"HEADROOM_MAX_NUM_SEQS": "0"}, "greater than or equal to 1"),
+    ("max_num_queued_reqs", {"HEADROOM_MAX_NUM_QUEUED_REQS": "-3"}, "greater than or equal to 1"),
+    ("max_num_queued_tokens", {"HEADROOM_MAX_NUM_QUEUED_TOKENS": "1e13"}, "max_num_queued_tokens"),
     ("weights_bytes", {"HEADROOM_WEIGHTS_BYTES": "-5"}, "greater than 0"),
     ("overhead_bytes", {"HEADROOM_OVERHEAD_BYTES": "-1"}, "greater than or equal to 0"),
     ("gpu_discovery", {"HEADROOM_GPU_DISCOVERY": "maybe"}, "'auto', 'settings', 'all' or"),
