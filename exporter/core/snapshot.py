@@ -132,7 +132,7 @@ class VllmSnapshot:
     families: frozenset[str] = frozenset()
     #: ``process_start_time_seconds`` of the API server process, if exposed (restart detection).
     process_start_time_seconds: float | None = None
-    #: ``vllm:admission_rejections_total`` summed over reasons (0.33+; no ``engine`` label).
+    #: ``vllm:admission_rejections_total`` summed over reasons (0.32+; no ``engine`` label).
     admission_rejections_total: float | None = None
     #: True when vLLM labelled its series with ``engine`` (V1 >= 0.8.3), even if only ``"0"``.
     engine_labelled: bool = False
