@@ -33,6 +33,7 @@ from exporter.core.derive import (
     restart_baseline,
     restart_evidence,
 )
+from exporter.core.footprint import state_bytes
 from exporter.core.reasons import HttpReason, Source
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
 from exporter.errors import ParseError, SourceError
@@ -40,7 +41,7 @@ from exporter.service.memory import MemoryBudget, Window
 from exporter.sizing.limits import LimitInputs, resolve_running_limit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from concurrent.futures import Executor
 
     from exporter.core.ceiling import RunningLimit
@@ -210,7 +211,7 @@ class TargetPoller:
         self._clock = clock
         self._wall = wall_clock
         #: The samples, bounded by ``max_window_bytes`` and by ``memory``, the budget of all
-        #: the windows of the process.
+        #: the targets of the process (which also counts what this poller holds besides them).
         self._window = Window(max_bytes=self._settings.max_window_bytes, budget=memory)
         #: The latest payload's counters, even while the target is refused (to compare the next).
         self._last_snapshot: RestartBaseline | None = None
@@ -241,9 +242,31 @@ class TargetPoller:
         """The view published by the latest poll."""
         return self._view
 
+    @property
+    def forgotten(self) -> bool:
+        """Whether the memory budget gave up this target whole (its owner is to drop it)."""
+        return self._window.forgotten
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """Window samples given up for memory, and times forgotten, by reason (a copy)."""
+        return dict(self._window.evictions)
+
+    def carry_evictions(self, evictions: Mapping[str, int]) -> None:
+        """Start from the eviction counts of the poller this one replaces (fleet mode).
+
+        A target forgotten for memory comes back as a new poller at its next probe: its
+        ``headroom_window_evictions_total`` must go on from where it was, not from 0.
+        """
+        self._window.evictions.update(evictions)
+
     def _hold(self, view: TargetView) -> TargetView:
-        """Publish ``view``: held whole, or without its figures (fleet mode)."""
-        self._view = view if self._settings.hold_figures else replace(view, derived=None)
+        """Publish ``view``: held whole, or without its figures (fleet mode), counted."""
+        held = view if self._settings.hold_figures else replace(view, derived=None)
+        self._view = held
+        self._window.hold_state(
+            state_bytes(self._last_snapshot, self._previous, held.derived, gpus=len(held.gpus))
+        )
         return view
 
     @property

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from typing import TYPE_CHECKING
 
 import httpx
@@ -13,6 +15,7 @@ from exporter.core.derive import WindowSettings
 from exporter.core.views import PredictionView, TargetInfo, TargetView
 from exporter.service.memory import MemoryBudget
 from exporter.service.poller import PollSettings, TargetPoller
+from exporter.testing import heavy
 from exporter.testing.fakevllm import FakeVllm, Fault, VllmState, render_metrics
 from exporter.vllm.client import ModelsInfo, VllmClient
 from exporter.vllm.launch import parse_launch_flags
@@ -276,6 +279,41 @@ def test_fleet_mode_holds_no_figures_between_polls_and_derives_the_same() -> Non
         assert answer.derived == held.derived == sidecar.view.derived
         assert fleet.view.derived is None
         assert fleet.view.up
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["fleet", "sidecar"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        heavy.long_split_labels(engines=8).payload,
+        lambda scrape: render_metrics(VllmState(engines=16, finished=12 + 2 * scrape)),
+        _busy,
+    ],
+    ids=["long_split_labels_8", "healthy_16", "busy_4"],
+)
+def test_what_a_poller_holds_besides_its_samples_is_counted_near_what_it_is(
+    payload: Callable[[int], bytes], hold: bool
+) -> None:
+    """The budget counts each poller's state, within -20 % and +50 % of tracemalloc's figure.
+
+    Three pollers after three polls, their windows emptied: what stays is their state.
+    """
+    _pollers(payload, 1, 1, hold=hold)  # the imports and caches of a first poll are not theirs
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        pollers, views, budget = _pollers(payload, 3, 3, hold=hold)
+        del views
+        samples = sum(poller._window.bytes for poller in pollers)
+        assert budget.used_bytes > samples
+        for poller in pollers:
+            poller._window.clear()
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.8 * traced <= budget.used_bytes <= 1.5 * traced
 
 
 def test_the_window_keeps_one_sample_older_than_the_longest_window() -> None:
