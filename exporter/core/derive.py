@@ -40,6 +40,7 @@ Definitions (documented for users in ``docs/metrics.md``):
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
@@ -55,7 +56,6 @@ from exporter.core.ceiling import (
 )
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.reasons import Limit
-from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 from exporter.core.windows import (
     BucketCounts,
     histogram_increase,
@@ -65,6 +65,8 @@ from exporter.core.windows import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+
+    from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 
 
 #: The quantiles of context length we derive.
@@ -280,6 +282,10 @@ class TargetDerived:
     admission_rejections_per_second: float | None = None
 
 
+#: How many counters :func:`restart_evidence` compares per engine (:func:`_engine_counters`).
+_COUNTERS = 6
+
+
 def _engine_counters(engine: EngineMetrics) -> tuple[float | None, ...]:
     return (
         engine.preemptions_total,
@@ -289,6 +295,30 @@ def _engine_counters(engine: EngineMetrics) -> tuple[float | None, ...]:
         engine.prompt_tokens.count if engine.prompt_tokens else None,
         engine.generation_tokens.count if engine.generation_tokens else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RestartBaseline:
+    """What :func:`restart_evidence` reads of a snapshot: its start time and counters, packed.
+
+    Kept between polls for every target (fleet mode: up to ``probe_max_targets``), so it holds
+    no label value nor bucket, and no object per counter: one array of doubles, an absent
+    counter as NaN (no comparison with NaN is true, as none is made with an absent one).
+    """
+
+    process_start_time_seconds: float | None
+    #: The engines, in the order of ``counters``' rows.
+    engines: tuple[str, ...]
+    #: ``_COUNTERS`` values an engine, row after row.
+    counters: array[float]
+
+    def engine_counters(self) -> dict[str, tuple[float | None, ...]]:
+        """Each engine's counters as :func:`_engine_counters` gives them (NaN for absent)."""
+        rows = self.counters
+        return {
+            name: tuple(rows[i * _COUNTERS : (i + 1) * _COUNTERS])
+            for i, name in enumerate(self.engines)
+        }
 
 
 class RestartEvidence(StrEnum):
@@ -304,11 +334,14 @@ class RestartEvidence(StrEnum):
     IMPOSSIBLE = "impossible"
 
 
-def restart_evidence(previous: VllmSnapshot, current: VllmSnapshot) -> RestartEvidence | None:
+def restart_evidence(
+    previous: VllmSnapshot | RestartBaseline, current: VllmSnapshot
+) -> RestartEvidence | None:
     """Why vLLM looks restarted between two consecutive snapshots, or None.
 
     Evidence: a later ``process_start_time_seconds``, or any cumulative counter of an engine
-    present in both going down (impossible for the same process start time).
+    present in both going down (impossible for the same process start time). ``previous`` may
+    be the snapshot before or its :func:`restart_baseline`: the verdict is the same.
     """
     before, now = previous.process_start_time_seconds, current.process_start_time_seconds
     known = before is not None and now is not None
@@ -316,41 +349,32 @@ def restart_evidence(previous: VllmSnapshot, current: VllmSnapshot) -> RestartEv
         return RestartEvidence.START_TIME
     if known and now < before:  # type: ignore[operator]
         return RestartEvidence.IMPOSSIBLE
+    if isinstance(previous, RestartBaseline):
+        counters = previous.engine_counters()
+    else:
+        counters = {name: _engine_counters(e) for name, e in previous.engines.items()}
     for name, engine in current.engines.items():
-        old = previous.engines.get(name)
+        old = counters.get(name)
         if old is None:
             continue
-        for a, b in zip(_engine_counters(old), _engine_counters(engine), strict=True):
+        for a, b in zip(old, _engine_counters(engine), strict=True):
             if a is not None and b is not None and b < a:
                 return RestartEvidence.IMPOSSIBLE if known else RestartEvidence.COUNTERS
     return None
 
 
-def restart_baseline(snapshot: VllmSnapshot) -> VllmSnapshot:
-    """Only what :func:`restart_evidence` reads: the start time and each engine's counters.
-
-    Kept between polls for every target, so it must not hold what a target chose to send
-    (label values, buckets): a histogram keeps only its count.
-    """
-    engines = {
-        name: EngineMetrics(
-            engine=name,
-            preemptions_total=engine.preemptions_total,
-            requests_finished_total=engine.requests_finished_total,
-            prompt_tokens_total=engine.prompt_tokens_total,
-            generation_tokens_total=engine.generation_tokens_total,
-            prompt_tokens=_count_only(engine.prompt_tokens),
-            generation_tokens=_count_only(engine.generation_tokens),
-        )
-        for name, engine in snapshot.engines.items()
-    }
-    return VllmSnapshot(
-        engines=engines, process_start_time_seconds=snapshot.process_start_time_seconds
+def restart_baseline(snapshot: VllmSnapshot) -> RestartBaseline:
+    """Only what :func:`restart_evidence` reads: the start time and each engine's counters."""
+    nan = math.nan
+    counters = array(
+        "d",
+        (
+            nan if value is None else value
+            for engine in snapshot.engines.values()
+            for value in _engine_counters(engine)
+        ),
     )
-
-
-def _count_only(histogram: Histogram | None) -> Histogram | None:
-    return Histogram((), (), histogram.count, 0.0) if histogram is not None else None
+    return RestartBaseline(snapshot.process_start_time_seconds, tuple(snapshot.engines), counters)
 
 
 def detect_restart(previous: VllmSnapshot, current: VllmSnapshot) -> bool:
@@ -1198,4 +1222,23 @@ def derive_target(
         engines=engines,
         restarted=len(samples) > 1 and samples[-1].restarted,
         admission_rejections_per_second=rejections,
+    )
+
+
+def carried(derived: TargetDerived) -> TargetDerived:
+    """What the next :func:`derive_target` reads of ``derived`` (its ``previous``), and no more.
+
+    Only context figures that may stand are read from the poll before (:func:`_kept_context`):
+    those of a window of ``KEEP_CONTEXT_MIN_REQUESTS`` requests or more. A poller keeps this
+    between polls instead of the figures it published (64 engines' of them, with the split
+    labels' values, for every fleet target); the next figures are the same either way.
+    """
+    return TargetDerived(
+        engines=tuple(
+            EngineDerived(engine=e.engine, model_name=e.model_name, context=e.context)
+            for e in derived.engines
+            if e.context is not None
+            and e.context.basis == "window"
+            and e.context.window_requests >= KEEP_CONTEXT_MIN_REQUESTS
+        )
     )

@@ -1,4 +1,4 @@
-"""What one window sample costs in memory: an estimate from its shape, without measuring.
+"""What a window sample, and a target between polls, cost in memory: estimates from their shape.
 
 The poller bounds every window, and all windows together, in bytes (:mod:`exporter.service.
 memory`): a count of samples bounds nothing when a target's label values, bucket counts or
@@ -7,7 +7,12 @@ object) would cost more than the parse; this walks the few fields a lean sample 
 CPython's sizes. Objects shared with the previous sample (bucket bounds, ``cache_config_info``
 facts, unchanged model names and split-label keys, see
 :func:`~exporter.core.derive.window_snapshot`) are held once and counted once.
-``tests/core/test_footprint.py`` checks the estimate against tracemalloc.
+
+Besides its samples, each target holds between polls a little more that the same budget counts
+(:func:`state_bytes`): its poller, the restart baseline, the figures the next poll reads, and in
+the sidecar the figures held for scrapes. Fleet mode holds that for up to ``probe_max_targets``
+targets of up to 64 engines each. ``tests/core/test_footprint.py`` checks both estimates
+against tracemalloc.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from exporter.core.derive import ContextEstimate, RestartBaseline, TargetDerived
     from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 
 # CPython 3.11, 64-bit: sizes of the objects a sample is made of.
@@ -96,3 +102,62 @@ def _histogram_bytes(histogram: Histogram | None, old: Histogram | None) -> int:
     if old is None or histogram.bounds is not old.bounds:
         total += _TUPLE + (8 + _FLOAT) * len(histogram.bounds)
     return total
+
+
+#: A poller between polls, whatever its engines: the TargetPoller, its window, lock, client and
+#: predictor, the health of its sources, its view's small parts and its place in the fleet.
+#: Measured (tracemalloc, a one-engine target after two polls): about 11 KiB.
+_POLLER: Final = 11 * 1024
+#: A RestartBaseline, its tuple of engine names and its array of counters (headers).
+_BASELINE: Final = 56 + _TUPLE + 80
+#: An engine in the baseline: its name's place in the tuple and six doubles.
+_BASELINE_ENGINE: Final = 8 + 6 * 8
+#: An EngineDerived (41 slots) and its place in the target's tuple.
+_DERIVED: Final = 16 + 8 * 41 + 8
+#: The floats an engine's figures hold, most of them set, and its three (most often empty)
+#: mappings of split labels.
+_DERIVED_FIGURES: Final = 28 * _FLOAT + 3 * _DICT
+#: A ContextEstimate (7 slots), its quantiles (a dict of three) and its numbers.
+_CONTEXT: Final = 16 + 8 * 7 + 232 + 8 * _FLOAT
+#: A GpuMemoryView (11 slots), its numbers and its three strings.
+_GPU: Final = 16 + 8 * 11 + 8 * _FLOAT + 3 * 64
+
+
+def state_bytes(
+    baseline: RestartBaseline | None,
+    previous: TargetDerived | None,
+    held: TargetDerived | None = None,
+    *,
+    gpus: int = 0,
+) -> int:
+    """Estimated bytes a target holds between polls besides its window's samples.
+
+    ``baseline``: its restart baseline; ``previous``: what the next derivation reads of the
+    last one; ``held``: the figures held for scrapes (the sidecar's; None in fleet mode);
+    ``gpus``: the GPUs its view shows. Engine names and model names are counted where the
+    figures are (they are the window's objects while its window holds samples).
+    """
+    total = _POLLER + _GPU * gpus
+    if baseline is not None:
+        total += _BASELINE + _BASELINE_ENGINE * len(baseline.engines)
+        total += sum(text_bytes(name) for name in baseline.engines)
+    if previous is not None:
+        for engine in previous.engines:
+            # Its context figures are the held figures' objects, where those are held.
+            total += _DERIVED + (_context_bytes(engine.context) if held is None else 0)
+    if held is not None:
+        total += _TUPLE + 8 * 16
+        for engine in held.engines:
+            total += _DERIVED + _DERIVED_FIGURES + _context_bytes(engine.context)
+            for mapping in (
+                engine.prompt_tokens_cached_ratio_by_source,
+                engine.prompt_tokens_ratio_by_source,
+                engine.requests_waiting_by_reason,
+            ):
+                total += (_DICT_ENTRY + _FLOAT) * len(mapping)
+                total += sum(text_bytes(key) for key in mapping)
+    return total
+
+
+def _context_bytes(context: ContextEstimate | None) -> int:
+    return _CONTEXT if context is not None else 0

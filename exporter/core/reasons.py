@@ -132,6 +132,10 @@ class EvictionReason(StrEnum):
     TARGET_BUDGET = "target_budget"
     #: All the windows of the process were over their budget and this one was the biggest.
     PROCESS_BUDGET = "process_budget"
+    #: All the targets were over the budget with every window down to two samples, and this
+    #: one, with none left, was the biggest: its whole state was forgotten (fleet mode), and
+    #: its next probe starts it again. Counted once each time.
+    FORGOTTEN = "forgotten"
 
 
 class AnswerRefusal(StrEnum):

@@ -227,6 +227,8 @@ def _poll_settings(settings: Settings) -> PollSettings:
         gpu_timeout_seconds=settings.poll_timeout_seconds,
         max_engine_samples=engine_samples,
         max_window_bytes=window_memory_bytes(settings),
+        # A probe's answer is rendered from the view its poll returns: nothing reads it later.
+        hold_figures=settings.mode is Mode.SIDECAR,
         max_num_seqs=settings.max_num_seqs,
         queue_caps=QueueCaps(settings.max_num_queued_reqs, settings.max_num_queued_tokens),
         gpu_memory_bytes=settings.gpu_memory_bytes,

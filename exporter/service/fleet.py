@@ -166,6 +166,9 @@ class Fleet:
         self._clock = clock
         #: By target URL and what the probe named for its GPUs (part of its identity).
         self._targets: OrderedDict[tuple[str, DcgmRequest | None], _Entry] = OrderedDict()
+        #: The window evictions of targets the memory budget forgot, until their next probe
+        #: (their counters go on from there); as many as targets at most, the oldest dropped.
+        self._forgotten: OrderedDict[tuple[str, DcgmRequest | None], dict[str, int]] = OrderedDict()
         # enter() and leave() run on HTTP threads, probe() on the event loop: one lock for the
         # counts they share.
         self._lock = threading.Lock()
@@ -186,7 +189,7 @@ class Fleet:
 
     @property
     def evictions(self) -> int:
-        """Targets forgotten since start (bound or age)."""
+        """Targets forgotten since start (bound, age or memory)."""
         with self._lock:
             return self._evictions
 
@@ -312,8 +315,27 @@ class Fleet:
                 await self._dcgm.refresh(gpu.url)
         with routed(route):
             view = await entry.poller.poll_once()
+        self._drop_forgotten()
         self._count(ProbeOutcome.OK)
         return view
+
+    def _drop_forgotten(self) -> None:
+        """Drop the targets the memory budget forgot (their samples are gone already).
+
+        Their pollers go with them, and so does what they held; their window evictions wait
+        for their next probe, which starts them again.
+        """
+        gone = [key for key, entry in self._targets.items() if entry.poller.forgotten]
+        for key in gone:
+            entry = self._targets.pop(key)
+            self._forgotten[key] = entry.poller.evictions
+            while len(self._forgotten) > self._max_targets:
+                self._forgotten.popitem(last=False)
+            with self._lock:
+                self._evictions += 1
+            log.info("probe_target_forgotten", target=key[0], reason="memory")
+        if gone and self._dcgm is not None:
+            self._dcgm.retain({e.gpu.url for e in self._targets.values() if e.gpu is not None})
 
     def _entry(self, target: ProbeTarget, gpu: DcgmRequest | None) -> _Entry:
         """The target's poller (made on its first probe); forget the stale and the excess."""
@@ -323,6 +345,9 @@ class Fleet:
         if entry is None:
             gpus = FleetDcgmSource(self._dcgm, gpu) if self._dcgm is not None else None
             entry = _Entry(self._make_poller(target, gpus), now, gpu)
+            evictions = self._forgotten.pop(key, None)
+            if evictions:
+                entry.poller.carry_evictions(evictions)
             self._targets[key] = entry
         entry.last_probe = now
         self._targets.move_to_end(key)

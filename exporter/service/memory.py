@@ -1,15 +1,18 @@
-"""The windows' memory: each target's samples, bounded in bytes, and one budget for them all.
+"""The targets' memory: each one's samples, bounded in bytes, and one budget for them all.
 
 A window held hundreds of samples whatever they weighed: a target that sends long label values,
 many moving buckets or changing ``cache_config_info`` labels made each sample heavy, and fleet
 mode multiplied that by every target. Here each :class:`Window` knows what its samples cost
-(:func:`~exporter.core.footprint.sample_bytes`) and one :class:`MemoryBudget` holds all the
-windows of the process to a total derived from the memory limit (``memory_limit_bytes``).
-When the total is over, the biggest window gives up its oldest sample first, down to two
-samples (a rate needs two); when every window is down to two, the biggest other window than the
-one just added to gives up its last ones (its target starts again at its next poll, like a new
-one). A small healthy target loses nothing while a bigger one is over, and every sample given
-up is counted by reason (``headroom_window_evictions_total``).
+(:func:`~exporter.core.footprint.sample_bytes`) and what its target holds besides them between
+polls (:func:`~exporter.core.footprint.state_bytes`: the restart baseline, the figures the next
+poll reads, the poller itself), and one :class:`MemoryBudget` holds all the targets of the
+process to a total derived from the memory limit (``memory_limit_bytes``). When the total is
+over, the biggest window gives up its oldest sample first, down to two samples (a rate needs
+two); when every window is down to two, the biggest target other than the one just added to
+gives up its last samples, and then, with none left, is forgotten whole (fleet mode drops it;
+its next probe starts it again, like a new one). A small healthy target loses nothing while a
+bigger one is over, and every sample given up and every target forgotten is counted by reason
+(``headroom_window_evictions_total``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ MIN_SAMPLES = 2
 
 
 class MemoryBudget:
-    """Bytes all the windows of the process may hold together (one per exporter).
+    """Bytes all the targets of the process may hold together (one per exporter).
 
     Windows register themselves; a window dropped with its poller (fleet mode forgets stale
     targets) leaves the budget with it.
@@ -46,29 +49,49 @@ class MemoryBudget:
 
     @property
     def used_bytes(self) -> int:
-        """What all the windows hold now, as estimated."""
-        return sum(window.bytes for window in self._windows)
+        """What all the targets hold now, samples and state, as estimated."""
+        return sum(window.held_bytes for window in self._windows)
 
     def reclaim(self, requester: Window) -> None:
-        """Evict oldest samples, biggest window first, until the total fits.
+        """Evict oldest samples, then whole targets, biggest first, until the total fits.
 
-        Windows give up samples down to two first; then whole windows, the biggest first,
-        except ``requester`` (its latest sample is being derived from).
+        Windows give up samples down to two first; then the biggest target other than
+        ``requester`` (its latest sample is being derived from) gives up its last samples,
+        and with none left is forgotten. Biggest by all it holds: a target whose state alone
+        is big goes before a small one loses a sample.
         """
         windows = list(self._windows)
-        excess = sum(window.bytes for window in windows) - self.limit_bytes
+        excess = sum(window.held_bytes for window in windows) - self.limit_bytes
         while excess > 0:
             donors = [window for window in windows if len(window) > MIN_SAMPLES]
-            if not donors:
-                donors = [window for window in windows if window and window is not requester]
+            if donors:
+                biggest = max(donors, key=_held)
+                excess -= biggest.evict_oldest(EvictionReason.PROCESS_BUDGET)
+                continue
+            donors = [
+                window
+                for window in windows
+                if window is not requester and not window.forgotten and window.held_bytes
+            ]
             if not donors:
                 return
-            biggest = max(donors, key=lambda window: window.bytes)
-            excess -= biggest.evict_oldest(EvictionReason.PROCESS_BUDGET)
+            biggest = max(donors, key=_held)
+            if biggest:
+                excess -= biggest.evict_oldest(EvictionReason.PROCESS_BUDGET)
+            else:
+                excess -= biggest.forget()
+
+
+def _held(window: Window) -> int:
+    return window.held_bytes
 
 
 class Window:
-    """One target's samples in time order, with what each costs, bounded in count and bytes."""
+    """One target's samples in time order, with what each costs, bounded in count and bytes.
+
+    It also carries the estimate of what its target holds between polls outside the samples
+    (:attr:`state_bytes`), so that the budget counts the whole target.
+    """
 
     def __init__(self, *, max_bytes: int, budget: MemoryBudget | None = None) -> None:
         self.max_bytes = max_bytes
@@ -76,7 +99,12 @@ class Window:
         self._samples: deque[Sample] = deque()
         self._sizes: deque[int] = deque()
         self.bytes = 0
-        #: Samples given up for memory, by reason (an EvictionReason); never reset.
+        #: What the target holds besides the samples, as its poller last estimated it.
+        self.state_bytes = 0
+        #: The budget gave up the whole target: its owner (fleet mode) is to drop it.
+        self.forgotten = False
+        #: Samples given up for memory, and targets forgotten, by reason (an
+        #: EvictionReason); never reset.
         self.evictions: Counter[str] = Counter()
         if budget is not None:
             budget.register(self)
@@ -86,6 +114,11 @@ class Window:
 
     def __bool__(self) -> bool:
         return bool(self._samples)
+
+    @property
+    def held_bytes(self) -> int:
+        """All the target holds: its samples and its state."""
+        return self.bytes + self.state_bytes
 
     @property
     def samples(self) -> list[Sample]:
@@ -128,6 +161,25 @@ class Window:
             self.evict_oldest(EvictionReason.TARGET_BUDGET)
         if self._budget is not None:
             self._budget.reclaim(self)
+
+    def hold_state(self, state_bytes: int) -> None:
+        """Count ``state_bytes`` as the target's state from now on (the budget may reclaim)."""
+        grew = state_bytes > self.state_bytes
+        self.state_bytes = state_bytes
+        if grew and self._budget is not None:
+            self._budget.reclaim(self)
+
+    def forget(self) -> int:
+        """Give up the whole target: its samples now, its state when its owner drops it.
+
+        Counted once under ``forgotten``; the bytes freed (as estimated).
+        """
+        freed = self.held_bytes
+        self.clear()
+        self.state_bytes = 0
+        self.forgotten = True
+        self.evictions[EvictionReason.FORGOTTEN] += 1
+        return freed
 
     def evict_oldest(self, reason: EvictionReason) -> int:
         """Give up the oldest sample for memory, counted under ``reason``; the bytes freed."""

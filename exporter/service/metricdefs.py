@@ -775,9 +775,11 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_window_evictions_total",
         Kind.COUNTER,
         "Window samples of the target given up for memory, by reason: target_budget (its "
-        "window was over the per-target share), process_budget (all windows were over "
-        "memory_limit_bytes' share and this one was the biggest); oldest first, never below "
-        "two samples.",
+        "window was over the per-target share), process_budget (all targets were over "
+        "memory_limit_bytes' share and this one was the biggest; oldest first, down to two "
+        "samples before any window gives up its last ones), forgotten (fleet mode: then, with "
+        "no sample left, its whole state was forgotten, counted once each time; its next probe "
+        "starts it again).",
         ("reason",),
         source="the poller",
         row=Row.TARGET,
@@ -844,7 +846,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_probe_evictions_total",
         Kind.COUNTER,
-        "Targets forgotten because of the bound on remembered targets or their age.",
+        "Targets forgotten because of the bound on remembered targets, their age, or the "
+        'memory budget (headroom_window_evictions_total{reason="forgotten"}).',
         scope=Scope.EXPORTER,
         source="fleet mode",
         row=Row.EXPORTER,

@@ -23,14 +23,18 @@ import structlog
 
 from exporter.core.ceiling import QueueCaps
 from exporter.core.derive import (
+    RestartBaseline,
     RestartEvidence,
     Sample,
+    TargetDerived,
     WindowSettings,
+    carried,
     derive_target,
     next_sample,
     restart_baseline,
     restart_evidence,
 )
+from exporter.core.footprint import state_bytes
 from exporter.core.reasons import HttpReason, Source
 from exporter.core.views import PredictionView, SourceHealth, TargetInfo, TargetView
 from exporter.errors import ParseError, SourceError
@@ -38,7 +42,7 @@ from exporter.service.memory import MemoryBudget, Window
 from exporter.sizing.limits import LimitInputs, resolve_running_limit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from concurrent.futures import Executor
 
     from exporter.core.ceiling import RunningLimit
@@ -162,6 +166,12 @@ class PollSettings:
     #: Counters that go down twice within this many seconds, without a new process start
     #: time, mark a broken target rather than a restart storm: no figures until they stop.
     counter_reset_seconds: float = 60.0
+    #: Whether the latest derived figures are held between polls for scrapes to read (the
+    #: sidecar's /metrics). Fleet mode answers each probe with the view its poll returns, and
+    #: holds only what the next poll reads: 64 engines' figures, split labels' values and all,
+    #: for each of up to ``probe_max_targets`` targets, counted in no window, added up to more
+    #: than the windows themselves.
+    hold_figures: bool = True
     #: The ``max_num_seqs`` setting: used when vLLM's command line does not say it.
     max_num_seqs: int | None = None
     #: The admission caps (``max_num_queued_reqs``, ``max_num_queued_tokens`` settings): each
@@ -205,10 +215,12 @@ class TargetPoller:
         self._clock = clock
         self._wall = wall_clock
         #: The samples, bounded by ``max_window_bytes`` and by ``memory``, the budget of all
-        #: the windows of the process.
+        #: the targets of the process (which also counts what this poller holds besides them).
         self._window = Window(max_bytes=self._settings.max_window_bytes, budget=memory)
-        #: The latest payload parsed, even while the target is refused (to compare the next).
-        self._last_snapshot: VllmSnapshot | None = None
+        #: The latest payload's counters, even while the target is refused (to compare the next).
+        self._last_snapshot: RestartBaseline | None = None
+        #: What the next derivation reads of the last one (:func:`carried`).
+        self._previous: TargetDerived | None = None
         #: When counters went down without a new start time, within counter_reset_seconds.
         self._counter_resets: deque[float] = deque()
         #: Until when the target is refused for inconsistent counters.
@@ -233,6 +245,33 @@ class TargetPoller:
     def view(self) -> TargetView:
         """The view published by the latest poll."""
         return self._view
+
+    @property
+    def forgotten(self) -> bool:
+        """Whether the memory budget gave up this target whole (its owner is to drop it)."""
+        return self._window.forgotten
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """Window samples given up for memory, and times forgotten, by reason (a copy)."""
+        return dict(self._window.evictions)
+
+    def carry_evictions(self, evictions: Mapping[str, int]) -> None:
+        """Start from the eviction counts of the poller this one replaces (fleet mode).
+
+        A target forgotten for memory comes back as a new poller at its next probe: its
+        ``headroom_window_evictions_total`` must go on from where it was, not from 0.
+        """
+        self._window.evictions.update(evictions)
+
+    def _hold(self, view: TargetView) -> TargetView:
+        """Publish ``view``: held whole, or without its figures (fleet mode), counted."""
+        held = view if self._settings.hold_figures else replace(view, derived=None)
+        self._view = held
+        self._window.hold_state(
+            state_bytes(self._last_snapshot, self._previous, held.derived, gpus=len(held.gpus))
+        )
+        return view
 
     @property
     def ready(self) -> bool:
@@ -449,12 +488,14 @@ class TargetPoller:
                     log.exception("poll_crashed", target=self.target)
                 failure = SourceError(HttpReason.INTERNAL_ERROR, f"{kind}: {exc}"[:200])
                 self._record(Source.VLLM_METRICS, self._clock(), failure)
-                self._view = replace(
-                    self._view,
-                    derived=None,
-                    sources={name: h.view() for name, h in self._health.items()},
+                self._previous = None
+                return self._hold(
+                    replace(
+                        self._view,
+                        derived=None,
+                        sources={name: h.view() for name, h in self._health.items()},
+                    )
                 )
-                return self._view
 
     async def _poll(self) -> TargetView:
         started = self._clock()
@@ -516,9 +557,10 @@ class TargetPoller:
             predicted_capacity_tokens=prediction.capacity_tokens,
             max_model_len=self._info.max_model_len,
             running_limit=self._running_limit(snapshot, gpus),
-            previous=self._view.derived,
+            previous=self._previous,
         )
-        self._view = TargetView(
+        self._previous = carried(derived)
+        view = TargetView(
             target=self.target,
             derived=derived,
             prediction=prediction,
@@ -535,7 +577,7 @@ class TargetPoller:
         self._ready = True
         if snapshot.dropped_samples and not previous_dropped:
             log.warning("target_series_dropped", target=self.target, dropped=dict(snapshot.dropped))
-        return self._view
+        return self._hold(view)
 
     async def _down(self, started: float, error: SourceError) -> TargetView:
         """Publish a view without derived figures: stale numbers must not look current.
@@ -547,15 +589,17 @@ class TargetPoller:
         # After an outage vLLM may come back changed: re-read its facts then.
         self._needs_discovery = True
         gpus = await self._read_gpus(None)
-        self._view = replace(
-            self._view,
-            derived=None,
-            gpus=gpus,
-            sources={name: h.view() for name, h in self._health.items()},
-            window_samples=len(self._window),
-            window_evictions=dict(self._window.evictions),
+        self._previous = None
+        return self._hold(
+            replace(
+                self._view,
+                derived=None,
+                gpus=gpus,
+                sources={name: h.view() for name, h in self._health.items()},
+                window_samples=len(self._window),
+                window_evictions=dict(self._window.evictions),
+            )
         )
-        return self._view
 
     async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
         """Poll every ``interval_seconds`` until ``stop`` is set (sidecar mode).

@@ -17,6 +17,7 @@ from exporter.core.derive import (
     EngineDerived,
     Sample,
     WindowSettings,
+    carried,
     derive_target,
     detect_restart,
     next_sample,
@@ -942,6 +943,25 @@ def test_context_refresh_seconds_0_computes_them_every_poll() -> None:
     assert [computed_at(f) for f in figures[1:]] == [5.0 * m for m in range(1, 61)]
 
 
+def test_what_is_carried_to_the_next_poll_gives_the_same_figures_as_the_whole() -> None:
+    """A poller keeps only the standing context figures: every later figure is the same.
+
+    Busy polls (figures that stand), quiet ones (under 400 requests: none carried) and a
+    restart, derived with the whole figures of the poll before and with what is carried.
+    """
+    for samples in (busy(70, restart_at=50), busy(30)):
+        whole = carried_previous = None
+        for latest in range(1, len(samples) + 1):
+            window = samples[:latest]
+            expected = derive_target(window, windows=WINDOWS, previous=whole)
+            got = derive_target(window, windows=WINDOWS, previous=carried_previous)
+            assert got == expected
+            whole, carried_previous = expected, carried(expected)
+    standing = carried(derive_target(busy(60), windows=WINDOWS))
+    assert [e.engine for e in standing.engines] == ["0"]
+    assert carried(derive_target(busy(10), windows=WINDOWS)).engines == ()
+
+
 def test_a_new_max_model_len_computes_the_context_figures_at_once() -> None:
     """Figures capped at another max_model_len (learnt after the first polls) do not stand."""
     samples = busy(60)
@@ -967,7 +987,8 @@ def test_a_restart_baseline_gives_the_same_evidence_as_the_whole_snapshot() -> N
     ):
         assert restart_evidence(restart_baseline(before), after) == restart_evidence(before, after)
     baseline = restart_baseline(before)
-    assert all(e.cache_config is None and e.model_name is None for e in baseline.engines.values())
+    assert baseline.engines == tuple(before.engines)
+    assert len(baseline.counters) == 6 * len(before.engines)  # numbers only: no label, bucket
 
 
 # --- counters after a restart -----------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.core.reasons import DcgmReason, ProbeOutcome
+from exporter.core.reasons import DcgmReason, EvictionReason, ProbeOutcome
 from exporter.core.views import TargetView
 from exporter.service.allowlist import parse_allowlist
 from exporter.service.dcgm import SharedDcgmAnswers
@@ -24,7 +24,7 @@ from tests.dcgm import DCGM, EMBED_POD, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
 from tests.service.test_allowlist import LOOPBACK_V6_SPELLINGS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from exporter.service.allowlist import IPAddress, ProbeTarget
     from exporter.service.poller import GpuSource
@@ -57,6 +57,13 @@ class FakePoller:
         self.hangs = hangs
         self.polls = 0
         self.routes: list[Route | None] = []
+        #: Set by a test as the memory budget would: the fleet is to drop this poller.
+        self.forgotten = False
+        self.evictions: dict[str, int] = {}
+
+    def carry_evictions(self, evictions: Mapping[str, int]) -> None:
+        """Go on from the counts of the poller this one replaces."""
+        self.evictions = dict(evictions)
 
     async def poll_once(self) -> TargetView:
         """Count the poll, note its route and answer (or wait forever)."""
@@ -557,6 +564,29 @@ def test_the_bound_on_targets_evicts_the_least_recently_probed(make_fleet: MakeF
     probe(fleet, "10.0.0.2:8000")  # forgotten: a new poller, and 10.0.0.3 goes
     assert pollers.urls[-1] == "http://10.0.0.2:8000"
     assert (fleet.target_count, fleet.evictions) == (2, 2)
+
+
+def test_a_target_the_memory_budget_forgot_is_dropped_and_comes_back_with_its_evictions(
+    make_fleet: MakeFleet,
+) -> None:
+    """The budget forgets a target during another's poll: that probe drops it, counted.
+
+    Its next probe makes a new poller, whose eviction counts go on from the forgotten one's;
+    the other targets are kept.
+    """
+    pollers = Pollers()
+    fleet = make_fleet(pollers=pollers)
+    probe(fleet, "10.0.0.1:8000")
+    probe(fleet, "10.0.0.2:8000")
+    forgotten = pollers.made[0]
+    forgotten.forgotten = True
+    forgotten.evictions = {EvictionReason.PROCESS_BUDGET: 3, EvictionReason.FORGOTTEN: 1}
+    probe(fleet, "10.0.0.2:8000")
+    assert (fleet.target_count, fleet.evictions) == (1, 1)
+    probe(fleet, "10.0.0.1:8000")
+    assert pollers.urls == ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.1:8000"]
+    assert pollers.made[-1].evictions == forgotten.evictions
+    assert [p.polls for p in pollers.made] == [1, 2, 1]
 
 
 def test_a_probe_that_outlives_its_timeout_is_refused_as_timeout_and_its_target_kept(

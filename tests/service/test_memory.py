@@ -164,3 +164,49 @@ def test_many_heavy_windows_of_two_samples_give_up_whole_windows_not_the_healthy
     assert len(hostile[-1]) >= 1  # the one just added to keeps its latest sample
     assert sum(w.evictions[EvictionReason.PROCESS_BUDGET] for w in hostile) > 0
     assert any(not window for window in hostile)
+
+
+def test_what_a_target_holds_besides_its_samples_counts_in_the_budget() -> None:
+    """A target's state (baseline, figures, poller) is counted with its window's samples."""
+    budget = MemoryBudget(limit_bytes=2**30)
+    window = Window(max_bytes=2**30, budget=budget)
+    _fill(window, _healthy(), 2)
+    samples = budget.used_bytes
+    window.hold_state(100 * KIB)
+    assert budget.used_bytes == samples + 100 * KIB == window.held_bytes
+
+
+def test_a_small_healthy_target_is_kept_while_big_states_are_forgotten_biggest_first() -> None:
+    """Over the budget with every window down to two samples, the biggest targets go whole.
+
+    Each gives up its samples (``process_budget``), then itself, counted once
+    (``forgotten``), until the total fits. The small healthy target loses nothing.
+    """
+    budget = MemoryBudget(limit_bytes=2**30)
+    healthy = Window(max_bytes=2**30, budget=budget)
+    _fill(healthy, _healthy(), 2)
+    healthy.hold_state(10 * KIB)
+    big = [Window(max_bytes=2**30, budget=budget) for _ in range(4)]
+    for i, window in enumerate(big):
+        _fill(window, _healthy(), 2)
+        window.hold_state((300 + 10 * i) * KIB)
+    budget.limit_bytes = 700 * KIB
+    _fill(big[0], _healthy(), 1, start=2)  # over now: the biggest others go
+    assert budget.used_bytes <= 700 * KIB
+    assert [window.forgotten for window in big] == [False, False, True, True]
+    assert big[3].evictions == {EvictionReason.PROCESS_BUDGET: 2, EvictionReason.FORGOTTEN: 1}
+    assert (len(big[3]), big[3].held_bytes) == (0, 0)
+    assert not big[1].evictions
+    assert len(healthy) == MIN_SAMPLES
+    assert not healthy.forgotten
+    assert healthy.evictions.total() == 0
+
+
+def test_a_lone_target_is_never_forgotten() -> None:
+    """The sidecar's one target, however big its state, keeps its window and itself."""
+    budget = MemoryBudget(limit_bytes=1)
+    window = Window(max_bytes=2**30, budget=budget)
+    _fill(window, _healthy(), 3)
+    window.hold_state(10 * KIB)
+    assert not window.forgotten
+    assert len(window) == MIN_SAMPLES

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from typing import TYPE_CHECKING
 
 import httpx
@@ -12,17 +14,18 @@ from structlog.testing import capture_logs
 from exporter.core.ceiling import QueueCaps
 from exporter.core.derive import WindowSettings
 from exporter.core.reasons import Limit
-from exporter.core.views import PredictionView, TargetInfo
+from exporter.core.views import PredictionView, TargetInfo, TargetView
 from exporter.service.memory import MemoryBudget
 from exporter.service.poller import PollSettings, TargetPoller
-from exporter.testing.fakevllm import FakeVllm, Fault, VllmState
+from exporter.testing import heavy
+from exporter.testing.fakevllm import FakeVllm, Fault, VllmState, render_metrics
 from exporter.vllm.client import ModelsInfo, VllmClient
 from exporter.vllm.launch import parse_launch_flags
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
@@ -220,6 +223,99 @@ def test_a_snapshot_is_counted_in_the_memory_budget_while_discovery_waits() -> N
     asyncio.run(go())
     assert seen_during_discovery
     assert seen_during_discovery[0] > 0
+
+
+def _pollers(
+    payload: Callable[[int], bytes], count: int, polls: int, *, hold: bool
+) -> tuple[list[TargetPoller], list[TargetView], MemoryBudget]:
+    """``count`` pollers of one fake serving ``payload``, polled ``polls`` times, 5 s apart.
+
+    Their budget, and the views the last polls returned.
+    """
+    fake = FakeVllm(payload=payload, listen=False)
+    budget = MemoryBudget(limit_bytes=1 << 30)
+    clock = Clock()
+    settings = PollSettings(hold_figures=hold)
+
+    async def go() -> tuple[list[TargetPoller], list[TargetView]]:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
+            pollers = [
+                TargetPoller(
+                    f"http://v{i}:8000",
+                    client=VllmClient(
+                        f"http://v{i}:8000", client=http, timeout_seconds=5, max_bytes=1 << 24
+                    ),
+                    parse=parse_vllm_metrics,
+                    settings=settings,
+                    memory=budget,
+                    clock=clock,
+                )
+                for i in range(count)
+            ]
+            views = []
+            for poller in pollers:
+                for _ in range(polls):
+                    view = await poller.poll_once()
+                    clock.now += 5.0
+                views.append(view)
+            return pollers, views
+
+    pollers, views = asyncio.run(go())
+    return pollers, views, budget
+
+
+def _busy(scrape: int) -> bytes:
+    """Four engines, 500 requests finished a poll: context figures that stand."""
+    return render_metrics(VllmState(engines=4, finished=12 + 500 * scrape))
+
+
+def test_fleet_mode_holds_no_figures_between_polls_and_derives_the_same() -> None:
+    """The probe's answer has every figure; the poller keeps only what the next poll reads.
+
+    Busy engines whose context figures stand: each poll's figures equal a sidecar's.
+    """
+    for polls in (1, 3, 9):
+        (fleet,), (answer,), _ = _pollers(_busy, 1, polls, hold=False)
+        (sidecar,), (held,), _ = _pollers(_busy, 1, polls, hold=True)
+        assert answer.derived is not None
+        assert answer.derived == held.derived == sidecar.view.derived
+        assert fleet.view.derived is None
+        assert fleet.view.up
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["fleet", "sidecar"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        heavy.long_split_labels(engines=8).payload,
+        lambda scrape: render_metrics(VllmState(engines=16, finished=12 + 2 * scrape)),
+        _busy,
+    ],
+    ids=["long_split_labels_8", "healthy_16", "busy_4"],
+)
+def test_what_a_poller_holds_besides_its_samples_is_counted_near_what_it_is(
+    payload: Callable[[int], bytes], hold: bool
+) -> None:
+    """The budget counts each poller's state, within -20 % and +50 % of tracemalloc's figure.
+
+    Three pollers after three polls, their windows emptied: what stays is their state.
+    """
+    _pollers(payload, 1, 1, hold=hold)  # the imports and caches of a first poll are not theirs
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        pollers, views, budget = _pollers(payload, 3, 3, hold=hold)
+        del views
+        samples = sum(poller._window.bytes for poller in pollers)
+        assert budget.used_bytes > samples
+        for poller in pollers:
+            poller._window.clear()
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.8 * traced <= budget.used_bytes <= 1.5 * traced
 
 
 def test_the_window_keeps_one_sample_older_than_the_longest_window() -> None:
