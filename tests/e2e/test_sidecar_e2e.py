@@ -368,11 +368,13 @@ def test_the_integral_of_the_preemption_rate_is_vllms_counter_change(scenario: S
     vLLM's increase exactly when polls are regular (a rate over a window of whole intervals),
     whatever the timing of our reads (on a loaded machine, reads of the same poll bunch up).
 
-    A poll that fails (vLLM answers /metrics slower than the timeout on two busy cores) leaves a
-    gap ``g``: the rate before it holds ``g`` seconds, so the increase of the window before the
-    gap counts ``(g - 1) / W`` too much and that during the gap as much too little. The error
-    is then at most the whole increase times the missed share of a window, which the tolerance
-    adds; with regular polls it is the plain 15 %.
+    A poll that fails or answers late (vLLM answers /metrics slowly on two busy cores) leaves a
+    gap ``g``. The held intervals still add up to the window over every increase counted
+    before the gap (the sums telescope), and what vLLM counted during the gap is in the rates of
+    the next window's polls (each reaches back to the read that covers its start), but over
+    spans longer than the window once its start passes the gap: it counts
+    ``1 - g/W + ln(1 + g/W)``, short of 1 by at most ``(g/W)^2 / 2``, which the tolerance adds
+    per gap; with regular polls it is the plain 15 %.
     """
     rate_by_poll: dict[float, float] = {}
     for o in scenario.between(scenario.burst_start - 2.0, scenario.drained):
@@ -384,13 +386,13 @@ def test_the_integral_of_the_preemption_rate_is_vllms_counter_change(scenario: S
     increase = scenario.preemptions_after - scenario.preemptions_before
     assert increase >= 10, "the burst preempted too little to judge"
     gaps = [t1 - t0 for t0, t1 in pairwise(polls)]
-    missed = sum(max(0.0, gap - POLL_S) for gap in gaps) / RATE_WINDOW_S
+    short = sum((max(0.0, gap - POLL_S) / RATE_WINDOW_S) ** 2 / 2 for gap in gaps)
     seen = (
         f"{len(polls)} polls over {polls[-1] - polls[0]:.0f} s, longest gap {max(gaps):.1f} s, "
-        f"{missed:.2f} of a window missed"
+        f"gaps may cost {short:.1%}"
     )
-    assert missed < 0.5, f"too many polls failed to judge the rate: {seen}"
-    assert integral == pytest.approx(increase, rel=0.15 + missed), seen
+    assert max(gaps) < RATE_WINDOW_S, f"a gap outlasted the rate window: {seen}"
+    assert integral == pytest.approx(increase, rel=0.15 + short), seen
 
 
 def test_after_the_burst_headroom_returns_to_the_ceiling(scenario: Scenario) -> None:
