@@ -768,6 +768,15 @@ def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _
     return _Traffic(lifetime, _lifetime(latest.request_params_n), 0.0, "lifetime")
 
 
+def _may_stand(context: ContextEstimate | None) -> bool:
+    """Whether ``context`` could stand at a later poll: a window's, of enough requests."""
+    return (
+        context is not None
+        and context.basis == "window"
+        and context.window_requests >= KEEP_CONTEXT_MIN_REQUESTS
+    )
+
+
 def _kept_context(
     previous: ContextEstimate | None,
     traffic: _Traffic,
@@ -785,10 +794,10 @@ def _kept_context(
     """
     if (
         previous is None
-        or previous.basis != "window"
+        or not _may_stand(previous)
         or traffic.basis != "window"
         or previous.max_model_len != max_model_len
-        or min(previous.window_requests, traffic.window_requests) < KEEP_CONTEXT_MIN_REQUESTS
+        or traffic.window_requests < KEEP_CONTEXT_MIN_REQUESTS
         or not 0.0 <= samples[-1].t - previous.computed_at < windows.context_refresh_seconds
     ):
         return None
@@ -1237,8 +1246,6 @@ def carried(derived: TargetDerived) -> TargetDerived:
         engines=tuple(
             EngineDerived(engine=e.engine, model_name=e.model_name, context=e.context)
             for e in derived.engines
-            if e.context is not None
-            and e.context.basis == "window"
-            and e.context.window_requests >= KEEP_CONTEXT_MIN_REQUESTS
+            if _may_stand(e.context)
         )
     )
