@@ -124,8 +124,8 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
 # plus SSM Mamba heads x head dim x state values. Nemotron-H keeps its SSM state in float32
 # (vLLM's default for it), Falcon-H1 and Granite-4.0-H in the model's bfloat16; conv states are
 # bfloat16. Granite-4.0-H's Mamba width is mamba_expand x hidden, which its heads span exactly
-# (2 x 1,536 = 48 x 64; 2 x 4,096 = 128 x 64). The attention block is 16 x cdiv(state, 16 x one
-# layer's attention bytes per token).
+# (2 x 768 = 48 x 32; 2 x 1,536 = 48 x 64; 2 x 4,096 = 128 x 64). The attention block is
+# 16 x cdiv(state, 16 x one layer's attention bytes per token).
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,25 @@ HYBRID_ROWS = [
         16 * 65,  # cdiv(2,127,872, 16 x 2,048) = 65
     ),
     HybridRow(
-        # Granite-4.0-H: 4 attention and 36 Mamba2 layers of 40.
+        # Granite-4.0-H: 4 attention layers; H-350M's Mamba heads are 32 wide (2 x 768 = 48 x 32).
+        "granite-4.0-h-350m",
+        32,
+        4,
+        28,
+        4 * 2 * 4 * 64 * 2,
+        3 * (48 * 32 + 2 * 1 * 128) * 2 + 48 * 32 * 128 * 2,
+        16 * 25,  # cdiv(403,968, 16 x 1,024) = 25
+    ),
+    HybridRow(
+        "granite-4.0-h-1b",
+        40,
+        4,
+        36,
+        4 * 2 * 4 * 128 * 2,
+        3 * (48 * 64 + 2 * 1 * 128) * 2 + 48 * 64 * 128 * 2,
+        16 * 25,  # cdiv(806,400, 16 x 2,048) = 25
+    ),
+    HybridRow(
         "granite-4.0-h-tiny",
         40,
         4,
