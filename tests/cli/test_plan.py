@@ -466,6 +466,22 @@ def test_plan_sizes_a_falcon_h1_catalogue_entry(capsys: pytest.CaptureFixture[st
     assert "block                      1568 tokens" in text
 
 
+def test_plan_sizes_a_granite_4_0_h_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model granite-4.0-h-tiny`: 4 attention layers, 36 Mamba2 layers in 9 groups.
+
+    State 3 x (2 x 1,536 + 2 x 1 x 128) x 2 B + 48 x 64 x 128 x 2 B (bfloat16 SSM) = 806,400 B;
+    one attention token 2 x 4 x 128 x 2 = 2,048 B per layer: block 16 x cdiv(806,400, 32,768)
+    = 400. Its context is the card's 128K, 131,072 positions.
+    """
+    out = run_json(capsys, "plan", "--model", "granite-4.0-h-tiny", "--gpu", "H100")
+    assert out["bytes_per_token"] == 4 * 2_048
+    assert out["state"]["bytes_per_layer"] == 806_400
+    assert out["state"]["dtypes"] == ["bfloat16", "bfloat16"]
+    assert out["block_size"] == 400
+    assert [g["kind"] for g in out["kv_cache_groups"]] == ["full"] + ["state"] * 9
+    assert out["max_model_len"] == 131_072
+
+
 def test_a_catalogue_entry_naming_its_class_sizes_lora_without_the_guess(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

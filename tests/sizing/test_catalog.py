@@ -115,15 +115,17 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
     assert (arch.state.num_heads, arch.state.num_k_heads) == (32, 16)
 
 
-# --- hybrid entries: Nemotron-H and Falcon-H1 -----------------------------------------------------
+# --- hybrid entries: Nemotron-H, Falcon-H1 and Granite-4.0-H --------------------------------------
 #
 # Each row is worked by hand from the fields the entry cites (exporter/data/models.json), the way
 # vLLM 0.32 sizes a Mamba2 layer (docs/sizing.md, "Hybrid state-space and linear-attention
 # models"): one attention token costs 2 (K and V) x KV heads x head_dim x 2 B per attention layer;
 # one Mamba2 state is conv (kernel 4 - 1) x (Mamba heads x head dim + 2 x groups x state) values
 # plus SSM Mamba heads x head dim x state values. Nemotron-H keeps its SSM state in float32
-# (vLLM's default for it), Falcon-H1 in the model's bfloat16; conv states are bfloat16. The
-# attention block is 16 x cdiv(state, 16 x one layer's attention bytes per token).
+# (vLLM's default for it), Falcon-H1 and Granite-4.0-H in the model's bfloat16; conv states are
+# bfloat16. Granite-4.0-H's Mamba width is mamba_expand x hidden, which its heads span exactly
+# (2 x 768 = 48 x 32; 2 x 1,536 = 48 x 64; 2 x 4,096 = 128 x 64). The attention block is
+# 16 x cdiv(state, 16 x one layer's attention bytes per token).
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,43 @@ HYBRID_ROWS = [
         3 * (32 * 128 + 2 * 2 * 256) * 2 + 32 * 128 * 256 * 2,
         16 * 65,  # cdiv(2,127,872, 16 x 2,048) = 65
     ),
+    HybridRow(
+        # Granite-4.0-H: 4 attention layers; H-350M's Mamba heads are 32 wide (2 x 768 = 48 x 32).
+        "granite-4.0-h-350m",
+        32,
+        4,
+        28,
+        4 * 2 * 4 * 64 * 2,
+        3 * (48 * 32 + 2 * 1 * 128) * 2 + 48 * 32 * 128 * 2,
+        16 * 25,  # cdiv(403,968, 16 x 1,024) = 25
+    ),
+    HybridRow(
+        "granite-4.0-h-1b",
+        40,
+        4,
+        36,
+        4 * 2 * 4 * 128 * 2,
+        3 * (48 * 64 + 2 * 1 * 128) * 2 + 48 * 64 * 128 * 2,
+        16 * 25,  # cdiv(806,400, 16 x 2,048) = 25
+    ),
+    HybridRow(
+        "granite-4.0-h-tiny",
+        40,
+        4,
+        36,
+        4 * 2 * 4 * 128 * 2,
+        3 * (48 * 64 + 2 * 1 * 128) * 2 + 48 * 64 * 128 * 2,
+        16 * 25,  # cdiv(806,400, 16 x 2,048) = 25
+    ),
+    HybridRow(
+        "granite-4.0-h-small",
+        40,
+        4,
+        36,
+        4 * 2 * 8 * 128 * 2,
+        3 * (128 * 64 + 2 * 1 * 128) * 2 + 128 * 64 * 128 * 2,
+        16 * 33,  # cdiv(2,147,840, 16 x 4,096) = 33
+    ),
 ]
 HYBRID_KV = Deployment(
     gpu_memory_bytes=80 * GIB, kv_cache_memory_bytes=10 * GIB, max_model_len=8192
@@ -203,7 +242,7 @@ HYBRID_KV = Deployment(
 
 @pytest.mark.parametrize("row", HYBRID_ROWS, ids=lambda row: row.name)
 def test_hybrid_entries_are_sized_from_their_cited_fields(row: HybridRow) -> None:
-    """Nemotron-H and Falcon-H1 entries go through the hybrid path with the bytes worked above."""
+    """Nemotron-H, Falcon-H1 and Granite-4.0-H entries take the hybrid path with the bytes above."""
     entry = find_model(row.name)
     assert entry is not None
     arch = entry.arch()
@@ -240,6 +279,25 @@ def test_nemotron_h_8b_groups_and_concurrency_by_hand() -> None:
     assert result.state_dtypes == ("bfloat16", "float32")
 
 
+def test_granite_4_0_h_tiny_groups_and_concurrency_by_hand() -> None:
+    """Granite-4.0-H-Tiny, 10 GiB of KV cache, 8,192-token requests.
+
+    4 attention and 36 Mamba2 layers: group size 4, so one attention group and nine state groups,
+    4 pages of 400 x 2,048 B per block: 10 GiB // 3,276,800 = 3,276 blocks. A request needs
+    cdiv(8,192, 400) = 21 attention blocks + 9 x 3 state blocks (align mode) = 48. Both states
+    are bfloat16: the config gives no mamba_ssm_cache_dtype, so vLLM keeps the model's dtype.
+    """
+    entry = find_model("ibm-granite/granite-4.0-h-tiny")
+    assert entry is not None
+    result = require_sized(size_deployment(entry.arch(), deployment=HYBRID_KV))
+    assert [group.kind for group in result.kv_groups] == ["full"] + ["state"] * 9
+    assert result.block_bytes == 4 * 400 * 2_048
+    assert result.kv_blocks == 3_276
+    assert result.blocks_per_max_len_request == 48
+    assert result.kv_cache_size_tokens == int(3_276 / 48 * 8_192)
+    assert result.state_dtypes == ("bfloat16", "bfloat16")
+
+
 def test_falcon_h1_34b_replicates_its_two_groups_at_tp4() -> None:
     """Falcon-H1-34B at TP 4: its 2 Mamba groups are replicated to 4 so every shard has one.
 
@@ -256,9 +314,10 @@ def test_falcon_h1_34b_replicates_its_two_groups_at_tp4() -> None:
 
 
 def test_hybrid_entries_name_their_model_class_where_their_source_gives_it() -> None:
-    """Nano 9B v2 and Falcon-H1 carry ``architectures``; the Megatron-recipe-only entries do not."""
+    """Nano 9B v2, Falcon-H1 and Granite-4.0-H carry ``architectures``; recipe-only ones do not."""
     classes = {}
-    for name in ("nemotron-nano-9b-v2", "falcon-h1-7b", "falcon-h1-34b", "nemotron-h-8b"):
+    names = ("nemotron-nano-9b-v2", "falcon-h1-7b", "falcon-h1-34b", "granite-4.0-h-small")
+    for name in (*names, "nemotron-h-8b"):
         entry = find_model(name)
         assert entry is not None
         classes[name] = entry.arch().architecture
@@ -266,5 +325,6 @@ def test_hybrid_entries_name_their_model_class_where_their_source_gives_it() -> 
         "nemotron-nano-9b-v2": "NemotronHForCausalLM",
         "falcon-h1-7b": "FalconH1ForCausalLM",
         "falcon-h1-34b": "FalconH1ForCausalLM",
+        "granite-4.0-h-small": "GraniteMoeHybridForCausalLM",
         "nemotron-h-8b": None,
     }
