@@ -748,7 +748,9 @@ GROUPS: tuple[Group, ...] = (
                 comment="""
                     vLLM's API server refuses requests with 503 when its queue is at --max-num-queued-reqs or
                     --max-num-queued-tokens (counted from vLLM 0.32): clients see errors. A refusal in every
-                    rate window (60 s by default) for the whole `for` is sustained shedding, not a blip.
+                    rate window (60 s by default) for the whole `for` is sustained shedding, not a blip. One
+                    alert per server, on the total; the description names the cap(s) that refused now (the
+                    rates by reason, each of vLLM's reasons named after its flag's setting).
                 """,
                 expr="headroom_admission_rejections_per_second{<scraped>} > 0",
                 for_="15m",
@@ -756,11 +758,12 @@ GROUPS: tuple[Group, ...] = (
                 summary="vLLM behind {{ $labels.instance }} refuses requests at its queue limit.",
                 description="""
                     The vLLM that vllm-headroom {{ $labels.instance }} (job {{ $labels.job }}) watches
-                    keeps refusing requests with HTTP 503 because its queue is at --max-num-queued-reqs
-                    or --max-num-queued-tokens: {{ $value | printf "%.2f" }} per second now, and some in
-                    every rate window since this alert became pending. Clients see errors: arrivals
-                    exceed what the running batch, at its ceiling, drains, and the queue in front of it
-                    is full.
+                    keeps refusing requests with HTTP 503 because its queue is at an admission cap:
+                    {{ $value | printf "%.2f" }} per second now, and some in every rate window since this
+                    alert became pending. Refused by
+                    {{ range $i, $s := printf "headroom_admission_rejections_by_reason_per_second{job=%q,instance=%q} > 0" $labels.job $labels.instance | query | sortByLabel "reason" }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }} ({{ $s.Value | printf "%.2f" }} per second, flag --{{ reReplaceAll "_" "-" $s.Labels.reason }}){{ else }}a cap this sidecar does not name (--max-num-queued-reqs or --max-num-queued-tokens){{ end }}.
+                    Clients see errors: arrivals exceed what the running batch, at its ceiling, drains,
+                    and the queue in front of it is full.
                 """,
                 dashboard_url="/d/vllm-headroom-instance?var-job={{ $labels.job | urlquery }}&var-instance={{ $labels.instance | urlquery }}",
             ),

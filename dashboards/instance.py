@@ -625,14 +625,20 @@ def _limits(facts: RuleFacts) -> Row:
                     "Requests refused at the queue limit",
                     description=(
                         "Requests vLLM's API server refused with 503 per second because its "
-                        "queue was at --max-num-queued-reqs or --max-num-queued-tokens (0.32+)."
+                        "queue was at a cap (0.32+), in all and by the cap that refused: "
+                        "max_num_queued_reqs is --max-num-queued-reqs, max_num_queued_tokens "
+                        "--max-num-queued-tokens."
                     ),
                     unit="reqps",
                     queries=[
                         Query(
                             metric("headroom_admission_rejections_per_second", TARGET),
                             legend="refused",
-                        )
+                        ),
+                        Query(
+                            metric("headroom_admission_rejections_by_reason_per_second", TARGET),
+                            legend="{{reason}}",
+                        ),
                     ],
                     facts=facts,
                     alerts=[limits.ADMISSION_REJECTIONS],

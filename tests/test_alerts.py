@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from exporter.core.reasons import AdmissionReason
 from tests import paths
 from tests.e2e.harness import alertmanager_binary
 from tests.promql import PromQLSyntaxError, metric_names, number_literals
@@ -675,6 +676,23 @@ def test_the_max_num_seqs_runbook_raises_the_limit_first_and_prices_it_with_plan
     assert "**Raise `--max-num-seqs`**" in first
     assert re.search(r"vllm-headroom plan [^`]*--max-num-seqs", first, re.S)
     assert "headroom_p95_kv_ceiling_sequences" in first, "raise it towards the KV figure"
+
+
+def test_the_admission_runbook_names_the_flag_of_each_cap_that_refuses() -> None:
+    """Each reason vLLM refuses with is a row of the meaning and a fix raising its own flag.
+
+    The alert's description makes the flag from the reason (``--`` and ``_`` as ``-``), as the
+    runbook's table does.
+    """
+    page = _runbook("VllmHeadroomAdmissionRejections")
+    meaning, fixes = _section(page, "Meaning"), _section(page, "Fix")
+    description = ALERTS["VllmHeadroomAdmissionRejections"]["annotations"]["description"]
+    assert "headroom_admission_rejections_by_reason_per_second" in description
+    assert '--{{ reReplaceAll "_" "-" $s.Labels.reason }}' in description
+    for reason in AdmissionReason:
+        flag = "--" + reason.replace("_", "-")
+        assert re.search(rf"^\| `{reason}` \| [^|]+ \| `{flag}` \|$", meaning, re.M), reason
+        assert f'`reason="{reason}"`: **`{flag}`**' in fixes, reason
 
 
 def test_the_index_documents_why_alerts_use_the_conservative_figures() -> None:

@@ -546,8 +546,11 @@ def test_the_scheduler_limits_have_their_panels(boards: dict[str, dict[str, Any]
     assert "{{origin}}" in origin["legendFormat"]
     assert names_of["Engine state"] == {"headroom_engine_asleep"}
     assert names_of["Requests refused at the queue limit"] == {
-        "headroom_admission_rejections_per_second"
+        "headroom_admission_rejections_per_second",
+        "headroom_admission_rejections_by_reason_per_second",
     }
+    [_, by_reason] = _panel(board, "Requests refused at the queue limit")["targets"]
+    assert by_reason["legendFormat"] == "{{reason}}"  # the cap: the flag to raise
     assert {"headroom_sequences_running", "headroom_requests_running"} <= names_of[
         "Running sequences vs max_num_seqs"
     ]

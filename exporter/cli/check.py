@@ -168,6 +168,7 @@ def to_json(report: CheckReport) -> dict[str, Any]:
         "num_requests_waiting": _total([e.requests_waiting for e in engines]),
         "num_preemptions": _total([metrics[e.engine].preemptions_total for e in engines]),
         "num_admission_rejections": report.snapshot.admission_rejections_total,
+        "num_admission_rejections_by_reason": dict(report.snapshot.admission_rejections_by_reason),
         "engines": engine_objects,
         "missing_families": [
             {"family": needed.family, "needed_for": needed.needed_for}
@@ -201,6 +202,21 @@ def _gib(value: float | None) -> str:
 def shown(text: str) -> str:
     """Text a target sent, safe on a terminal: what would not print (escapes, NUL) escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _refusals(data: dict[str, Any]) -> str:
+    """The admission line: the refusals, and the cap each reason names (the flag to raise)."""
+    caps = [
+        f"{_fmt(count)} at {reason} (--{reason.replace('_', '-')})"  # named after its setting
+        for reason, count in data["num_admission_rejections_by_reason"].items()
+        if count
+    ]
+    refused = f"admission: {_fmt(data['num_admission_rejections'])} requests refused at a queue cap"
+    if not caps:
+        flags = "--max-num-queued-reqs/--max-num-queued-tokens"
+        return f"{refused} since start (raise {flags} or add replicas)"
+    flags = "its flag" if len(caps) == 1 else "their flags"
+    return f"{refused} since start, {', '.join(caps)}: raise {flags} or add replicas"
 
 
 def render(report: CheckReport) -> str:
@@ -263,11 +279,7 @@ def render(report: CheckReport) -> str:
             )
         lines.append("")
     if data["num_admission_rejections"]:
-        lines += [
-            f"admission: {_fmt(data['num_admission_rejections'])} requests refused at a queue cap"
-            " since start (raise --max-num-queued-reqs/--max-num-queued-tokens or add replicas)",
-            "",
-        ]
+        lines += [_refusals(data), ""]
     for missing in data["missing_families"]:
         lines.append(f"missing: {missing['family']} (needed for {missing['needed_for']})")
     if data["missing_families"]:

@@ -280,6 +280,11 @@ class TargetDerived:
     #: Requests the API server refused at a queue limit, per second over the rate window
     #: (``vllm:admission_rejections_total``, 0.32+; None where not exposed).
     admission_rejections_per_second: float | None = None
+    #: The same by ``reason``, the cap that refused (one entry per reason the latest
+    #: snapshot has; empty where the total is None).
+    admission_rejections_by_reason_per_second: Mapping[str, float] = field(
+        default_factory=lambda: _NO_LABELS
+    )
 
 
 #: How many counters :func:`restart_evidence` compares per engine (:func:`_engine_counters`).
@@ -468,9 +473,9 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
     The latency histograms, the family names (any ``# HELP`` line adds one), the counts of
     dropped samples and the ``cache_config_info`` labels verbatim are left out: no derivation
     reads them, and a target that changes them every poll would grow every sample. The
-    ``cache_config_info`` facts, model names, split-label keys and the histograms' bucket
-    bounds are the previous sample's objects when equal, so that a window holds one copy of
-    them (:mod:`exporter.core.footprint` counts on it).
+    ``cache_config_info`` facts, model names, split-label keys (the admission reasons' too) and
+    the histograms' bucket bounds are the previous sample's objects when equal, so that a window
+    holds one copy of them (:mod:`exporter.core.footprint` counts on it).
     """
     engines: dict[str, EngineMetrics] = {}
     for name, engine in snapshot.engines.items():
@@ -515,7 +520,16 @@ def window_snapshot(snapshot: VllmSnapshot, previous: VllmSnapshot | None) -> Vl
             request_queue_time=None,
             cache_config=config,
         )
-    return replace(snapshot, engines=engines, families=frozenset(), dropped=_NO_LABELS)
+    return replace(
+        snapshot,
+        engines=engines,
+        families=frozenset(),
+        dropped=_NO_LABELS,
+        admission_rejections_by_reason=_shared_keys(
+            snapshot.admission_rejections_by_reason,
+            previous.admission_rejections_by_reason if previous is not None else None,
+        ),
+    )
 
 
 #: The one empty mapping lean samples share (never written: snapshots are read-only).
@@ -1163,16 +1177,37 @@ def derive_engine(
     )
 
 
-def _admission_rate(samples: Sequence[Sample], seconds: float) -> float | None:
+@dataclass(frozen=True, slots=True)
+class _Admission:
+    per_second: float | None = None
+    by_reason: Mapping[str, float] = field(default_factory=lambda: _NO_LABELS)
+
+
+def _admission_rate(samples: Sequence[Sample], seconds: float) -> _Admission:
+    """Refusals per second over the rate window: in all, and by each reason vLLM writes now.
+
+    Each reason is its own counter, rated as the total is (a restart, a reset, a gap): the
+    rates add up to the total's while every reason is kept.
+    """
     window = samples[_covering_tail(samples, seconds) :]
-    if window[-1].snapshot.admission_rejections_total is None:
-        return None
+    latest = window[-1].snapshot
+    if latest.admission_rejections_total is None:
+        return _Admission()
     span = window[-1].t - window[0].t
     if len(window) < 2 or span <= 0:
-        return None
-    values = [s.snapshot.admission_rejections_total for s in window]
-    counted = _counted(window, values, Counted.ADMISSION_REJECTIONS)
-    return window_increase(values, _restarts(window), counted) / span
+        return _Admission()
+    resets = _restarts(window)
+
+    def rate(values: Sequence[float | None]) -> float:
+        counted = _counted(window, values, Counted.ADMISSION_REJECTIONS)
+        return window_increase(values, resets, counted) / span
+
+    total = rate([s.snapshot.admission_rejections_total for s in window])
+    by_reason = {
+        reason: rate([s.snapshot.admission_rejections_by_reason.get(reason) for s in window])
+        for reason in latest.admission_rejections_by_reason
+    }
+    return _Admission(total, by_reason or _NO_LABELS)
 
 
 def _admission_room(
@@ -1212,8 +1247,8 @@ def derive_target(
     if not samples:
         return TargetDerived(engines=())
     contexts = {e.engine: e.context for e in previous.engines} if previous is not None else {}
-    rejections = _admission_rate(samples, windows.rate_seconds)
-    room = _admission_room(samples[-1].snapshot, running_limit, rejections)
+    admission = _admission_rate(samples, windows.rate_seconds)
+    room = _admission_room(samples[-1].snapshot, running_limit, admission.per_second)
     engines = tuple(
         derive_engine(
             name,
@@ -1230,7 +1265,8 @@ def derive_target(
     return TargetDerived(
         engines=engines,
         restarted=len(samples) > 1 and samples[-1].restarted,
-        admission_rejections_per_second=rejections,
+        admission_rejections_per_second=admission.per_second,
+        admission_rejections_by_reason_per_second=admission.by_reason,
     )
 
 

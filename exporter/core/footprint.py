@@ -31,8 +31,8 @@ _STR: Final = 49  # an ASCII str's header; one byte a character (4 for other tex
 _TUPLE: Final = 40  # plus a pointer an item
 _DICT: Final = 64  # empty; an entry costs a slot, its hash and its pointers
 _DICT_ENTRY: Final = 48
-#: A Sample, its VllmSnapshot (slots) and the engines dict's header.
-_SAMPLE: Final = 56 + 96 + _DICT + 2 * _DICT
+#: A Sample, its VllmSnapshot (7 slots) and the engines dict's header.
+_SAMPLE: Final = 56 + 104 + _DICT + 2 * _DICT
 #: An EngineMetrics (27 slots) and its place in the engines dict.
 _ENGINE: Final = 16 + 8 * 27 + _DICT_ENTRY
 #: A Histogram (4 slots) and its count and sum.
@@ -49,6 +49,10 @@ def text_bytes(text: str) -> int:
 def sample_bytes(snapshot: VllmSnapshot, previous: VllmSnapshot | None = None) -> int:
     """Estimated bytes a window sample of ``snapshot`` holds beyond what ``previous`` shares."""
     total = _SAMPLE + _DICT_ENTRY * len(snapshot.dropped)
+    total += _mapping_bytes(
+        snapshot.admission_rejections_by_reason,
+        previous.admission_rejections_by_reason if previous is not None else None,
+    )
     for name, engine in snapshot.engines.items():
         old = previous.engines.get(name) if previous is not None else None
         total += _engine_bytes(engine, old)
@@ -147,6 +151,9 @@ def state_bytes(
             total += _DERIVED + (_context_bytes(engine.context) if held is None else 0)
     if held is not None:
         total += _TUPLE + 8 * 16
+        # Its admission rates by reason (a few: the parser's cap), keyed by the window's strs.
+        if reasons := len(held.admission_rejections_by_reason_per_second):
+            total += _DICT + (_DICT_ENTRY + _FLOAT) * reasons
         for engine in held.engines:
             total += _DERIVED + _DERIVED_FIGURES + _context_bytes(engine.context)
             for mapping in (

@@ -86,6 +86,20 @@ class Limit(StrEnum):
     QUEUE_CAP = "queue_cap"
 
 
+class AdmissionReason(StrEnum):
+    """vLLM's ``reason`` of ``vllm:admission_rejections_total``: the admission cap that refused.
+
+    Each is the name of the setting behind it, so ``--max-num-queued-reqs`` is the flag of
+    ``max_num_queued_reqs`` (vLLM 0.32/0.33 ``vllm/v1/engine/async_llm.py``). The parser keeps
+    these always and a few other values besides (a later vLLM may add a cap).
+    """
+
+    #: The server's unfinished requests (waiting and running) reached ``--max-num-queued-reqs``.
+    MAX_NUM_QUEUED_REQS = "max_num_queued_reqs"
+    #: The prompt tokens still in prefill reached ``--max-num-queued-tokens``.
+    MAX_NUM_QUEUED_TOKENS = "max_num_queued_tokens"
+
+
 class MaxNumSeqsSource(StrEnum):
     """``headroom_max_num_seqs{source}``: where the running vLLM's limit was learnt."""
 

@@ -134,6 +134,11 @@ class VllmSnapshot:
     process_start_time_seconds: float | None = None
     #: ``vllm:admission_rejections_total`` summed over reasons (0.32+; no ``engine`` label).
     admission_rejections_total: float | None = None
+    #: The same counter by ``reason``, the cap that refused (``max_num_queued_reqs``,
+    #: ``max_num_queued_tokens``: :class:`~exporter.core.reasons.AdmissionReason`). vLLM's
+    #: reasons are always kept, a few others besides; one past that cap is left out here (and
+    #: counted in :attr:`dropped`) but still in the total. Empty where vLLM writes no reason.
+    admission_rejections_by_reason: Mapping[str, float] = field(default_factory=dict)
     #: True when vLLM labelled its series with ``engine`` (V1 >= 0.8.3), even if only ``"0"``.
     engine_labelled: bool = False
     #: Samples the parser left out, by reason (:class:`~exporter.core.reasons.DropReason`):

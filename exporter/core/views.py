@@ -121,6 +121,11 @@ class TargetView:
         return self.derived.admission_rejections_per_second if self.derived else None
 
     @property
+    def admission_rejections_by_reason_per_second(self) -> Mapping[str, float]:
+        """The same by the cap that refused, each reason vLLM writes (none before 0.32)."""
+        return self.derived.admission_rejections_by_reason_per_second if self.derived else {}
+
+    @property
     def up(self) -> bool:
         """Whether the latest read of vLLM's ``/metrics`` succeeded."""
         health = self.sources.get(Source.VLLM_METRICS)

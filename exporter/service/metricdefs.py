@@ -764,6 +764,17 @@ _DEFS: tuple[MetricDef, ...] = (
         field="admission_rejections_per_second",
     ),
     MetricDef(
+        "headroom_admission_rejections_by_reason_per_second",
+        Kind.GAUGE,
+        "headroom_admission_rejections_per_second by the cap that refused, as vLLM names it: "
+        "reason max_num_queued_reqs (the --max-num-queued-reqs cap) or max_num_queued_tokens "
+        "(--max-num-queued-tokens); only where vLLM labels its refusals with a reason (0.32+).",
+        ("reason",),
+        source="increase of vllm:admission_rejections_total, each reason",
+        row=Row.TARGET,
+        field="admission_rejections_by_reason_per_second",
+    ),
+    MetricDef(
         "headroom_window_samples",
         Kind.GAUGE,
         "Samples of the target held for the windows.",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.core.reasons import AdmissionReason
 from exporter.vllm.families import named
 
 #: The vLLM version whose exposition the simulation reproduces.
@@ -170,4 +171,4 @@ PROMPT_TOKEN_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "ex
 CACHED_TOKEN_SOURCES: tuple[str, ...] = ("device", "host", "p2p", "disk", "external_unspecified")
 
 #: ``reason`` label values of ``vllm:admission_rejections_total`` (no ``engine`` label).
-ADMISSION_REJECTION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
+ADMISSION_REJECTION_REASONS: tuple[str, ...] = tuple(reason.value for reason in AdmissionReason)

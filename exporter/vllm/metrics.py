@@ -14,7 +14,7 @@ Pure: text in, plain data out. The rules (DESIGN section 4, and the real capture
   of one engine are summed (``request_success_total`` over ``finished_reason``; a gauge or a
   histogram split by an unexpected extra label the same way, bucket by bucket); a usage ratio
   takes the largest. ``admission_rejections_total`` has no ``engine`` label: it is summed per
-  server.
+  server, and kept by ``reason`` too (vLLM's reasons always, a few others besides).
 - ``cache_config_info`` label values are Python ``str()``: ``"None"`` is None, ``"True"`` is
   True. ``num_gpu_blocks`` is kept as vLLM says it: it counts the reserved null block and, under
   data parallelism, is the SUM over engines, repeated on every engine's series; per engine
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from itertools import groupby, pairwise
 from typing import TYPE_CHECKING, Final
 
-from exporter.core.reasons import DropReason
+from exporter.core.reasons import AdmissionReason, DropReason
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
 from exporter.errors import ParseError
 from exporter.vllm import families as vllm_families
@@ -145,8 +145,13 @@ class CardinalityLimits:
     #: Longest label value kept (a served model name is at most a path of a hundred or so).
     max_label_value_chars: int = 512
     #: Characters of split-label values kept per engine, all families together (vLLM's own
-    #: words are short: ``capacity``, ``device``...): every sample of a window keeps them.
+    #: words are short: ``capacity``, ``device``...): every sample of a window keeps them. The
+    #: server's admission reasons other than vLLM's have a budget of the same size.
     max_split_label_chars: int = 1024
+    #: Admission-rejection reasons kept besides vLLM's own (:class:`~exporter.core.reasons.
+    #: AdmissionReason`, always kept): room for a cap a later vLLM adds, not for a target that
+    #: makes up a reason every scrape.
+    max_other_admission_reasons: int = 4
     #: Samples of the families read, per payload (64 engines of vLLM 0.32 write about 11,000):
     #: past it the rest are counted, not parsed, so memory stays bounded whatever is sent.
     max_samples: int = 32_768
@@ -234,6 +239,7 @@ def parse_vllm_metrics(
         families=families,
         process_start_time_seconds=server.process_start,
         admission_rejections_total=server.admission_rejections,
+        admission_rejections_by_reason=dict(sorted(server.by_reason.items())),
         engine_labelled=fold.engine_labelled,
         dropped={reason: count for reason, count in sorted(dropped.items()) if count},
     )
@@ -254,7 +260,7 @@ class _Fold:
     def __init__(self, limits: CardinalityLimits) -> None:
         self.limits = limits
         self.engines: dict[str, _EngineParts] = {}
-        self.server = _ServerParts()
+        self.server = _ServerParts(limits)
         self.dropped: Counter[str] = Counter()
         self.engine_labelled = False
         #: Wanted families with at least one sample.
@@ -378,15 +384,25 @@ _TWICE: Final = "the same series is written twice (Prometheus rejects such a pay
 _FAMILY: Final = operator.itemgetter(0)
 
 
+#: The admission reasons vLLM writes: kept whatever else a payload sends.
+_ADMISSION_REASONS: Final = frozenset(reason.value for reason in AdmissionReason)
+
+
 @dataclass(slots=True)
 class _ServerParts:
     """The per-server (not per-engine) values."""
 
+    limits: CardinalityLimits
     process_start: float | None = None
     admission_rejections: float | None = None
-
+    #: The rejections by reason kept: vLLM's reasons, and a few others
+    #: (``max_other_admission_reasons``, ``max_split_label_chars`` characters in all).
+    by_reason: dict[str, float] = field(default_factory=dict)
     #: Rejection reasons read (a second time is a series written twice).
     reasons: set[str] = field(default_factory=set)
+    #: Other reasons kept, and their characters.
+    others: int = 0
+    other_chars: int = 0
 
     def add(self, sample: TextSample, dropped: Counter[str]) -> None:
         reason = _valid(sample.value)
@@ -403,8 +419,29 @@ class _ServerParts:
             self.reasons.add(split)
             if reason is None:
                 self.admission_rejections = (self.admission_rejections or 0.0) + sample.value
-            else:
+                reason = self._refused(split)
+                if reason is None:
+                    self.by_reason[split] = sample.value
+            if reason is not None:
                 dropped[reason] += 1
+
+    def _refused(self, split: str) -> str | None:
+        """Why a reason is left out of ``by_reason`` (its count stays in the total), or None."""
+        if not split:
+            return DropReason.UNEXPECTED_SERIES  # vLLM labels every series with its reason
+        if split in _ADMISSION_REASONS:
+            return None
+        limits = self.limits
+        if len(split) > limits.max_label_value_chars:
+            return DropReason.LABEL_TOO_LONG
+        if (
+            self.others >= limits.max_other_admission_reasons
+            or self.other_chars + len(split) > limits.max_split_label_chars
+        ):
+            return DropReason.TOO_MANY_SERIES
+        self.others += 1
+        self.other_chars += len(split)
+        return None
 
 
 _SERVER_FAMILIES: Final = frozenset({_PROCESS_START, _ADMISSION_REJECTIONS})

@@ -249,6 +249,10 @@ def test_the_033_reconstruction_is_read_with_its_rejections_and_caps(
     capture = str(CAPTURES / "vllm-0.33.0-reconstructed.prom")
     result = run_json(capsys, capture)
     assert result["num_admission_rejections"] == 4
+    assert result["num_admission_rejections_by_reason"] == {
+        "max_num_queued_reqs": 4.0,
+        "max_num_queued_tokens": 0.0,
+    }
     assert result["missing_families"] == []
     (engine,) = result["engines"]
     assert engine["num_requests_waiting_by_reason"] == {"capacity": 0.0, "deferred": 0.0}
@@ -257,7 +261,8 @@ def test_the_033_reconstruction_is_read_with_its_rejections_and_caps(
     (engine,) = capped["engines"]
     assert (engine["p95_ceiling_sequences"], engine["p95_ceiling_limited_by"]) == (1, "queue_cap")
     assert main(["check", capture]) == 0
-    assert "4 requests refused at a queue cap" in capsys.readouterr().out
+    refused = "4 requests refused at a queue cap since start, 4 at max_num_queued_reqs"
+    assert f"{refused} (--max-num-queued-reqs): raise its flag" in capsys.readouterr().out
 
 
 def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -692,6 +692,105 @@ def test_admission_rejections_are_a_rate_per_server() -> None:
     assert plain.admission_rejections_per_second is None
 
 
+def refusals(reqs: float, tokens: float, *, start: float = 1000.0) -> VllmSnapshot:
+    """One engine's server that refused ``reqs`` at the request cap and ``tokens`` at the other."""
+    by_reason = {"max_num_queued_reqs": reqs, "max_num_queued_tokens": tokens}
+    return replace(
+        snap(engine(), start=start),
+        admission_rejections_total=reqs + tokens,
+        admission_rejections_by_reason=by_reason,
+    )
+
+
+def test_admission_rejections_are_a_rate_per_reason_too() -> None:
+    """10 refusals at the request cap in 20 s, none at the token cap: 0.5 and 0 per second."""
+    samples = chain(Sample(0.0, refusals(5, 3)), Sample(20.0, refusals(15, 3)))
+    derived = derive_target(samples, windows=WINDOWS)
+    assert derived.admission_rejections_by_reason_per_second == {
+        "max_num_queued_reqs": 0.5,
+        "max_num_queued_tokens": 0.0,
+    }
+    assert derived.admission_rejections_per_second == 0.5
+
+
+def test_the_rates_by_reason_span_the_same_window_as_the_total() -> None:
+    """Polls every 10 s for 2 minutes: each reason and the total over the last 60 s, alike."""
+    samples = chain(*(Sample(10.0 * i, refusals(3 * i, i * i)) for i in range(13)))
+    derived = derive_target(samples, windows=WINDOWS)
+    by_reason = derived.admission_rejections_by_reason_per_second
+    assert by_reason["max_num_queued_reqs"] == pytest.approx(3 * 6 / 60)
+    assert by_reason["max_num_queued_tokens"] == pytest.approx((144 - 36) / 60)
+    assert sum(by_reason.values()) == pytest.approx(derived.admission_rejections_per_second)
+
+
+def test_a_reset_of_one_reason_counts_from_zero() -> None:
+    """The token cap's counter goes from 40 down to 6 (no start time to say why): 6 count."""
+    before = replace(refusals(10, 40), process_start_time_seconds=None)
+    after = replace(refusals(30, 6), process_start_time_seconds=None)
+    samples = chain(Sample(0.0, before), Sample(20.0, after))
+    derived = derive_target(samples, windows=WINDOWS)
+    assert derived.admission_rejections_by_reason_per_second == {
+        "max_num_queued_reqs": 1.0,
+        "max_num_queued_tokens": pytest.approx(0.3),
+    }
+
+
+def test_after_a_restart_each_reason_counts_the_new_process_whole() -> None:
+    """Started 4 s after the first poll, 20 + 10 refusals by the next (10 s later): 2 and 1/s."""
+    samples = walled_chain(
+        walled(0.0, refusals(900, 100, start=T0 - 3600)),
+        walled(10.0, refusals(20, 10, start=T0 + 4)),
+    )
+    assert samples[1].restarted
+    derived = derive_target(samples, windows=WINDOWS)
+    assert derived.admission_rejections_by_reason_per_second == {
+        "max_num_queued_reqs": pytest.approx(2.0),
+        "max_num_queued_tokens": pytest.approx(1.0),
+    }
+    assert derived.admission_rejections_per_second == pytest.approx(3.0)
+
+
+def test_a_restart_no_process_could_have_counted_adds_nothing_to_any_reason() -> None:
+    """A start time an hour before the first poll, counts far lower: that interval counts 0."""
+    samples = walled_chain(
+        walled(0.0, refusals(900, 100, start=T0 - 7200)),
+        walled(10.0, refusals(20, 10, start=T0 - 3600)),
+    )
+    assert samples[1].restarted
+    derived = derive_target(samples, windows=WINDOWS)
+    assert derived.admission_rejections_by_reason_per_second == {
+        "max_num_queued_reqs": 0.0,
+        "max_num_queued_tokens": 0.0,
+    }
+    assert derived.admission_rejections_per_second == 0.0
+
+
+def test_a_window_sample_keeps_one_copy_of_the_reasons_that_did_not_change() -> None:
+    """Counts move every poll; the reasons' strings are the first sample's (footprint counts so)."""
+    capture = (paths.CAPTURES / "vllm-0.33.0-reconstructed.prom").read_text()
+    first = next_sample(None, 0.0, parse_vllm_metrics(capture))
+    later = parse_vllm_metrics(capture.replace("} 4.0", "} 9.0"))
+    second = next_sample(first, 5.0, later)
+    kept, before = second.snapshot.admission_rejections_by_reason, first.snapshot
+    assert kept["max_num_queued_reqs"] == 9.0
+    assert [id(reason) for reason in kept] == [
+        id(reason) for reason in before.admission_rejections_by_reason
+    ]
+    assert [id(reason) for reason in later.admission_rejections_by_reason] != [
+        id(reason) for reason in kept
+    ]
+
+
+def test_no_rate_by_reason_without_two_polls_or_before_vllm_counts_refusals() -> None:
+    """One poll gives no rate; a vLLM without the counter gives no reason either."""
+    one = derive_target([Sample(0.0, refusals(5, 0))], windows=WINDOWS)
+    assert one.admission_rejections_by_reason_per_second == {}
+    old = derive_target(
+        chain(Sample(0.0, snap(engine())), Sample(20.0, snap(engine()))), windows=WINDOWS
+    )
+    assert old.admission_rejections_by_reason_per_second == {}
+
+
 def test_finished_requests_count_a_request_with_n_2_once() -> None:
     """10 requests of n=2 finish in 20 s: vLLM counts 20 successes, the rate is 0.5 requests/s."""
     before = replace(engine(finished=0), request_params_n=params_n(0, 2))

@@ -18,8 +18,11 @@ from exporter.core.derive import (
     restart_baseline,
 )
 from exporter.core.footprint import sample_bytes, state_bytes
+from exporter.core.reasons import AdmissionReason
 from exporter.testing import heavy
 from exporter.testing.fakevllm import VllmState, render_metrics
+from exporter.vllm import families as vllm_families
+from exporter.vllm.families import named
 from exporter.vllm.metrics import parse_vllm_metrics
 
 SAMPLES = 8
@@ -32,8 +35,25 @@ def _healthy(engines: int) -> heavy.Heavy:
     )
 
 
+def _refusing(made_up: int) -> heavy.Heavy:
+    """vLLM's two admission reasons and ``made_up`` new ones every scrape (the parser keeps 4)."""
+    family = vllm_families.family(named("admission_rejections")).type_name
+
+    def payload(scrape: int) -> bytes:
+        reasons = [*AdmissionReason, *(f"{scrape}-{i}-".ljust(200, "r") for i in range(made_up))]
+        lines = "".join(
+            f'{family}{{model_name="tiny",reason="{reason}"}} {float(scrape)}\n'
+            for reason in reasons
+        )
+        return render_metrics(VllmState(engines=1, finished=12 + 2 * scrape)) + lines.encode()
+
+    return heavy.Heavy(f"refusing_{made_up}", payload)
+
+
 @pytest.mark.parametrize(
-    "case", [*heavy.cases(scale=0.05), _healthy(1), _healthy(16)], ids=lambda case: case.name
+    "case",
+    [*heavy.cases(scale=0.05), _healthy(1), _healthy(16), _refusing(0), _refusing(40)],
+    ids=lambda case: case.name,
 )
 def test_the_estimate_is_near_what_a_window_of_samples_really_holds(case: heavy.Heavy) -> None:
     """Within -20 % and +60 % of the traced memory of a window, heavy or healthy."""

@@ -118,6 +118,34 @@ def test_a_mapping_field_gives_one_sample_per_key_in_its_last_label() -> None:
     assert value(families, name, engine="0", model_name="tiny", reason="capacity") == 5.0
 
 
+def test_admission_rejections_by_reason_are_a_sample_per_cap_beside_the_total() -> None:
+    """The cap that refused is the reason label; the total stays one unlabelled sample."""
+    derived = TargetDerived(
+        engines=(ENGINE,),
+        admission_rejections_per_second=0.75,
+        admission_rejections_by_reason_per_second={
+            "max_num_queued_reqs": 0.5,
+            "max_num_queued_tokens": 0.25,
+        },
+    )
+    families = target_families(TargetView(target="t", derived=derived))
+    name = "headroom_admission_rejections_by_reason_per_second"
+    assert value(families, name, reason="max_num_queued_reqs") == 0.5
+    assert value(families, name, reason="max_num_queued_tokens") == 0.25
+    assert value(families, "headroom_admission_rejections_per_second") == 0.75
+
+
+def test_no_admission_rejections_by_reason_where_vllm_names_none() -> None:
+    """Before vLLM 0.32 (or before two polls) neither the total nor a reason is exported."""
+    families = target_families(TargetView(target="t", derived=TargetDerived(engines=(ENGINE,))))
+    built = names(families)
+    assert "headroom_admission_rejections_by_reason_per_second" not in built
+    assert "headroom_admission_rejections_per_second" not in built
+    assert "headroom_admission_rejections_by_reason_per_second" not in names(
+        target_families(TargetView(target="t"))
+    )
+
+
 def test_source_error_counters_start_at_zero_for_every_reason_of_the_source() -> None:
     """Every reason of SOURCE_REASONS is exported from 0, and counted reasons add their count."""
     health = SourceHealth(up=False, errors={HttpReason.TIMEOUT: 3})

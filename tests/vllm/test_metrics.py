@@ -510,6 +510,87 @@ def test_admission_rejections_are_summed_per_server() -> None:
     assert parse_vllm_metrics(text).admission_rejections_total == 5
 
 
+def test_the_033_capture_keeps_the_rejections_by_the_cap_that_refused() -> None:
+    """0.33 with --max-num-queued-reqs 8: the 4 refusals are the request cap's, none the tokens'."""
+    snapshot = parse_vllm_metrics(_capture("vllm-0.33.0-reconstructed.prom"))
+    assert snapshot.admission_rejections_by_reason == {
+        "max_num_queued_reqs": 4.0,
+        "max_num_queued_tokens": 0.0,
+    }
+    assert snapshot.admission_rejections_total == 4
+    assert snapshot.dropped == {}
+
+
+def test_before_032_there_are_no_rejections_by_reason() -> None:
+    """No admission_rejections family: no reasons, and the total is absent too."""
+    snapshot = parse_vllm_metrics(_capture("10_v0.11+_V1_rhoai-lab-doc.prom"))
+    assert snapshot.admission_rejections_by_reason == {}
+    assert snapshot.admission_rejections_total is None
+
+
+def _rejections(*reasons: tuple[str, float]) -> str:
+    return "".join(
+        f'vllm:admission_rejections_total{{model_name="m",reason="{reason}"}} {count}\n'
+        for reason, count in reasons
+    )
+
+
+def test_a_reason_vllm_does_not_write_yet_is_kept_beside_its_own() -> None:
+    """A cap a later vLLM adds is its own figure, and counts in the total as before."""
+    text = _rejections(("max_num_queued_reqs", 2), ("max_num_waiting_loras", 7))
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.admission_rejections_by_reason == {
+        "max_num_queued_reqs": 2.0,
+        "max_num_waiting_loras": 7.0,
+    }
+    assert snapshot.admission_rejections_total == 9
+    assert snapshot.dropped == {}
+
+
+def test_made_up_reasons_past_the_cap_are_counted_but_vllm_s_own_are_always_kept() -> None:
+    """Ten made-up reasons before vLLM's: four kept, six dropped; the total counts them all."""
+    made_up = [(f"made_up_{i}", 1.0) for i in range(10)]
+    text = _rejections(*made_up, ("max_num_queued_reqs", 5), ("max_num_queued_tokens", 6))
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.admission_rejections_by_reason == {
+        "made_up_0": 1.0,
+        "made_up_1": 1.0,
+        "made_up_2": 1.0,
+        "made_up_3": 1.0,
+        "max_num_queued_reqs": 5.0,
+        "max_num_queued_tokens": 6.0,
+    }
+    assert snapshot.dropped == {"too_many_series": 6}
+    assert snapshot.admission_rejections_total == 21
+
+
+def test_long_made_up_reasons_are_kept_up_to_the_character_budget() -> None:
+    """Past 512 characters a reason is too long; 1,024 characters of reasons in all are kept."""
+    long = [f"{i}".ljust(500, "r") for i in range(3)]
+    text = _rejections(("x" * 513, 1.0), *((reason, 1.0) for reason in long))
+    snapshot = parse_vllm_metrics(text)
+    assert list(snapshot.admission_rejections_by_reason) == long[:2]
+    assert snapshot.dropped == {"label_too_long": 1, "too_many_series": 1}
+    assert snapshot.admission_rejections_total == 4
+
+
+def test_a_rejection_without_a_reason_counts_in_the_total_only() -> None:
+    """vLLM labels every refusal with its reason: one without is no cap's."""
+    snapshot = parse_vllm_metrics('vllm:admission_rejections_total{model_name="m"} 3\n')
+    assert snapshot.admission_rejections_total == 3
+    assert snapshot.admission_rejections_by_reason == {}
+    assert snapshot.dropped == {"unexpected_series": 1}
+
+
+def test_an_impossible_rejection_count_is_left_out_of_both_figures() -> None:
+    """A negative count of one reason: that reason absent, the total the others' sum."""
+    text = _rejections(("max_num_queued_reqs", -1), ("max_num_queued_tokens", 2))
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.admission_rejections_by_reason == {"max_num_queued_tokens": 2.0}
+    assert snapshot.admission_rejections_total == 2
+    assert snapshot.dropped == {"out_of_range": 1}
+
+
 def test_a_payload_without_vllm_families_gives_no_engine() -> None:
     """Another exporter's /metrics gives an empty snapshot, for the caller to report."""
     snapshot = parse_vllm_metrics("# TYPE up gauge\nup 1\nprocess_start_time_seconds 12\n")
