@@ -761,7 +761,7 @@ GROUPS: tuple[Group, ...] = (
                     keeps refusing requests with HTTP 503 because its queue is at an admission cap:
                     {{ $value | printf "%.2f" }} per second now, and some in every rate window since this
                     alert became pending. Refused by
-                    {{ range $i, $s := printf "headroom_admission_rejections_by_reason_per_second{job=%q,instance=%q} > 0" $labels.job $labels.instance | query | sortByLabel "reason" }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }} ({{ $s.Value | printf "%.2f" }} per second, flag --{{ reReplaceAll "_" "-" $s.Labels.reason }}){{ else }}a cap this sidecar does not name (--max-num-queued-reqs or --max-num-queued-tokens){{ end }}.
+                    {{ range $i, $s := printf "headroom_admission_rejections_by_reason_per_second{job=%q,instance=%q} > 0" $labels.job $labels.instance | query | sortByLabel "reason" }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }} ({{ $s.Value | printf "%.2f" }} per second{{ if match "^max_num_queued_(reqs|tokens)$" $s.Labels.reason }}, flag --{{ reReplaceAll "_" "-" $s.Labels.reason }}{{ end }}){{ else }}a cap this sidecar does not name (--max-num-queued-reqs or --max-num-queued-tokens){{ end }}.
                     Clients see errors: arrivals exceed what the running batch, at its ceiling, drains,
                     and the queue in front of it is full.
                 """,
