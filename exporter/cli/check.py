@@ -19,7 +19,7 @@ import httpx
 from exporter.boundedread import FileReadError, read_bounded
 from exporter.core.ceiling import QueueCaps, RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
-from exporter.core.reasons import Limit, PredictionState
+from exporter.core.reasons import AdmissionReason, Limit, PredictionState
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import ParseError, SourceError, UsageError
 from exporter.service.metricdefs import Row, check_values
@@ -208,6 +208,8 @@ def _refusals(data: dict[str, Any]) -> str:
     """The admission line: the refusals, and the cap each reason names (the flag to raise)."""
     caps = [
         f"{_fmt(count)} at {reason} (--{reason.replace('_', '-')})"  # named after its setting
+        if reason in set(AdmissionReason)
+        else f"{_fmt(count)} at {shown(reason)}"  # a reason of a later vLLM: no flag guessed
         for reason, count in data["num_admission_rejections_by_reason"].items()
         if count
     ]

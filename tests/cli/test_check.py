@@ -265,6 +265,23 @@ def test_the_033_reconstruction_is_read_with_its_rejections_and_caps(
     assert f"{refused} (--max-num-queued-reqs): raise its flag" in capsys.readouterr().out
 
 
+def test_a_refusal_reason_of_a_later_vllm_is_shown_without_a_guessed_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reason vLLM 0.33 does not write: its count, no flag, control characters escaped."""
+    text = (CAPTURES / "vllm-0.33.0-reconstructed.prom").read_text()
+    known = 'vllm:admission_rejections_total{model_name="tiny",reason="max_num_queued_tokens"} 0.0'
+    assert known in text
+    later = known.replace("max_num_queued_tokens", "tenant\x1b[2Jquota").replace(" 0.0", " 3.0")
+    capture = tmp_path / "later.prom"
+    capture.write_text(text.replace(known, f"{known}\n{later}"))
+    assert main(["check", str(capture)]) == 0
+    out = capsys.readouterr().out
+    assert "4 at max_num_queued_reqs (--max-num-queued-reqs), 3 at tenant\\x1b[2Jquota:" in out
+    assert "\x1b" not in out
+    assert "--tenant" not in out
+
+
 def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """--max-num-queued-reqs -1: one line naming the flag and the fix, exit 2."""
     capture = str(CAPTURES / "vllm-0.33.0-reconstructed.prom")
