@@ -80,6 +80,10 @@ _DRILL_DOWN_FIELD = (
 )
 
 
+#: Refusals per second by the admission cap that refused (the flag to raise).
+BY_REASON = "headroom_admission_rejections_by_reason_per_second"
+
+
 def _drill_down(url: str) -> db.DashboardLink:
     return db.DashboardLink("Open the instance dashboard").url(url)
 
@@ -228,11 +232,19 @@ def _overview(facts: RuleFacts) -> Row:
                     "Requests refused at the queue limit",
                     description=(
                         "Requests the selected vLLM servers refused with 503 per second at their "
-                        "queue limits (--max-num-queued-reqs, --max-num-queued-tokens; 0.32+)."
+                        "queue limits (0.32+), in all and by the cap that refused: "
+                        "max_num_queued_reqs is --max-num-queued-reqs, max_num_queued_tokens "
+                        "--max-num-queued-tokens."
                     ),
                     unit="reqps",
                     queries=[
-                        Query(f"sum({metric('headroom_admission_rejections_per_second', TARGET)})")
+                        Query(
+                            f"sum({metric('headroom_admission_rejections_per_second', TARGET)})",
+                            legend="refused",
+                        ),
+                        Query(
+                            f"sum by (reason) ({metric(BY_REASON, TARGET)})", legend="{{reason}}"
+                        ),
                     ],
                     facts=facts,
                     alerts=[limits.ADMISSION_REJECTIONS],

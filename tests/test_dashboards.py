@@ -551,6 +551,14 @@ def test_the_scheduler_limits_have_their_panels(boards: dict[str, dict[str, Any]
     }
     [_, by_reason] = _panel(board, "Requests refused at the queue limit")["targets"]
     assert by_reason["legendFormat"] == "{{reason}}"  # the cap: the flag to raise
+    [_, fleet_by_reason] = _panel(
+        boards["vllm-headroom-fleet"], "Requests refused at the queue limit"
+    )["targets"]
+    assert fleet_by_reason["expr"].startswith("sum by (reason) (")
+    assert metric_names(fleet_by_reason["expr"]) == {
+        "headroom_admission_rejections_by_reason_per_second"
+    }
+    assert fleet_by_reason["legendFormat"] == "{{reason}}"
     assert {"headroom_sequences_running", "headroom_requests_running"} <= names_of[
         "Running sequences vs max_num_seqs"
     ]
