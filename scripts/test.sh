@@ -8,8 +8,12 @@
 #      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC below: no clock, no
 #      server; about 4.5 minutes of one core). The niced run yields the CPU to the unit tests'
 #      servers and subprocesses whenever they want it.
-#   2. Alone, once both have ended: the end-to-end tests (a real vLLM on both cores, real
-#      Prometheus and Alertmanager, timing bounds), as before.
+#   2. Once both have ended: the end-to-end tests (a real vLLM on both cores, real
+#      Prometheus and Alertmanager, timing bounds), in two lanes that never burst together
+#      (tests/e2e/lanes.py): the main lane, and beside it the modules that start no shared vLLM,
+#      which wait for the alerting scenario's minutes of waiting on its rules and run in them
+#      (the main lane waits for them to end before its next module). With arguments (-k, a
+#      path...) phase 2 is one pytest, as before.
 # Every test runs exactly once: phase 2 is everything marked e2e that phase 1 did not run.
 # Arguments are passed to every pytest (e.g. -x, -k). Exit status: the first failure's.
 set -uo pipefail
@@ -27,13 +31,22 @@ DETERMINISTIC=(
     tests/sweep/test_runner.py
     tests/sizing
 )
+# The end-to-end modules of phase 2's beside lane: each starts its own vLLM or none
+# (tests/e2e/lanes.py).
+BESIDE=(
+    tests/e2e/test_limits_e2e.py
+    tests/e2e/test_sharding_e2e.py
+)
 ignore=()
 for path in "${DETERMINISTIC[@]}"; do
     ignore+=("--ignore=$path")
 done
 
 side_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-tests.XXXXXX")
-trap 'rm -f "$side_log"' EXIT
+beside_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-beside.XXXXXX")
+lanes_dir=$(mktemp -d "${TMPDIR:-/tmp}/vllm-headroom-lanes.XXXXXX")
+beside=
+trap '[ -n "$beside" ] && kill "$beside" 2>/dev/null; rm -rf "$side_log" "$beside_log" "$lanes_dir"' EXIT
 
 SECONDS=0
 echo "== phase 1: unit tests, with the file-checking tests beside them (nice 19; output below)"
@@ -47,16 +60,37 @@ echo "== phase 1, beside: ${DETERMINISTIC[*]}"
 cat "$side_log"
 
 phase1_s=$SECONDS
-echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager), alone"
 # The slowest steps are listed: where the suite's time goes (issue 29's faster loop).
-"$PYTEST" -m e2e "${ignore[@]}" --durations=15 "$@"
-e2e_rc=$?
+if [ "$#" -eq 0 ]; then
+    beside_ignore=()
+    for path in "${BESIDE[@]}"; do
+        beside_ignore+=("--ignore=$path")
+    done
+    echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager); beside: ${BESIDE[*]}"
+    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
+        "$PYTEST" -p no:cacheprovider -m e2e "${BESIDE[@]}" --durations=5 >"$beside_log" 2>&1 &
+    beside=$!
+    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
+        "$PYTEST" -m e2e "${ignore[@]}" "${beside_ignore[@]}" --durations=15
+    e2e_rc=$?
+    wait "$beside"
+    beside_rc=$?
+    beside=
+    echo "== phase 2, beside: ${BESIDE[*]}"
+    cat "$beside_log"
+else
+    echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager), alone"
+    "$PYTEST" -m e2e "${ignore[@]}" --durations=15 "$@"
+    e2e_rc=$?
+    beside_rc=0
+fi
 echo "== wall time: phase 1 ${phase1_s} s, phase 2 $((SECONDS - phase1_s)) s"
 
-for rc in "$unit_rc" "$side_rc" "$e2e_rc"; do
+for rc in "$unit_rc" "$side_rc" "$e2e_rc" "$beside_rc"; do
     # 5 is pytest's "no tests collected": a -k or a path given here may select none in a phase.
     if [ "$rc" -ne 0 ] && ! { [ "$rc" -eq 5 ] && [ "$#" -gt 0 ]; }; then
-        echo "make test: failed (unit $unit_rc, file checks $side_rc, end-to-end $e2e_rc)" >&2
+        echo "make test: failed (unit $unit_rc, file checks $side_rc, end-to-end $e2e_rc," \
+            "beside $beside_rc)" >&2
         exit "$rc"
     fi
 done

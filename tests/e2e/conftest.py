@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from tests.e2e import lanes
 from tests.e2e.harness import (
     REFERENCE_KV_CACHE_MEMORY_BYTES,
     REFERENCE_MAX_MODEL_LEN,
@@ -46,6 +47,17 @@ def pytest_configure(config: pytest.Config) -> None:
     """Let a SIGTERM (CI timeout, ``kill``) unwind through fixture teardown like Ctrl-C does."""
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The beside lane (scripts/test.sh) starts once the main lane's burst is over."""
+    lanes.wait_for_quiet()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Release the other lane, whatever happened in this one (tests/e2e/lanes.py)."""
+    lanes.beside_lane_done()
+    lanes.main_lane_quiet()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -64,6 +64,7 @@ import yaml
 
 from tests import paths
 from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
+from tests.e2e import lanes
 from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
     BackgroundBurst,
@@ -540,6 +541,9 @@ def _run_incident(
         incident.burst_end = time.monotonic()
         incident.stall.before_stop = set(incident.states_in_prometheus.get(STALL_ALERT, set()))
         stalled.stop()
+        # What follows waits on the rules' durations with the engine stopped: the modules of
+        # the beside lane (tests/e2e/lanes.py) run meanwhile.
+        lanes.main_lane_quiet()
 
         def resolved() -> bool:
             _look(incident, "alerts", lambda: _watch(incident, receiver, alertmanager, prometheus))
@@ -568,6 +572,8 @@ def _run_incident(
         sidecar.stop()
         alertmanager.stop()
         receiver.stop()
+        lanes.main_lane_quiet()
+        lanes.wait_for_beside_lane()
 
 
 def _spike_condition_true(incident: Incident, prometheus: PrometheusServer) -> list[float]:
