@@ -109,6 +109,36 @@ PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
         },
         "DeepSeek-V2-like MLA: latent 128 + rope 64 per layer, 2 x 192 x 2 = 768 B/token",
     ),
+    "gpt-oss": (
+        "GptOssConfig",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 128,
+            "layer_types": [
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+            "intermediate_size": 256,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+        "gpt-oss-like: 4 layers alternating 128-token sliding window / full, 4 tiny experts",
+    ),
+    "llama4": (
+        "Llama4TextConfig",
+        {
+            "num_hidden_layers": 4,
+            "attention_chunk_size": 256,
+            "no_rope_layers": [1, 1, 1, 0],  # RoPE layers attend in chunks, NoPE ones globally
+            "intermediate_size": 128,
+            "intermediate_size_mlp": 512,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+        },
+        "Llama-4-like text model: 3 layers of 256-token chunked local attention, 1 global",
+    ),
     # Hybrids: one state layer and one attention layer (Falcon-H1: both in every layer). The
     # attention layers cost 2 x 2 KV heads x 64 x 2 = 512 B/token; the states are sized so that
     # vLLM must raise the attention block size above 128 (except LFM2's small conv state).

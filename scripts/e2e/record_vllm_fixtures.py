@@ -97,6 +97,20 @@ SURVEY = (
     ),
     SurveyCase("qwen2", "qwen2", why="Qwen2 (QKV bias), same KV shape as the reference"),
     SurveyCase("deepseek-v2", "deepseek-v2", why="MLA: latent 128 + rope 64 per layer"),
+    SurveyCase("gpt-oss", "gpt-oss", why="alternating 128-token window / full layers, MoE"),
+    SurveyCase(
+        "gpt-oss-batch128",
+        "gpt-oss",
+        extra_args=SMALL_BATCH,
+        why="the same with max_num_batched_tokens 128",
+    ),
+    SurveyCase("llama4", "llama4", why="three 256-token chunked local layers, one global"),
+    SurveyCase(
+        "llama4-batch128",
+        "llama4",
+        extra_args=SMALL_BATCH,
+        why="the same with max_num_batched_tokens 128",
+    ),
     SurveyCase(
         "qwen3-next",
         "qwen3-next",
