@@ -497,7 +497,23 @@ def test_plan_sizes_an_lfm2_catalogue_entry(capsys: pytest.CaptureFixture[str]) 
     assert out["max_model_len"] == 128_000
 
 
-@pytest.mark.parametrize("name", ["lfm2-8b-a1b"])
+def test_plan_sizes_a_jamba_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model jamba-v0.1 --tp 2`: 4 attention layers, 28 Mamba1 layers in 7 groups.
+
+    At TP 2 each GPU keeps 8,192 / 2 = 4,096 Mamba channels: conv 3 x 4,096 x 2 B + SSM
+    4,096 x 16 x 2 B = 155,648 B; one attention token 2 x 4 x 128 x 2 = 2,048 B per layer:
+    block 16 x cdiv(155,648, 32,768) = 80. Its context is the config's 262,144 positions.
+    """
+    out = run_json(capsys, "plan", "--model", "jamba-v0.1", "--gpu", "H200", "--tp", "2")
+    assert out["bytes_per_token"] == 4 * 2_048
+    assert out["state"]["bytes_per_layer"] == 155_648
+    assert out["state"]["dtypes"] == ["bfloat16", "bfloat16"]
+    assert out["block_size"] == 80
+    assert [g["kind"] for g in out["kv_cache_groups"]] == ["full"] + ["state"] * 7
+    assert out["max_model_len"] == 262_144
+
+
+@pytest.mark.parametrize("name", ["lfm2-8b-a1b", "jamba-mini-1.5", "jamba-large-1.7"])
 def test_a_declined_hybrid_is_an_unknown_model_in_one_line(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

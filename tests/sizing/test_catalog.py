@@ -115,7 +115,7 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
     assert (arch.state.num_heads, arch.state.num_k_heads) == (32, 16)
 
 
-# --- hybrid entries: Nemotron-H, Falcon-H1, Granite-4.0-H and LFM2 -------------------------------
+# --- hybrid entries: Nemotron-H, Falcon-H1, Granite-4.0-H, LFM2 and Jamba -------------------------
 #
 # Each row is worked by hand from the fields the entry cites (exporter/data/models.json), the way
 # vLLM 0.32 sizes a Mamba2 layer (docs/sizing.md, "Hybrid state-space and linear-attention
@@ -126,7 +126,8 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
 # bfloat16. Granite-4.0-H's Mamba width is mamba_expand x hidden, which its heads span exactly
 # (2 x 768 = 48 x 32; 2 x 1,536 = 48 x 64; 2 x 4,096 = 128 x 64). An LFM2 short-conv layer keeps
 # only its conv state, (conv_L_cache 3 - 1) x conv_dim bfloat16 values; its attention head_dim is
-# hidden / heads = 64 in every size.
+# hidden / heads = 64 in every size. A Jamba Mamba1 layer keeps conv (mamba_d_conv 4 - 1) x
+# (mamba_expand 2 x hidden) values and SSM (2 x hidden) x mamba_d_state values, both bfloat16.
 # The attention block is 16 x cdiv(state, 16 x one layer's attention bytes per token).
 
 
@@ -279,6 +280,17 @@ HYBRID_ROWS = [
         16 * 1,  # cdiv(8,192, 16 x 2,048) = 1
         "short_conv",
     ),
+    HybridRow(
+        # Jamba-v0.1: attention where i % 8 == 4 (layers 4, 12, 20, 28); 8 KV heads of 4,096 / 32.
+        "jamba-v0.1",
+        32,
+        4,
+        28,
+        4 * 2 * 8 * 128 * 2,
+        3 * 8_192 * 2 + 8_192 * 16 * 2,
+        16 * 5,  # cdiv(311,296, 16 x 4,096) = 5
+        "mamba1",
+    ),
 ]
 HYBRID_KV = Deployment(
     gpu_memory_bytes=80 * GIB, kv_cache_memory_bytes=10 * GIB, max_model_len=8192
@@ -392,4 +404,22 @@ def test_lfm2_1_2b_groups_and_concurrency_by_hand() -> None:
     assert result.kv_blocks == 54_613
     assert result.blocks_per_max_len_request == 516
     assert result.kv_cache_size_tokens == int(54_613 / 516 * 8_192)
+    assert result.state_dtypes == ("bfloat16", "bfloat16")
+
+
+def test_jamba_v0_1_groups_and_concurrency_by_hand() -> None:
+    """Jamba-v0.1, 10 GiB of KV cache, 8,192-token requests.
+
+    4 attention and 28 Mamba1 layers: group size 4, one attention group and seven state groups,
+    4 pages of 80 x 4,096 B per block: 10 GiB // 1,310,720 = 8,192 blocks. A request needs
+    cdiv(8,192, 80) = 103 attention blocks + 7 x 2 state blocks (align mode) = 117.
+    """
+    entry = find_model("ai21labs/Jamba-v0.1")
+    assert entry is not None
+    result = require_sized(size_deployment(entry.arch(), deployment=HYBRID_KV))
+    assert [group.kind for group in result.kv_groups] == ["full"] + ["state"] * 7
+    assert result.block_bytes == 4 * 80 * 4_096
+    assert result.kv_blocks == 8_192
+    assert result.blocks_per_max_len_request == 117
+    assert result.kv_cache_size_tokens == int(8_192 / 117 * 8_192)
     assert result.state_dtypes == ("bfloat16", "bfloat16")
