@@ -482,6 +482,49 @@ def test_plan_sizes_a_granite_4_0_h_catalogue_entry(capsys: pytest.CaptureFixtur
     assert out["max_model_len"] == 131_072
 
 
+def test_plan_sizes_an_lfm2_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model lfm2-1.2b`: 6 attention layers, 10 short-conv layers in 2 groups.
+
+    State (conv_L_cache 3 - 1) x 2,048 x 2 B = 8,192 B, no SSM state; one attention token
+    2 x 8 x 64 x 2 = 2,048 B per layer: block 16 x cdiv(8,192, 32,768) = 16. Its context is the
+    config's 128,000 positions.
+    """
+    out = run_json(capsys, "plan", "--model", "lfm2-1.2b", "--gpu", "L4")
+    assert out["bytes_per_token"] == 6 * 2_048
+    assert out["state"]["bytes_per_layer"] == 8_192
+    assert out["block_size"] == 16
+    assert [g["kind"] for g in out["kv_cache_groups"]] == ["full", "state", "state"]
+    assert out["max_model_len"] == 128_000
+
+
+def test_plan_sizes_a_jamba_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model jamba-v0.1 --tp 2`: 4 attention layers, 28 Mamba1 layers in 7 groups.
+
+    At TP 2 each GPU keeps 8,192 / 2 = 4,096 Mamba channels: conv 3 x 4,096 x 2 B + SSM
+    4,096 x 16 x 2 B = 155,648 B; one attention token 2 x 4 x 128 x 2 = 2,048 B per layer:
+    block 16 x cdiv(155,648, 32,768) = 80. Its context is the config's 262,144 positions.
+    """
+    out = run_json(capsys, "plan", "--model", "jamba-v0.1", "--gpu", "H200", "--tp", "2")
+    assert out["bytes_per_token"] == 4 * 2_048
+    assert out["state"]["bytes_per_layer"] == 155_648
+    assert out["state"]["dtypes"] == ["bfloat16", "bfloat16"]
+    assert out["block_size"] == 80
+    assert [g["kind"] for g in out["kv_cache_groups"]] == ["full"] + ["state"] * 7
+    assert out["max_model_len"] == 262_144
+
+
+@pytest.mark.parametrize("name", ["lfm2-8b-a1b", "jamba-mini-1.5", "jamba-large-1.7"])
+def test_a_declined_hybrid_is_an_unknown_model_in_one_line(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hybrids left out of the catalogue (see docs/sizing.md) fail in one line, exit 2."""
+    assert main(["plan", "--model", name, "--gpu", "H100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"unknown model {name!r}" in err
+    assert "Traceback" not in err
+
+
 def test_a_catalogue_entry_naming_its_class_sizes_lora_without_the_guess(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -115,7 +115,7 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
     assert (arch.state.num_heads, arch.state.num_k_heads) == (32, 16)
 
 
-# --- hybrid entries: Nemotron-H, Falcon-H1 and Granite-4.0-H --------------------------------------
+# --- hybrid entries: Nemotron-H, Falcon-H1, Granite-4.0-H, LFM2 and Jamba -------------------------
 #
 # Each row is worked by hand from the fields the entry cites (exporter/data/models.json), the way
 # vLLM 0.32 sizes a Mamba2 layer (docs/sizing.md, "Hybrid state-space and linear-attention
@@ -124,8 +124,11 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
 # plus SSM Mamba heads x head dim x state values. Nemotron-H keeps its SSM state in float32
 # (vLLM's default for it), Falcon-H1 and Granite-4.0-H in the model's bfloat16; conv states are
 # bfloat16. Granite-4.0-H's Mamba width is mamba_expand x hidden, which its heads span exactly
-# (2 x 768 = 48 x 32; 2 x 1,536 = 48 x 64; 2 x 4,096 = 128 x 64). The attention block is
-# 16 x cdiv(state, 16 x one layer's attention bytes per token).
+# (2 x 768 = 48 x 32; 2 x 1,536 = 48 x 64; 2 x 4,096 = 128 x 64). An LFM2 short-conv layer keeps
+# only its conv state, (conv_L_cache 3 - 1) x conv_dim bfloat16 values; its attention head_dim is
+# hidden / heads = 64 in every size. A Jamba Mamba1 layer keeps conv (mamba_d_conv 4 - 1) x
+# (mamba_expand 2 x hidden) values and SSM (2 x hidden) x mamba_d_state values, both bfloat16.
+# The attention block is 16 x cdiv(state, 16 x one layer's attention bytes per token).
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class HybridRow:
     attention_bytes_per_token: int
     state_bytes: int
     block_size: int
+    kind: str = "mamba2"
 
 
 HYBRID_ROWS = [
@@ -234,6 +238,59 @@ HYBRID_ROWS = [
         3 * (128 * 64 + 2 * 1 * 128) * 2 + 128 * 64 * 128 * 2,
         16 * 33,  # cdiv(2,147,840, 16 x 4,096) = 33
     ),
+    HybridRow(
+        # LFM2: attention at layers 2, 5, 8, 10, 12, 14 of 16; 8 KV heads of 64.
+        "lfm2-350m",
+        16,
+        6,
+        10,
+        6 * 2 * 8 * 64 * 2,
+        2 * 1_024 * 2,
+        16 * 1,  # cdiv(4,096, 16 x 2,048) = 1
+        "short_conv",
+    ),
+    HybridRow(
+        "lfm2-700m",
+        16,
+        6,
+        10,
+        6 * 2 * 8 * 64 * 2,
+        2 * 1_536 * 2,
+        16 * 1,  # cdiv(6,144, 16 x 2,048) = 1
+        "short_conv",
+    ),
+    HybridRow(
+        "lfm2-1.2b",
+        16,
+        6,
+        10,
+        6 * 2 * 8 * 64 * 2,
+        2 * 2_048 * 2,
+        16 * 1,  # cdiv(8,192, 16 x 2,048) = 1
+        "short_conv",
+    ),
+    HybridRow(
+        # LFM2-2.6B: attention at layers 2, 5, 9, 13, 17, 21, 24, 27 of 30.
+        "lfm2-2.6b",
+        30,
+        8,
+        22,
+        8 * 2 * 8 * 64 * 2,
+        2 * 2_048 * 2,
+        16 * 1,  # cdiv(8,192, 16 x 2,048) = 1
+        "short_conv",
+    ),
+    HybridRow(
+        # Jamba-v0.1: attention where i % 8 == 4 (layers 4, 12, 20, 28); 8 KV heads of 4,096 / 32.
+        "jamba-v0.1",
+        32,
+        4,
+        28,
+        4 * 2 * 8 * 128 * 2,
+        3 * 8_192 * 2 + 8_192 * 16 * 2,
+        16 * 5,  # cdiv(311,296, 16 x 4,096) = 5
+        "mamba1",
+    ),
 ]
 HYBRID_KV = Deployment(
     gpu_memory_bytes=80 * GIB, kv_cache_memory_bytes=10 * GIB, max_model_len=8192
@@ -242,7 +299,7 @@ HYBRID_KV = Deployment(
 
 @pytest.mark.parametrize("row", HYBRID_ROWS, ids=lambda row: row.name)
 def test_hybrid_entries_are_sized_from_their_cited_fields(row: HybridRow) -> None:
-    """Nemotron-H, Falcon-H1 and Granite-4.0-H entries take the hybrid path with the bytes above."""
+    """Every hybrid entry takes the hybrid path with its state kind and the bytes above."""
     entry = find_model(row.name)
     assert entry is not None
     arch = entry.arch()
@@ -253,7 +310,7 @@ def test_hybrid_entries_are_sized_from_their_cited_fields(row: HybridRow) -> Non
         row.attention_layers,
         row.mamba_layers,
     )
-    assert arch.state.kind == "mamba2"
+    assert arch.state.kind == row.kind
     result = require_sized(size_deployment(arch, deployment=HYBRID_KV))
     assert result.bytes_per_token == row.attention_bytes_per_token
     assert result.state_bytes == row.state_bytes
@@ -328,3 +385,41 @@ def test_hybrid_entries_name_their_model_class_where_their_source_gives_it() -> 
         "granite-4.0-h-small": "GraniteMoeHybridForCausalLM",
         "nemotron-h-8b": None,
     }
+
+
+def test_lfm2_1_2b_groups_and_concurrency_by_hand() -> None:
+    """LFM2-1.2B, 10 GiB of KV cache, 8,192-token requests.
+
+    6 attention and 10 short-conv layers: 10 is more than 1.5 x 6, so the group size is 6, one
+    attention group and cdiv(10, 6) = 2 state groups, 6 pages of 16 x 2,048 B per block (each
+    8,192 B conv state padded to the 32,768 B page): 10 GiB // 196,608 = 54,613 blocks. A request
+    needs cdiv(8,192, 16) = 512 attention blocks + 2 x 2 state blocks (align mode; no prefill
+    checkpoint block outside Mamba2) = 516.
+    """
+    entry = find_model("LiquidAI/LFM2-1.2B")
+    assert entry is not None
+    result = require_sized(size_deployment(entry.arch(), deployment=HYBRID_KV))
+    assert [group.kind for group in result.kv_groups] == ["full", "state", "state"]
+    assert result.block_bytes == 6 * 16 * 2_048
+    assert result.kv_blocks == 54_613
+    assert result.blocks_per_max_len_request == 516
+    assert result.kv_cache_size_tokens == int(54_613 / 516 * 8_192)
+    assert result.state_dtypes == ("bfloat16", "bfloat16")
+
+
+def test_jamba_v0_1_groups_and_concurrency_by_hand() -> None:
+    """Jamba-v0.1, 10 GiB of KV cache, 8,192-token requests.
+
+    4 attention and 28 Mamba1 layers: group size 4, one attention group and seven state groups,
+    4 pages of 80 x 4,096 B per block: 10 GiB // 1,310,720 = 8,192 blocks. A request needs
+    cdiv(8,192, 80) = 103 attention blocks + 7 x 2 state blocks (align mode) = 117.
+    """
+    entry = find_model("ai21labs/Jamba-v0.1")
+    assert entry is not None
+    result = require_sized(size_deployment(entry.arch(), deployment=HYBRID_KV))
+    assert [group.kind for group in result.kv_groups] == ["full"] + ["state"] * 7
+    assert result.block_bytes == 4 * 80 * 4_096
+    assert result.kv_blocks == 8_192
+    assert result.blocks_per_max_len_request == 117
+    assert result.kv_cache_size_tokens == int(8_192 / 117 * 8_192)
+    assert result.state_dtypes == ("bfloat16", "bfloat16")
