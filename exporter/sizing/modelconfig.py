@@ -468,13 +468,43 @@ def _moe(config: Mapping[str, Any], num_layers: int) -> MoeSpec | None:
         return None
     per_token = _opt_int(config, "num_experts_per_tok") or _opt_int(config, "top_k") or 1
     size = _opt_int(config, "moe_intermediate_size") or _opt_int(config, "intermediate_size")
-    dense = _opt_int(config, "first_k_dense_replace") or 0
     return MoeSpec(
         num_experts=experts,
         experts_per_token=per_token,
         expert_intermediate_size=size or 0,
-        moe_layers=max(0, num_layers - dense),
+        moe_layers=_moe_layer_count(config, num_layers),
     )
+
+
+def _moe_layer_count(config: Mapping[str, Any], num_layers: int) -> int:
+    """How many layers hold experts: many MoE models interleave them with dense MLP layers.
+
+    Each spelling is the one the model's own code reads (vLLM and Transformers agree): an explicit
+    ``moe_layers`` list (Llama 4's config), Jamba's ``expert_layer_period``/``_offset``, Llama 4's
+    ``interleave_moe_layer_step``, Qwen-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``,
+    DeepSeek's ``first_k_dense_replace`` and ``moe_layer_freq``. Counting every layer would put
+    twice the experts' weights into a Jamba or Llama 4 Maverick estimated from its shape.
+    """
+    listed = config.get("moe_layers")
+    if isinstance(listed, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in listed
+    ):
+        return len({i for i in listed if 0 <= i < num_layers})
+    layers = range(num_layers)
+    period = _opt_int(config, "expert_layer_period")
+    if period is not None:
+        offset = (_opt_int(config, "expert_layer_offset") or 0) % period
+        return sum(1 for i in layers if i % period == offset)
+    step = _opt_int(config, "interleave_moe_layer_step") or _opt_int(config, "decoder_sparse_step")
+    if step is not None:
+        dense_only = config.get("mlp_only_layers")
+        skipped = (
+            {i for i in dense_only if isinstance(i, int)} if isinstance(dense_only, list) else set()
+        )
+        return sum(1 for i in layers if (i + 1) % step == 0 and i not in skipped)
+    dense = _opt_int(config, "first_k_dense_replace") or 0
+    freq = _opt_int(config, "moe_layer_freq") or 1
+    return sum(1 for i in layers if i >= dense and i % freq == 0)
 
 
 # --- I/O edge ----------------------------------------------------------------------------------

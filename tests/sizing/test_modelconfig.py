@@ -83,6 +83,40 @@ def test_deepseek_v3_mla_moe_and_fp8() -> None:
     assert arch.quantization == "fp8"
 
 
+_MOE = {
+    "model_type": "x",
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "hidden_size": 1024,
+    "num_local_experts": 16,
+}
+
+
+@pytest.mark.parametrize(
+    ("spelling", "moe_layers"),
+    [
+        ({}, 8),  # Mixtral: every layer
+        ({"moe_layers": [1, 3, 5, 7]}, 4),  # Llama 4's config lists them
+        ({"moe_layers": [1, 1, 99, -1]}, 1),  # duplicates and layers that do not exist
+        ({"interleave_moe_layer_step": 2}, 4),  # Llama 4 Maverick: layers 1, 3, 5, 7
+        ({"expert_layer_period": 2, "expert_layer_offset": 1}, 4),  # Jamba: layers 1, 3, 5, 7
+        ({"expert_layer_period": 4}, 2),  # offset 0: layers 0 and 4
+        ({"decoder_sparse_step": 1, "mlp_only_layers": [0, 7]}, 6),  # Qwen-MoE
+        ({"decoder_sparse_step": 2, "mlp_only_layers": [[1], "x"]}, 4),  # junk entries ignored
+        ({"first_k_dense_replace": 3}, 5),  # DeepSeek: the first three dense
+        ({"first_k_dense_replace": 1, "moe_layer_freq": 2}, 3),  # DeepSeek-V2 spelling: 2, 4, 6
+    ],
+)
+def test_only_the_layers_that_hold_experts_are_counted(
+    spelling: dict[str, object], moe_layers: int
+) -> None:
+    """Interleaved MoE (Jamba, Llama 4 Maverick, Qwen-MoE) is counted as the model's code does."""
+    arch = parse_model_config({**_MOE, **spelling}, name="moe")
+    assert arch.moe is not None
+    assert arch.moe.moe_layers == moe_layers
+
+
 def test_state_space_hybrid_is_declined() -> None:
     """A MiniMax-style hybrid is declined with a reason instead of mis-sized."""
     arch = parse_model_config(
