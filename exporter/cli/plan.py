@@ -442,6 +442,15 @@ def to_json(
             if result.mamba_cache_mode is not None
             else None
         ),
+        "sparse_mla": (
+            {
+                "latent_bytes_per_layer": result.sparse_latent_bytes,
+                "indexer_bytes_per_layer": result.sparse_indexer_bytes,
+                "cache_format": result.sparse_cache_format,
+            }
+            if result.sparse_cache_format is not None
+            else None
+        ),
         "sequences": ceiling_rows(result, contexts),
         "needs": needs,
         "what_if": what_if,
@@ -536,6 +545,12 @@ def render(
             f"  state per layer            {result.state_bytes:,} bytes "
             f"({'/'.join(result.state_dtypes)}{raised}; mamba cache mode "
             f"{result.mamba_cache_mode})"
+        )
+    if result.sparse_cache_format is not None:
+        lines.append(
+            f"  per token per layer        latent {result.sparse_latent_bytes:,} bytes "
+            f"({result.sparse_cache_format}) + indexer key {result.sparse_indexer_bytes:,} "
+            "bytes (fp8 + scales), one KV-cache group"
         )
     if not result.max_model_len_fits:
         lines.append(

@@ -23,7 +23,8 @@ out: no I/O, no clock, no logging. The chain, per GPU:
 
 Sliding-window and chunked-local layers (Mistral v0.1, Gemma 2/3, gpt-oss, Llama 4) are modelled
 the way vLLM's hybrid allocator groups them, and so are the Mamba / linear-attention layers of
-state-space hybrids (vLLM 0.32's arithmetic: see "hybrid state layers" below); what is not
+state-space hybrids (vLLM 0.32's arithmetic: see "hybrid state layers" below), and so are
+DeepSeek V3.2's sparse-attention indexer caches ("sparse-attention MLA" below); what is not
 modelled is :class:`Declined` with the reason.
 """
 
@@ -80,6 +81,18 @@ STATE_ARITHMETIC_OF = VllmVersion(0, 32, 0)
 
 _FP8_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
 
+#: DeepSeek V3.2's indexer key: one float32 scale per this many fp8 values (``Indexer``,
+#: vllm/models/deepseek_v32/attention.py, ``quant_block_size = 128``).
+INDEXER_QUANT_BLOCK = 128
+INDEXER_SCALE_BYTES = 4
+#: The block size every sparse-MLA and indexer backend of vLLM 0.32 takes on CUDA (a multiple of):
+#: FlashAttention/FlashMLA/FlashInfer sparse MLA declare ``MultipleOf(64)`` (or 32), the
+#: DeepSeek V3.2 indexer exactly 64 (vllm/v1/attention/backends/mla/indexer.py).
+SPARSE_MLA_BLOCK_SIZE = 64
+#: One token of the ``fp8_ds_mla`` latent: 512 fp8 NoPE values, 4 float32 scales, 64 bf16 RoPE
+#: values (vllm/v1/attention/backends/mla/flashmla_sparse.py; ``MLAAttention.get_kv_cache_spec``).
+FP8_DS_MLA_BYTES = 656
+
 
 @dataclass(frozen=True, slots=True)
 class MlaDims:
@@ -92,6 +105,24 @@ class MlaDims:
     def values_per_token(self) -> int:
         """Cached values per token per layer (576 for DeepSeek-V3)."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class SparseIndexer:
+    """DeepSeek V3.2's lightning indexer: one quantized key per token per layer, beside the latent.
+
+    vLLM 0.32 keeps it in ``DeepseekV32IndexerCache`` (vllm/model_executor/models/deepseek_v2.py,
+    built by ``DeepseekV32Indexer.__init__`` in vllm/models/deepseek_v32/attention.py): a uint8
+    row of ``index_head_dim + index_head_dim // 128 x 4`` bytes, the fp8 key plus one float32
+    scale per 128 values (``quant_block_size = 128``), whatever ``--kv-cache-dtype`` says.
+    """
+
+    head_dim: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Indexer-cache bytes per token per layer (132 for DeepSeek V3.2's 128-wide key)."""
+        return self.head_dim + self.head_dim // INDEXER_QUANT_BLOCK * INDEXER_SCALE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +235,8 @@ class ModelArch:
     architecture: str | None = None
     #: MTP layers the checkpoint ships (``num_nextn_predict_layers``), if the config says.
     mtp_layers: int | None = None
+    #: DeepSeek V3.2's sparse-attention indexer, on every layer (None: dense attention).
+    indexer: SparseIndexer | None = None
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -216,7 +249,7 @@ class ModelArch:
     def attention_kind(self) -> str:
         """A short label: MHA, GQA, MQA or MLA, plus the windowed layers if any."""
         if self.mla is not None:
-            base = "MLA"
+            base = "MLA" if self.indexer is None else "sparse MLA + indexer"
         elif self.num_kv_heads == self.num_attention_heads:
             base = "MHA"
         elif self.num_kv_heads == 1:
@@ -410,6 +443,11 @@ class SizingResult:
     lookahead_tokens: int = 0
     #: Hybrids: ``align`` (prefix caching on) or ``none``.
     mamba_cache_mode: str | None = None
+    #: Sparse MLA (DeepSeek V3.2): the latent's and the indexer key's bytes per token per layer,
+    #: and the latent's cache format (``bfloat16``, ``fp8_ds_mla`` or ``fp8``); None otherwise.
+    sparse_latent_bytes: int = 0
+    sparse_indexer_bytes: int = 0
+    sparse_cache_format: str | None = None
 
     @property
     def usable_blocks(self) -> int:
@@ -779,6 +817,178 @@ def hybrid_groups(
     return tuple(groups), group_size
 
 
+# --- sparse-attention MLA (DeepSeek V3.2) ------------------------------------------------------
+#
+# vLLM 0.32's layout, read from its source (CUDA; the CPU build has no sparse-MLA backend):
+# - every decoder layer holds two caches (vllm/models/deepseek_v32/attention.py,
+#   DeepseekV32Attention.__init__; with no index_topk_freq / index_topk_pattern each layer builds
+#   an indexer): the MLA latent, MLAAttention.get_kv_cache_spec
+#   (model_executor/layers/attention/mla_attention.py): MLAAttentionSpec, one head of
+#   kv_lora_rank + qk_rope_head_dim values in the KV dtype, or the packed 656-byte fp8_ds_mla row;
+#   and the indexer key, DeepseekV32IndexerCache.get_kv_cache_spec
+#   (model_executor/models/deepseek_v2.py): MLAAttentionSpec of head_size 132, uint8.
+# - both are replicated on every TP rank (num_kv_heads=1, max_tp_shards=1).
+# - backend and cache format (platforms/cuda.py _get_backend_priorities; the backends'
+#   supported_kv_cache_dtypes and supports_combination; mla_attention.py
+#   _canonicalize_sparse_mla_kv_cache_dtype): a 16-bit cache is the latent in bf16/fp16 on every
+#   sparse backend of SM90 and SM100; --kv-cache-dtype fp8 is served on SM90 by FLASHMLA_SPARSE,
+#   which turns it into fp8_ds_mla (656 B), and on SM100 by FLASHINFER_MLA_SPARSE as plain fp8
+#   (576 B; qk_nope_head_dim 128 or 192, else FLASHMLA_SPARSE's fp8_ds_mla); SM120 forces
+#   fp8_ds_mla even for auto, and other GPUs have no sparse-MLA backend.
+# - block size (platforms/interface.py _preferred_block_size_for_backends): 16 is taken by no
+#   backend, so the smallest common one, 64; a --block-size must be a multiple of 64.
+# - grouping (v1/core/kv_cache_utils.py get_kv_cache_groups): both specs are MLAAttentionSpec,
+#   whose uniform-type base is FullAttentionSpec (v1/core/single_type_kv_cache_manager.py
+#   register_all_kvcache_specs), with one block size, so UniformTypeKVCacheSpecs.from_specs
+#   makes ONE group whose page is the sum of every layer's pages
+#   (v1/kv_cache_interface.py UniformTypeKVCacheSpecs.page_size_bytes); num_blocks =
+#   budget // that page (get_kv_cache_config_from_groups; the layer-outer layout's per-layer
+#   alignment, sparse_utils.align_blocks_to_rows, divides a 64-token page, so nothing is padded).
+# - capacity (get_max_concurrency_for_kv_cache_config): one group, cdiv(max_model_len, block)
+#   blocks per max-length request, so kv_cache_size_tokens = int(blocks / that x max_model_len).
+
+GpuFamily = Literal["sm90", "sm100", "other", "unknown"]
+#: Product-name fragments of the CUDA GPUs whose sparse-MLA backends were read: Hopper (SM90) and
+#: data-centre Blackwell (SM100). Other named GPUs are declined.
+_SM90_NAMES = ("h100", "h200", "h800", "h20", "gh200")
+_SM100_NAMES = ("b100", "b200", "b300")
+
+
+def sparse_gpu_family(gpu_name: str | None) -> GpuFamily:
+    """Which of vLLM 0.32's sparse-MLA backend lists a GPU gets, from its product name."""
+    if gpu_name is None:
+        return "unknown"
+    name = gpu_name.lower()
+    if any(part in name for part in _SM90_NAMES):
+        return "sm90"
+    if any(part in name for part in _SM100_NAMES):
+        return "sm100"
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class SparseLayout:
+    """A sparse-MLA model's cache as vLLM lays it out: bytes per token per layer, block size."""
+
+    latent_bytes: int
+    indexer_bytes: int
+    cache_format: str
+    block_size: int
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def layer_bytes(self) -> int:
+        """Latent plus indexer key: one layer's share of a token in the single group's page."""
+        return self.latent_bytes + self.indexer_bytes
+
+
+def _sparse_unsupported(arch: ModelArch, deployment: Deployment) -> str | None:
+    """What about this deployment of a sparse-MLA model was not read from vLLM's source."""
+    mla, version = arch.mla, deployment.vllm_version
+    if mla is None or (mla.kv_lora_rank, mla.qk_rope_head_dim) != (512, 64):
+        return "a latent other than 512 + 64 values, for which no sparse-MLA kernel was read"
+    if deployment.device != "cuda":
+        return "the CPU backend: vLLM's CPU build has no sparse-MLA attention"
+    if version < STATE_ARITHMETIC_OF:
+        return (
+            f"vLLM {version}: the indexer cache is sized the way vLLM {STATE_ARITHMETIC_OF} "
+            f"lays it out; give --vllm-version {STATE_ARITHMETIC_OF} or later"
+        )
+    if deployment.pipeline_parallel > 1 or deployment.speculative is not None:
+        return (
+            "pipeline parallelism: per-stage indexer caches are not modelled; use --pp 1"
+            if deployment.pipeline_parallel > 1
+            else "speculative decoding: the MTP drafter's indexer cache is not modelled"
+        )
+    if sparse_gpu_family(deployment.gpu_name) == "other":
+        return (
+            f"{deployment.gpu_name}: vLLM 0.32 serves it on Hopper (SM90) and Blackwell "
+            "(SM100) with the layouts modelled here; SM120 forces fp8_ds_mla and older GPUs "
+            "have no sparse-MLA backend"
+        )
+    return None
+
+
+def sparse_mla_layout(
+    arch: ModelArch, deployment: Deployment, *, model_dtype: str
+) -> SparseLayout | Declined | None:
+    """The latent's and indexer's bytes per token, the format and block size (None: not sparse).
+
+    Raises :class:`UsageError` for what vLLM itself refuses (a block size that is not a multiple
+    of 64, a float32 cache).
+    """
+    if arch.indexer is None or arch.mla is None:
+        return None
+    why = _sparse_unsupported(arch, deployment)
+    if why is not None:
+        return Declined(arch.name, f"sparse-attention MLA (DeepSeek V3.2 indexer) with {why}")
+    block = deployment.block_size or SPARSE_MLA_BLOCK_SIZE
+    if block % SPARSE_MLA_BLOCK_SIZE:
+        raise UsageError(
+            f"--block-size {block}: vLLM's sparse-MLA and indexer kernels take blocks of a "
+            f"multiple of {SPARSE_MLA_BLOCK_SIZE} tokens and refuse it; drop --block-size"
+        )
+    notes = []
+    if deployment.vllm_version > STATE_ARITHMETIC_OF:
+        notes.append(
+            f"sparse-MLA layout of vLLM {STATE_ARITHMETIC_OF} (read from its source), assumed "
+            f"unchanged in {deployment.vllm_version}"
+        )
+    latent = _sparse_latent(arch, arch.mla, deployment, model_dtype=model_dtype, notes=notes)
+    if isinstance(latent, Declined):
+        return latent
+    return SparseLayout(
+        latent[0], arch.indexer.bytes_per_token, latent[1], block, assumptions=tuple(notes)
+    )
+
+
+def _sparse_latent(
+    arch: ModelArch, mla: MlaDims, deployment: Deployment, *, model_dtype: str, notes: list[str]
+) -> tuple[int, str] | Declined:
+    """The latent's bytes per token per layer and its cache format, for the GPU's backend."""
+    family = sparse_gpu_family(deployment.gpu_name)
+    key = deployment.kv_cache_dtype.strip().lower()
+    if key in {"fp8", "fp8_ds_mla"} and model_dtype != "bfloat16":
+        # FLASHMLA_SPARSE runs bf16 models only; which backend takes an fp16 one was not read.
+        return Declined(
+            arch.name,
+            f"sparse-attention MLA with an fp8 cache on a {model_dtype} model: the backend "
+            "vLLM picks for it was not pinned down from its source; use --dtype bfloat16",
+        )
+    if key in {"fp8", "fp8_ds_mla"}:
+        if key == "fp8" and family == "unknown":
+            return Declined(
+                arch.name,
+                "sparse-attention MLA with --kv-cache-dtype fp8 on an unnamed GPU: vLLM stores "
+                f"{FP8_DS_MLA_BYTES} bytes per token (fp8_ds_mla) on Hopper and "
+                f"{mla.values_per_token} (plain fp8) on Blackwell; give --gpu",
+            )
+        if family == "unknown":
+            notes.append("GPU assumed Hopper or Blackwell (SM90/SM100): fp8_ds_mla on both")
+        if key == "fp8" and family == "sm100" and arch.head_dim in (128, 192):
+            return mla.values_per_token, "fp8"
+        return FP8_DS_MLA_BYTES, "fp8_ds_mla"
+    if key != "auto" and (key in _FP8_KV or key.startswith(("fp8", "int8", "nvfp4"))):
+        return Declined(
+            arch.name,
+            f"sparse-attention MLA with --kv-cache-dtype {deployment.kv_cache_dtype}: which "
+            "backend serves it and in what layout was not pinned down from vLLM's source; "
+            "use auto, bfloat16, fp8 or fp8_ds_mla",
+        )
+    element = kv_bytes_per_element(key, model_dtype=model_dtype)
+    if element != 2:
+        raise UsageError(
+            f"sparse-attention MLA keeps its cache in bf16/fp16 or fp8; vLLM refuses a "
+            f"{element}-byte cache: use --kv-cache-dtype auto or fp8 (and --dtype bfloat16)"
+        )
+    if family == "unknown":
+        notes.append(
+            "GPU assumed Hopper or data-centre Blackwell (SM90/SM100); an SM120 GPU stores "
+            f"fp8_ds_mla ({FP8_DS_MLA_BYTES} bytes) even with auto"
+        )
+    return mla.values_per_token * element, model_dtype if key == "auto" else key
+
+
 # --- weights -----------------------------------------------------------------------------------
 
 
@@ -1047,12 +1257,20 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
     _validate(arch, deployment)
     version = deployment.vllm_version
     tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
-    assumptions: list[str] = []
 
     model_dtype = resolve_model_dtype(deployment.dtype, checkpoint_dtype=arch.dtype)
     kv_element = kv_bytes_per_element(deployment.kv_cache_dtype, model_dtype=model_dtype)
-    layer_bytes = layer_bytes_per_token(arch, tensor_parallel=tp, kv_element_bytes=kv_element)
-    block_size = _block_size(arch, deployment)
+    sparse = sparse_mla_layout(arch, deployment, model_dtype=model_dtype)
+    if isinstance(sparse, Declined):
+        return sparse
+    # A sparse-MLA model's latent and indexer pages of every layer make one block (one group).
+    layer_bytes = (
+        sparse.layer_bytes
+        if sparse is not None
+        else layer_bytes_per_token(arch, tensor_parallel=tp, kv_element_bytes=kv_element)
+    )
+    block_size = sparse.block_size if sparse is not None else _block_size(arch, deployment)
+    assumptions: list[str] = list(sparse.assumptions) if sparse is not None else []
     max_model_len = deployment.max_model_len or arch.max_position_embeddings
     if max_model_len is None:
         raise UsageError(
@@ -1192,6 +1410,9 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         draft_weights_bytes=draft.weights_bytes,
         draft_bytes_per_token=draft.bytes_per_token,
         lookahead_tokens=draft.lookahead_tokens,
+        sparse_latent_bytes=sparse.latent_bytes if sparse is not None else 0,
+        sparse_indexer_bytes=sparse.indexer_bytes if sparse is not None else 0,
+        sparse_cache_format=sparse.cache_format if sparse is not None else None,
     )
 
 

@@ -12,7 +12,9 @@ What is normalised: ``head_dim`` when given, else ``hidden_size / num_attention_
 alternation, Gemma 3's ``sliding_window_pattern``, Qwen2's ``use_sliding_window`` and Mistral's
 all-layer window; Llama 4's chunked local attention; ``quantization_config``; ``torch_dtype`` or
 ``dtype``; the state layers of hybrid state-space models (Qwen3-Next, Granite-4.0-H, Falcon-H1,
-Nemotron-H, LFM2, Jamba), other state-space families being declined with a reason.
+Nemotron-H, LFM2, Jamba), other state-space families being declined with a reason; DeepSeek
+V3.2's sparse-attention indexer (``index_topk``, ``index_head_dim``), other sparse-attention
+variants (DeepSeek V4's ``compress_ratios``, shared indexers) being declined.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from typing import Any
 
 from exporter.boundedread import FileReadError, read_bounded
 from exporter.errors import ModelConfigError, ModelNotFoundError
-from exporter.sizing.model import LayerKind, MlaDims, ModelArch, MoeSpec, StateLayers
+from exporter.sizing.model import (
+    LayerKind,
+    MlaDims,
+    ModelArch,
+    MoeSpec,
+    SparseIndexer,
+    StateLayers,
+)
 from exporter.sizing.modelroot import within
 
 # model_type values of models whose layers keep a fixed recurrent state per sequence.
@@ -372,10 +381,44 @@ def _declined(config: Mapping[str, Any]) -> str | None:
         if key in config:
             return _STATE_REASON.format(what=key)
     if "index_topk" in config or "compress_ratios" in config:
+        return _sparse_declined(config)
+    return None
+
+
+#: Sparse-attention (DSA) model classes whose cache layout is modelled: DeepSeek V3.2's.
+_SPARSE_ARCHITECTURES = {"DeepseekV32ForCausalLM"}
+#: Fields of other DSA variants (GLM-5 Next's key pool, HY v4's shared indexers, linear layers).
+_SPARSE_VARIANT_FIELDS = ("index_kpool", "indexer_types", "linear_attn_config", "mla_use_nope")
+
+
+def _sparse_declined(config: Mapping[str, Any]) -> str | None:
+    """Why a sparse-attention MLA config is not sized, or None for DeepSeek V3.2's layout."""
+    if "compress_ratios" in config:
         return (
-            "sparse-attention MLA model (DeepSeek V3.2/V4 style indexer or compressed layers): "
-            "its extra per-token indexer cache is not modelled"
+            "sparse-attention MLA model with compressed layers (DeepSeek V4 style "
+            "compress_ratios): its compressed, sliding-window and indexer caches are not modelled"
         )
+    what = "sparse-attention MLA model (DeepSeek V3.2 style indexer)"
+    architecture = _architecture(config)
+    model_type = str(config.get("model_type", ""))
+    if architecture not in _SPARSE_ARCHITECTURES and (
+        architecture is not None or model_type != "deepseek_v32"
+    ):
+        return (
+            f"{what} of class {architecture or model_type or 'unknown'}: only "
+            "DeepseekV32ForCausalLM's indexer cache is modelled"
+        )
+    freq = config.get("index_topk_freq", 1)
+    if freq != 1 or config.get("index_topk_pattern") is not None:
+        return (
+            f"{what} whose layers share indexers (index_topk_freq / index_topk_pattern): "
+            "layers without an indexer cache are not modelled"
+        )
+    extra = [key for key in _SPARSE_VARIANT_FIELDS if key in config]
+    if extra:
+        return f"{what} with {', '.join(extra)}: that variant's caches are not modelled"
+    if _opt_int(config, "kv_lora_rank") is None or _opt_int(config, "index_head_dim") is None:
+        return f"{what} without kv_lora_rank or index_head_dim: its caches cannot be sized"
     return None
 
 
@@ -439,6 +482,11 @@ def parse_model_config(
         multimodal=any(key in config for key in ("vision_config", "audio_config")),
         architecture=_architecture(config),
         mtp_layers=_count(text, "num_nextn_predict_layers"),
+        indexer=(
+            SparseIndexer(head_dim=_int(text, "index_head_dim", source=name))
+            if declined is None and "index_topk" in text
+            else None
+        ),
     )
 
 

@@ -540,3 +540,61 @@ def test_a_catalogue_entry_naming_its_class_sizes_lora_without_the_guess(
     assert not any("model class unknown" in line for line in named["assumptions"])
     unnamed = run_json(capsys, "plan", "--model", "qwen3-8b", "--gpu", "H100", "--enable-lora")
     assert any("model class unknown" in line for line in unnamed["assumptions"])
+
+
+def _deepseek_v32_dir(tmp_path: Any, **changes: Any) -> str:
+    """A model directory holding DeepSeek-V3's config.json with V3.2's class and indexer."""
+    config = json.loads((CONFIGS / "deepseek-v3" / "config.json").read_text())
+    config.update(
+        architectures=["DeepseekV32ForCausalLM"],
+        model_type="deepseek_v32",
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=2048,
+        **changes,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_plan_sizes_deepseek_v32_sparse_mla(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeepSeek V3.2 on an H200, 10 GiB of KV, max-model-len 32,768, as vLLM 0.32 lays it out.
+
+    Per token per layer: bf16 latent 576 x 2 = 1,152 B + indexer key 128 + 4 = 132 B; x 61
+    layers = 78,324 B. Block 64 (the indexer's), 64 x 78,324 = 5,012,736 B; 10 GiB // that =
+    2,142 blocks; one group, cdiv(32,768, 64) = 512 blocks a request: 2,142 x 64 = 137,088
+    tokens. With --kv-cache-dtype fp8 Hopper's FLASHMLA_SPARSE stores fp8_ds_mla, 656 B:
+    (656 + 132) x 61 = 48,068 B per token.
+    """
+    model = _deepseek_v32_dir(tmp_path)
+    argv = ["plan", "--model", model, "--gpu", "H200", "--tp", "8"]
+    argv += ["--kv-cache-memory-bytes", str(10 * 2**30), "--max-model-len", "32768"]
+    out = run_json(capsys, *argv)
+    assert out["attention_kind"] == "sparse MLA + indexer"
+    assert out["bytes_per_token"] == 78_324
+    assert out["block_size"] == 64
+    assert out["kv_blocks"] == 2_142
+    assert out["kv_capacity_tokens"] == 137_088
+    assert out["sparse_mla"] == {
+        "latent_bytes_per_layer": 1_152,
+        "indexer_bytes_per_layer": 132,
+        "cache_format": "bfloat16",
+    }
+    fp8 = next(row for row in out["what_if"] if row["change"] == "FP8 KV cache")
+    assert fp8["bytes_per_token"] == 48_068
+    assert main(argv) == 0
+    assert "indexer key 132 bytes" in capsys.readouterr().out
+
+
+def test_plan_declines_a_v4_style_config_in_one_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compress_ratios (DeepSeek V4's compressed layers) stays declined, exit 2, one line."""
+    model = _deepseek_v32_dir(tmp_path, compress_ratios=[0, 0, 4, 128])
+    assert main(["plan", "--model", model, "--gpu", "H200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "compress_ratios" in err
+    assert "Traceback" not in err

@@ -290,3 +290,47 @@ def test_an_exact_kv_budget_leaves_nothing_unaccounted() -> None:
     assert prediction.state == "ok"
     assert prediction.kv_budget_bytes == 4 * GIB
     assert prediction.message == ""
+
+
+def _deepseek_v32(tmp_path: Path) -> str:
+    """A model directory: DeepSeek-V3's config.json with V3.2's class and indexer fields."""
+    config = json.loads((CONFIGS / "deepseek-v3" / "config.json").read_text())
+    config.update(
+        architectures=["DeepseekV32ForCausalLM"],
+        model_type="deepseek_v32",
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=2048,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_a_live_deepseek_v32_is_predicted_from_its_fp8_ds_mla_labels(tmp_path: Path) -> None:
+    """8 H100s, cache_dtype fp8_ds_mla, block 64, 10 GiB of KV, max-model-len 32,768.
+
+    Per token per layer 656 (fp8_ds_mla) + 132 (indexer key) = 788 B, x 61 = 48,068 B; a block
+    64 x 48,068 = 3,076,352 B; 10 GiB // that = 3,490 blocks, one group needing cdiv(32,768, 64)
+    = 512 per request: int(3,490 / 512 x 32,768) = 223,360 tokens (vLLM 0.32 source arithmetic).
+    """
+    predictor = ModelPredictor(model_roots=(tmp_path,))
+    info = TargetInfo("deepseek-v3.2", _deepseek_v32(tmp_path), 32_768, "0.32.0")
+    assert predictor.load(info) is None
+    cache = CacheConfig(block_size=64, cache_dtype="fp8_ds_mla", kv_cache_memory_bytes=10 * GIB)
+    prediction = predictor.predict(snapshot(cache), info, tuple(h100(i) for i in range(8)))
+    assert prediction.state == "ok"
+    assert prediction.bytes_per_token == 48_068
+    assert prediction.capacity_tokens == 223_360
+    assert prediction.info["attention"] == "sparse MLA + indexer"
+
+
+def test_a_live_deepseek_v32_without_gpus_is_unsupported_in_one_line(tmp_path: Path) -> None:
+    """No GPUs and an exact budget means vLLM's CPU backend, which has no sparse-MLA attention."""
+    predictor = ModelPredictor(model_roots=(tmp_path,))
+    info = TargetInfo("deepseek-v3.2", _deepseek_v32(tmp_path), 32_768, "0.32.0")
+    predictor.load(info)
+    cache = CacheConfig(block_size=64, cache_dtype="auto", kv_cache_memory_bytes=10 * GIB)
+    prediction = predictor.predict(snapshot(cache), info, ())
+    assert prediction.state == "model_unsupported"
+    assert "CPU" in prediction.message
+    assert "\n" not in prediction.message
