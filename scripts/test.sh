@@ -7,7 +7,8 @@
 #      normal priority) and, at `nice 19`, the tests that only render and check files with
 #      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC below: no clock, no
 #      server; about 4.5 minutes of one core). The niced run yields the CPU to the unit tests'
-#      servers and subprocesses whenever they want it.
+#      servers and subprocesses whenever they want it. When it ends, that core builds the
+#      image for phase 2 (prebuild_image below).
 #   2. Once both have ended: the end-to-end tests (a real vLLM on both cores, real
 #      Prometheus and Alertmanager, timing bounds), in two lanes that never burst together
 #      (tests/e2e/lanes.py): the main lane, and beside it the modules that start no shared vLLM,
@@ -45,12 +46,36 @@ done
 side_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-tests.XXXXXX")
 beside_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-beside.XXXXXX")
 lanes_dir=$(mktemp -d "${TMPDIR:-/tmp}/vllm-headroom-lanes.XXXXXX")
+image_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-image.XXXXXX")
 beside=
-trap '[ -n "$beside" ] && kill "$beside" 2>/dev/null; rm -rf "$side_log" "$beside_log" "$lanes_dir"' EXIT
+trap '[ -n "$beside" ] && kill "$beside" 2>/dev/null; rm -rf "$side_log" "$beside_log" "$lanes_dir" "$image_log"' EXIT
+
+# The file checks end about two minutes before the unit tests: that core then builds the image
+# that phase 2's tests/e2e/test_image.py runs (scripts/image/build.sh, cached by its inputs; about
+# 90 s cold, a no-op warm), so phase 2 finds it built. Whole suite, as root, tools present only
+# (the module's own conditions); a failure here is only reported: phase 2 builds again and fails
+# with the build's log.
+prebuild_image() {
+    local PATH="$PATH:/usr/sbin:/sbin" started=$SECONDS
+    if [ "$#" -ne 0 ] || [ "$(id -u)" -ne 0 ] || ! command -v podman debootstrap >/dev/null; then
+        return 0
+    fi
+    if nice -n 19 bash scripts/image/build.sh >/dev/null 2>"$image_log"; then
+        echo "== image prebuilt for phase 2 in $((SECONDS - started)) s (scripts/image/build.sh)"
+    else
+        echo "== image prebuild failed ($((SECONDS - started)) s); phase 2 builds it again:"
+        tail -n 5 "$image_log"
+    fi
+}
 
 SECONDS=0
 echo "== phase 1: unit tests, with the file-checking tests beside them (nice 19; output below)"
-nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}" "$@" >"$side_log" 2>&1 &
+{
+    nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}" "$@" >"$side_log" 2>&1
+    checks_rc=$?
+    prebuild_image "$@" >>"$side_log" 2>&1
+    exit "$checks_rc"
+} &
 side=$!
 "$PYTEST" -m "not e2e" "${ignore[@]}" "$@"
 unit_rc=$?

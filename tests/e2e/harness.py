@@ -11,7 +11,8 @@ unpacked into the cache (``scripts/e2e/install-prometheus.sh``,
 What a test gets:
 
 - :class:`VllmServer`: vLLM on a free loopback port with an exact ``--kv-cache-memory-bytes``,
-  ready when ``/health`` and ``/metrics`` answer; ``stop()``, ``kill()`` (a crash), ``restart()``.
+  ready when ``/health`` and ``/metrics`` answer; ``stop()``, ``kill()`` (a crash),
+  ``start()`` again on the same port.
 - :class:`PrometheusServer`: Prometheus on loopback with a generated config (1 s scrapes of the
   given targets, the caller's rule files, storage in a temporary directory) and its HTTP API:
   ``query()``, ``query_range()``, ``alerts()``, ``rules()``, ``targets()``, ``reload()``.
@@ -498,6 +499,15 @@ def start_sidecar(
     return group, url
 
 
+def process_group_gone(pgid: int) -> bool:
+    """True once no process of group ``pgid`` is left (killed and reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 # ------------------------------------------------------------------------------------- vLLM
 
 
@@ -524,7 +534,7 @@ class VllmServer:
 
     ``kv_cache_memory_bytes`` pins the KV pool exactly (the CPU backend uses 128-token blocks):
     with the reference tiny Llama (1,024 B/token), 1 MiB and ``max_model_len`` 512 give a pool of
-    1,024 tokens in 8 blocks. The port is chosen once and kept across :meth:`restart`, so scrape
+    1,024 tokens in 8 blocks. The port is chosen once and kept when it is started again, so scrape
     targets stay valid. Use it as a context manager; it is always stopped on the way out.
     """
 
@@ -658,14 +668,6 @@ class VllmServer:
         if self._group is not None:
             self._group.kill()
             self._group = None
-
-    def restart(self, *, crash: bool = False) -> Self:
-        """Stop (or, with ``crash``, kill) vLLM and start it again on the same port."""
-        if crash:
-            self.kill()
-        else:
-            self.stop()
-        return self.start()
 
     def get_json(self, path: str) -> Any:
         """GET ``<base_url><path>`` and decode its JSON body (``/v1/models``, ``/version``)."""

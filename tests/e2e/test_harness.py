@@ -7,7 +7,6 @@ and loads rule files, and no process the harness starts outlives it.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from tests.e2e.harness import (
     VllmServer,
     burst,
     cache_config_labels,
+    process_group_gone,
     sample_value,
     wait_until,
 )
@@ -63,14 +63,6 @@ groups:
       - record: e2e:broken
         expr: rate(vllm:num_preemptions_total[1m]
 """
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 # ------------------------------------------------------------------------------------- vLLM
@@ -298,8 +290,8 @@ def test_process_group_stop_ends_children_the_leader_left(tmp_path: Path) -> Non
     with group:
         pgid = group.pid
         assert pgid is not None
-        assert not _group_gone(pgid)
-    assert _group_gone(pgid)
+        assert not process_group_gone(pgid)
+    assert process_group_gone(pgid)
 
 
 def test_process_group_is_killed_when_a_keyboard_interrupt_leaves_its_block(
@@ -318,7 +310,7 @@ def test_process_group_is_killed_when_a_keyboard_interrupt_leaves_its_block(
         interrupted()
     [pgid] = started
     assert pgid is not None
-    assert _group_gone(pgid)
+    assert process_group_gone(pgid)
 
 
 def test_reaper_kills_the_group_when_the_test_process_dies(tmp_path: Path) -> None:
@@ -339,25 +331,4 @@ def test_reaper_kills_the_group_when_the_test_process_dies(tmp_path: Path) -> No
         [sys.executable, "-c", script], capture_output=True, text=True, check=False
     )
     pgid = int(done.stdout.strip())
-    wait_until(lambda: _group_gone(pgid), timeout_s=10.0, what=f"group {pgid} reaped")
-
-
-def test_vllm_restart_after_a_crash_keeps_its_port_and_resets_counters(
-    vllm_server: VllmServer,
-) -> None:
-    """kill() then start on the same port: the old processes are gone, counters start over."""
-    port, old_pid = vllm_server.port, vllm_server.pid
-    assert old_pid is not None
-    old_start = sample_value(vllm_server.metrics_text(), "process_start_time_seconds")
-
-    vllm_server.restart(crash=True)
-
-    assert _group_gone(old_pid)
-    assert vllm_server.port == port
-    assert vllm_server.pid != old_pid
-    text = vllm_server.metrics_text()
-    assert sample_value(text, "vllm:num_preemptions_total") == 0.0
-    new_start = sample_value(text, "process_start_time_seconds")
-    assert old_start is not None
-    assert new_start is not None
-    assert new_start > old_start
+    wait_until(lambda: process_group_gone(pgid), timeout_s=10.0, what=f"group {pgid} reaped")

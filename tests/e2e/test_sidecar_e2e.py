@@ -39,6 +39,7 @@ from tests.e2e.harness import (
     ScrapeJob,
     VllmServer,
     cache_config_labels,
+    process_group_gone,
     rule_file_for_test,
     sample_value,
     start_sidecar,
@@ -83,6 +84,22 @@ class Observation:
     values: dict[str, float]
 
 
+@dataclass(frozen=True, slots=True)
+class CrashRestart:
+    """vLLM killed like an OOM kill and started again: what the harness and vLLM showed."""
+
+    port_before: int
+    port_after: int
+    pid_before: int
+    pid_after: int
+    #: No process of the old group was left once ``kill()`` returned.
+    old_group_gone: bool
+    start_time_before: float | None
+    start_time_after: float | None
+    #: ``vllm:num_preemptions_total`` of the new process as soon as it answered.
+    preemptions_after_restart: float | None
+
+
 @dataclass(slots=True)
 class Scenario:
     """Everything the scenario observed, for the tests to check."""
@@ -100,6 +117,7 @@ class Scenario:
     killed: float = 0.0
     restarted: float = 0.0
     recovered: float = 0.0
+    crash: CrashRestart | None = None
     alert_fired: dict[str, Any] = field(default_factory=dict)
     alert_fired_during_burst: bool = False
     resolved_after_s: float | None = None
@@ -264,7 +282,11 @@ def _run_scenario(
 
         # Restart: vLLM killed (like an OOM kill) and started again, the sidecar running.
         scenario.killed = time.monotonic()
+        pid_before, port_before = vllm.pid, vllm.port
+        assert pid_before is not None
+        start_before = sample_value(vllm.metrics_text(), "process_start_time_seconds")
         vllm.kill()
+        old_group_gone = process_group_gone(pid_before)
         wait_until(
             lambda: sampler.latest().get("headroom_target_up") == 0.0,
             timeout_s=30.0,
@@ -273,6 +295,18 @@ def _run_scenario(
         time.sleep(3.0)
         vllm.start()
         scenario.restarted = time.monotonic()
+        restarted_text = vllm.metrics_text()
+        assert vllm.pid is not None
+        scenario.crash = CrashRestart(
+            port_before=port_before,
+            port_after=vllm.port,
+            pid_before=pid_before,
+            pid_after=vllm.pid,
+            old_group_gone=old_group_gone,
+            start_time_before=start_before,
+            start_time_after=sample_value(restarted_text, "process_start_time_seconds"),
+            preemptions_after_restart=sample_value(restarted_text, "vllm:num_preemptions_total"),
+        )
         wait_until(
             lambda: (
                 sampler.latest().get("headroom_kv_capacity_tokens") == 1024.0
@@ -450,6 +484,24 @@ def test_the_context_window_reaches_back_for_the_bursts_requests(scenario: Scena
 
 
 # -- 4. the restart -----------------------------------------------------------------------------
+
+
+def test_killed_vllm_starts_again_on_its_port_with_counters_from_zero(scenario: Scenario) -> None:
+    """The harness's crash: ``kill()`` leaves no process of the group, ``start()`` keeps the port.
+
+    The new vLLM is a new process (later start time) whose counters start over: the reset the
+    sidecar must absorb below. (This is the harness's own restart proof too, shared so that the
+    suite starts the reference vLLM once less.)
+    """
+    crash = scenario.crash
+    assert crash is not None
+    assert crash.old_group_gone
+    assert crash.port_after == crash.port_before
+    assert crash.pid_after != crash.pid_before
+    assert crash.preemptions_after_restart == 0.0
+    assert crash.start_time_before is not None
+    assert crash.start_time_after is not None
+    assert crash.start_time_after > crash.start_time_before
 
 
 def test_while_vllm_is_away_the_target_shows_down_and_no_figure_is_stale(
