@@ -313,6 +313,20 @@ except OSError:
 """
 
 
+def process_group_gone(pgid: int) -> bool:
+    """True once no process of group ``pgid`` is left (killed and reaped).
+
+    A group whose members we may not signal (another user's) is still there.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class ProcessGroup:
     """A command running in its own session, signalled and stopped as a whole group.
 
@@ -368,15 +382,7 @@ class ProcessGroup:
                 os.killpg(self._proc.pid, sig)
 
     def _group_alive(self) -> bool:
-        if self._proc is None:
-            return False
-        try:
-            os.killpg(self._proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self._proc is not None and not process_group_gone(self._proc.pid)
 
     def stop(self, *, grace_s: float = 20.0) -> None:
         """SIGTERM the group, wait up to ``grace_s`` for the leader, then SIGKILL what is left."""
@@ -497,15 +503,6 @@ def start_sidecar(
     finally:
         client.close()
     return group, url
-
-
-def process_group_gone(pgid: int) -> bool:
-    """True once no process of group ``pgid`` is left (killed and reaped)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 # ------------------------------------------------------------------------------------- vLLM
