@@ -6,14 +6,12 @@
 #      tests/reliability (UNIT_SECOND below) and the rest, about 3.5 minutes each. Their
 #      bounds are wall-clock ones and their servers and subprocesses short: a third of their time
 #      is waiting, so the two share the cores without slowing each other much (measured: 205 s
-#      and 203 s side by side, 393 s as one pytest). Meanwhile phase 2's main lane starts the
-#      reference vLLM (at nice 10: about 45 s of a core warm, 90 s cold, taken from that
-#      waiting) and holds its first test until both have ended.
-#   2. The end-to-end tests (a real vLLM on both cores, real Prometheus and Alertmanager, timing
-#      bounds), in two lanes that never burst together (tests/e2e/lanes.py): the main lane, and
-#      beside it the modules that start no shared vLLM, which wait for the alerting scenario's
-#      minutes of waiting on its rules and run in them (the main lane waits for them to end
-#      before its next module). Beside both, at nice 19, the image build for
+#      and 203 s side by side, 393 s as one pytest).
+#   2. Once both have ended: the end-to-end tests (a real vLLM on both cores, real Prometheus and
+#      Alertmanager, timing bounds), in two lanes that never burst together (tests/e2e/lanes.py):
+#      the main lane, and beside it the modules that start no shared vLLM, which wait for the
+#      alerting scenario's minutes of waiting on its rules and run in them (the main lane waits
+#      for them to end before its next module). Beside both, at nice 19, the image build for
 #      tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock, so the
 #      test's own build waits for it) and then the tests that only render and check files with
 #      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server; about
@@ -55,13 +53,12 @@ done
 
 side_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-tests.XXXXXX")
 unit_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-unit.XXXXXX")
-main_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-main.XXXXXX")
 beside_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-beside.XXXXXX")
 lanes_dir=$(mktemp -d "${TMPDIR:-/tmp}/vllm-headroom-lanes.XXXXXX")
 image_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-image.XXXXXX")
 background=()
 trap '[ "${#background[@]}" -gt 0 ] && kill "${background[@]}" 2>/dev/null;
-    rm -rf "$side_log" "$unit_log" "$main_log" "$beside_log" "$lanes_dir" "$image_log"' EXIT
+    rm -rf "$side_log" "$unit_log" "$beside_log" "$lanes_dir" "$image_log"' EXIT
 
 # The image that phase 2's tests/e2e/test_image.py runs (scripts/image/build.sh, cached by its
 # inputs; about 90 s cold, a no-op warm), built before that test asks for it. Root and the tools
@@ -87,46 +84,41 @@ if [ "$#" -eq 0 ]; then
     for path in "${UNIT_SECOND[@]}"; do
         second_ignore+=("--ignore=$path")
     done
-    beside_ignore=()
-    for path in "${BESIDE[@]}"; do
-        beside_ignore+=("--ignore=$path")
-    done
-    echo "== phase 1: unit tests, in two pytest processes; the second, ${UNIT_SECOND[*]}, below;" \
-        "phase 2's main lane starts its vLLM meanwhile (its output follows phase 1's)"
-    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
-        "$PYTEST" -m e2e "${ignore[@]}" "${beside_ignore[@]}" --durations=15 >"$main_log" 2>&1 &
-    main=$!
-    background=("$main")
+    echo "== phase 1: unit tests, in two pytest processes; the second, ${UNIT_SECOND[*]}, below"
     "$PYTEST" -p no:cacheprovider -m "not e2e" "${UNIT_SECOND[@]}" >"$unit_log" 2>&1 &
-    background+=("$!")
-    "$PYTEST" -p no:cacheprovider -m "not e2e" "${ignore[@]}" "${second_ignore[@]}"
+    background=("$!")
+    "$PYTEST" -m "not e2e" "${ignore[@]}" "${second_ignore[@]}"
     unit_rc=$?
-    wait "${background[1]}"
+    wait "${background[0]}"
     second_rc=$?
-    touch "$lanes_dir/units"  # the main lane's tests may begin (tests/e2e/lanes.py)
+    background=()
     echo "== phase 1, second: ${UNIT_SECOND[*]}"
     cat "$unit_log"
     phase1_s=$SECONDS
 
+    beside_ignore=()
+    for path in "${BESIDE[@]}"; do
+        beside_ignore+=("--ignore=$path")
+    done
     echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager); beside: ${BESIDE[*]};" \
         "at nice 19: the image and the file checks (output below)"
     {
         prebuild_image
         nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
     } >"$side_log" 2>&1 &
-    background=("$main" "$!")
+    background=("$!")
     HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
         "$PYTEST" -p no:cacheprovider -m e2e "${BESIDE[@]}" --durations=5 >"$beside_log" 2>&1 &
     background+=("$!")
-    tail -n +1 -f --pid="$main" "$main_log"
-    wait "$main"
+    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
+        "$PYTEST" -m e2e "${ignore[@]}" "${beside_ignore[@]}" --durations=15
     e2e_rc=$?
-    wait "${background[2]}"
+    wait "${background[1]}"
     beside_rc=$?
     echo "== phase 2, beside: ${BESIDE[*]}"
     cat "$beside_log"
     checks_started=$SECONDS
-    wait "${background[1]}"
+    wait "${background[0]}"
     side_rc=$?
     background=()
     echo "== phase 2, at nice 19 (waited $((SECONDS - checks_started)) s for it): the image," \

@@ -67,22 +67,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _reference_vllm_started_beside_the_unit_tests(request: pytest.FixtureRequest) -> None:
-    """In the main lane (scripts/test.sh): start the reference vLLM, then wait for phase 1.
-
-    The lane starts with the unit tests; its vLLM's start-up is what it can do meanwhile
-    without a clock to keep (tests/e2e/lanes.py). Elsewhere: nothing.
-    """
-    if lanes.LANE == "main" and lanes.active():
-        try:
-            request.getfixturevalue("vllm_server")
-        except (Exception, pytest.skip.Exception, pytest.fail.Exception) as error:  # noqa: BLE001
-            # Only the tests that use it fail (or skip) with its reason, as without lanes.
-            print(f"\nlanes: the reference vLLM did not start ({type(error).__name__})", flush=True)
-        lanes.wait_for_unit_tests()
-
-
 @pytest.fixture(scope="session")
 def e2e_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory for the servers' logs of this session."""

@@ -8,11 +8,6 @@ pytest, the ``beside`` lane, which waits until the main lane says the burst is o
 lane then waits for the beside lane to end before its next module, so that no two bursts ever
 share the two cores. Both waits are bounded: a lane that dies costs time, never a hang.
 
-The main lane starts with the unit tests of phase 1, not after them: it starts the reference
-vLLM meanwhile (about 45 s of its time warm, 90 s cold, at nice 10, in the unit tests' waiting),
-then waits before its first test until ``scripts/test.sh`` says the unit tests have ended
-(``units``), so that no burst and no bound of its tests shares the cores with them.
-
 Without ``HEADROOM_E2E_LANES`` (a directory both lanes share) every function here does nothing:
 a plain ``pytest`` runs every module in one process, as before.
 """
@@ -31,8 +26,6 @@ LANE = os.environ.get("HEADROOM_E2E_LANE", "")
 QUIET_TIMEOUT_S = 900.0
 #: How long the main lane waits for the beside lane to end (it takes about 4 minutes).
 DONE_TIMEOUT_S = 600.0
-#: How long the main lane waits for the unit tests to end (about 4 minutes on two cores).
-UNITS_TIMEOUT_S = 1200.0
 
 
 def _flag(name: str) -> Path | None:
@@ -63,17 +56,6 @@ def main_lane_quiet() -> None:
     """The main lane's burst is over (or never comes): the beside lane may start."""
     if LANE == "main":
         _signal("quiet")
-
-
-def active() -> bool:
-    """Whether this process is one of scripts/test.sh's lanes (else nothing here waits)."""
-    return LANE in ("main", "beside") and _flag("units") is not None
-
-
-def wait_for_unit_tests() -> None:
-    """In the main lane: wait until scripts/test.sh says phase 1's unit tests have ended."""
-    if LANE == "main":
-        _wait("units", UNITS_TIMEOUT_S, "the unit tests have ended")
 
 
 def wait_for_quiet() -> None:
