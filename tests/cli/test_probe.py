@@ -358,7 +358,11 @@ def test_ctrl_c_or_sigterm_stops_cleanly_reports_and_leaves_the_target_idle(
     for line in process.stderr:
         if line.startswith("probe: step 1/1"):
             break
-    time.sleep(1.0)
+    # Until the step's four requests are in flight: on two busy cores a CI run had one of them
+    # after a fixed second.
+    deadline = time.monotonic() + 30.0
+    while sim.received - sim.disconnected < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
     in_flight = sim.received - sim.disconnected
     process.send_signal(sig)
     out, err = process.communicate(timeout=60)
