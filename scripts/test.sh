@@ -17,7 +17,8 @@
 #      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server; about
 #      4.5 minutes of one core): they fill the end-to-end tests' waiting, and under a burst take
 #      about a fifteenth of a core from vLLM (nice 10 in the harness; the idle scheduling class
-#      would take less, but starves a render past its subprocess timeout through a long burst).
+#      would take less, but at its weight, about 3 % of a core under a 120 s burst, a render
+#      could outlast its 30 s subprocess timeout: estimated, not tried).
 # With arguments (-k, -x, a path...) phase 1 is one pytest of the unit tests with the file checks
 # beside it at nice 19, and phase 2 one pytest of the end-to-end tests, alone.
 # Every test runs exactly once. Exit status: the first failure's.
