@@ -11,7 +11,8 @@
 #      Alertmanager, timing bounds), in two lanes that never burst together (tests/e2e/lanes.py):
 #      the main lane, and beside it the modules that start no shared vLLM, which wait for the
 #      alerting scenario's minutes of waiting on its rules and run in them (the main lane waits
-#      for them to end before its next module). Beside both, at nice 19, the image build for
+#      for them to end before its next module). Beside both, at nice 19 and once the main lane
+#      is quiet too (tests/e2e/lanes.py), the image build for
 #      tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock, so the
 #      test's own build waits for it) and then the tests that only render and check files with
 #      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server; about
@@ -104,6 +105,13 @@ if [ "$#" -eq 0 ]; then
     echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager); beside: ${BESIDE[*]};" \
         "at nice 19: the image and the file checks (output below)"
     {
+        # Not before the main lane's burst and stalled engine are over: the alerting scenario
+        # runs alone, as the beside lane waits for it too (a CI run saw its stall burst end
+        # unseen three times with these checks beside it).
+        for ((waited = 0; waited < 900; waited++)); do
+            [ -e "$lanes_dir/quiet" ] && break
+            sleep 1
+        done
         prebuild_image
         nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
     } >"$side_log" 2>&1 &

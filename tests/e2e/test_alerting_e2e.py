@@ -356,10 +356,11 @@ class StalledEngine:
         """Start a small burst and stop the engine (SIGSTOP) once it runs and generates.
 
         Should the burst finish before it is seen running, or between the tokens seen and the
-        signal (vLLM then holds no request), let it complete and try again, up to three times.
+        signal (vLLM then holds no request), let it complete and try again, up to six times (a
+        loaded CI run missed three in a row; each costs a few seconds).
         """
         self.pid = engine_core_pid(self.vllm)
-        for _ in range(3):
+        for _ in range(6):
             before = self._sample("vllm:generation_tokens_total")
             self.load = BackgroundBurst(
                 self.vllm.base_url, REFERENCE_MODEL_NAME, count=STALL_REQUESTS, **STALL_BURST
