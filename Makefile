@@ -43,8 +43,9 @@ deps:
 	bash scripts/ci-deps.sh
 
 # The tests find the cached tools themselves (tests/e2e/harness.py locators). Two phases, each
-# test once: the unit tests in two processes, then the end-to-end tests with the file-checking
-# ones beside them, niced (scripts/test.sh says why).
+# test once: the unit tests in two processes, with the end-to-end tests' servers starting beside
+# them, then the end-to-end bursts with the file-checking tests beside them, niced
+# (scripts/test.sh says why).
 test: $(STAMP) lint deps
 	bash scripts/test.sh
 

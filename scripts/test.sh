@@ -7,9 +7,11 @@
 #      bounds are wall-clock ones and their servers and subprocesses short: a third of their time
 #      is waiting, so the two share the cores without slowing each other much (measured: 205 s
 #      and 203 s side by side, 393 s as one pytest).
-#   2. Once both have ended: the end-to-end tests (a real vLLM on both cores, real Prometheus and
-#      Alertmanager, timing bounds), in two lanes that never burst together (tests/e2e/lanes.py):
-#      the main lane, and beside it the modules that start no shared vLLM, which wait for the
+#   2. The end-to-end tests (a real vLLM on both cores, real Prometheus and Alertmanager, timing
+#      bounds), in two lanes that never burst together (tests/e2e/lanes.py). The main lane starts
+#      with phase 1: its vLLM, Prometheus and Alertmanager start and the alerting scenario's idle
+#      minute passes beside the unit tests (a third of whose time is waiting), and its first burst
+#      waits for their end. Beside it, the modules that start no shared vLLM, which wait for the
 #      alerting scenario's minutes of waiting on its rules and run in them (the main lane waits
 #      for them to end before its next module). Beside both, at nice 19 and once the main lane
 #      is quiet too (tests/e2e/lanes.py), the image build for
@@ -48,19 +50,24 @@ BESIDE=(
     tests/e2e/test_limits_e2e.py
     tests/e2e/test_sharding_e2e.py
 )
-ignore=()
-for path in "${DETERMINISTIC[@]}"; do
-    ignore+=("--ignore=$path")
-done
+# pytest's --ignore for each path given.
+ignore_args() {
+    local path
+    for path in "$@"; do
+        printf -- '--ignore=%s\n' "$path"
+    done
+}
+mapfile -t ignore < <(ignore_args "${DETERMINISTIC[@]}")
 
 side_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-tests.XXXXXX")
 unit_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-unit.XXXXXX")
 beside_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-beside.XXXXXX")
+main_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-main.XXXXXX")
 lanes_dir=$(mktemp -d "${TMPDIR:-/tmp}/vllm-headroom-lanes.XXXXXX")
 image_log=$(mktemp "${TMPDIR:-/tmp}/vllm-headroom-image.XXXXXX")
 background=()
 trap '[ "${#background[@]}" -gt 0 ] && kill "${background[@]}" 2>/dev/null;
-    rm -rf "$side_log" "$unit_log" "$beside_log" "$lanes_dir" "$image_log"' EXIT
+    rm -rf "$side_log" "$unit_log" "$beside_log" "$main_log" "$lanes_dir" "$image_log"' EXIT
 
 # The image that phase 2's tests/e2e/test_image.py runs (scripts/image/build.sh, cached by its
 # inputs; about 90 s cold, a no-op warm), built before that test asks for it. Root and the tools
@@ -82,28 +89,30 @@ prebuild_image() {
 SECONDS=0
 beside_rc=0
 if [ "$#" -eq 0 ]; then
-    second_ignore=()
-    for path in "${UNIT_SECOND[@]}"; do
-        second_ignore+=("--ignore=$path")
-    done
-    echo "== phase 1: unit tests, in two pytest processes; the second, ${UNIT_SECOND[*]}, below"
+    mapfile -t second_ignore < <(ignore_args "${UNIT_SECOND[@]}")
+    mapfile -t beside_ignore < <(ignore_args "${BESIDE[@]}")
+    echo "== phase 1: unit tests, in two pytest processes; the second, ${UNIT_SECOND[*]}, below;" \
+        "phase 2's main lane starts beside them and holds its first burst until they end"
+    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
+        "$PYTEST" -p no:cacheprovider -m e2e "${ignore[@]}" "${beside_ignore[@]}" \
+        --durations=15 >"$main_log" 2>&1 &
+    main_lane=$!
+    background=("$main_lane")
     "$PYTEST" -p no:cacheprovider -m "not e2e" "${UNIT_SECOND[@]}" >"$unit_log" 2>&1 &
-    background=("$!")
+    background+=("$!")
     "$PYTEST" -m "not e2e" "${ignore[@]}" "${second_ignore[@]}"
     unit_rc=$?
-    wait "${background[0]}"
+    wait "${background[1]}"
     second_rc=$?
-    background=()
+    touch "$lanes_dir/units"
+    background=("$main_lane")
     echo "== phase 1, second: ${UNIT_SECOND[*]}"
     cat "$unit_log"
     phase1_s=$SECONDS
 
-    beside_ignore=()
-    for path in "${BESIDE[@]}"; do
-        beside_ignore+=("--ignore=$path")
-    done
-    echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager); beside: ${BESIDE[*]};" \
-        "at nice 19: the image and the file checks (output below)"
+    echo "== phase 2: end-to-end tests (real vLLM, Prometheus, Alertmanager), main lane (started" \
+        "with phase 1); beside: ${BESIDE[*]}; at nice 19: the image and the file checks" \
+        "(output below)"
     {
         # Not before the main lane's burst and stalled engine are over: the alerting scenario
         # runs alone, as the beside lane waits for it too (a CI run saw its stall burst end
@@ -115,19 +124,20 @@ if [ "$#" -eq 0 ]; then
         prebuild_image
         nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
     } >"$side_log" 2>&1 &
-    background=("$!")
+    background+=("$!")
     HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
         "$PYTEST" -p no:cacheprovider -m e2e "${BESIDE[@]}" --durations=5 >"$beside_log" 2>&1 &
     background+=("$!")
-    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
-        "$PYTEST" -m e2e "${ignore[@]}" "${beside_ignore[@]}" --durations=15
+    wait "$main_lane"
     e2e_rc=$?
-    wait "${background[1]}"
+    echo "== phase 2, main lane"
+    cat "$main_log"
+    wait "${background[2]}"
     beside_rc=$?
     echo "== phase 2, beside: ${BESIDE[*]}"
     cat "$beside_log"
     checks_started=$SECONDS
-    wait "${background[0]}"
+    wait "${background[1]}"
     side_rc=$?
     background=()
     echo "== phase 2, at nice 19 (waited $((SECONDS - checks_started)) s for it): the image," \

@@ -60,6 +60,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     lanes.main_lane_quiet()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_burst_before_the_unit_tests_end(request: pytest.FixtureRequest) -> None:
+    """In the main lane, a module starts once phase 1's unit tests have ended (tests/e2e/lanes.py).
+
+    Except a module whose scenario waits for them itself, just before its burst
+    (``WAITS_FOR_THE_UNIT_TESTS``): the alerting scenario starts its servers and spends its idle
+    minute while they run.
+    """
+    if not getattr(request.module, "WAITS_FOR_THE_UNIT_TESTS", False):
+        lanes.wait_for_unit_tests()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test collected under tests/e2e/ with ``e2e``."""
     for item in items:

@@ -6,7 +6,10 @@ group_interval) while its vLLM's engine is stopped and the CPU idles. ``scripts/
 the modules that start no shared vLLM (its ``BESIDE``: their own vLLM servers or none) in a second
 pytest, the ``beside`` lane, which waits until the main lane says the burst is over; the main
 lane then waits for the beside lane to end before its next module, so that no two bursts ever
-share the two cores. Both waits are bounded: a lane that dies costs time, never a hang.
+share the two cores. The main lane itself starts with phase 1's unit tests: its vLLM, Prometheus
+and Alertmanager start and its idle minute passes while they run, and its first burst waits until
+``scripts/test.sh`` says they have ended. Every wait is bounded: a lane that dies costs time,
+never a hang.
 
 Without ``HEADROOM_E2E_LANES`` (a directory both lanes share) every function here does nothing:
 a plain ``pytest`` runs every module in one process, as before.
@@ -26,6 +29,8 @@ LANE = os.environ.get("HEADROOM_E2E_LANE", "")
 QUIET_TIMEOUT_S = 900.0
 #: How long the main lane waits for the beside lane to end (it takes about 4 minutes).
 DONE_TIMEOUT_S = 600.0
+#: How long the main lane holds its first burst for phase 1's unit tests (about 3.5 minutes).
+UNITS_TIMEOUT_S = 900.0
 
 
 def _flag(name: str) -> Path | None:
@@ -74,3 +79,13 @@ def wait_for_beside_lane() -> None:
     """In the main lane, once its quiet minutes are over: wait for the beside lane to end."""
     if LANE == "main" and (flag := _flag("quiet")) is not None and flag.exists():
         _wait("done", DONE_TIMEOUT_S, "the beside lane has ended")
+
+
+def wait_for_unit_tests() -> None:
+    """In the main lane, before its first burst: wait until phase 1's unit tests have ended.
+
+    ``scripts/test.sh`` touches the flag once both unit-test processes have exited, passed or
+    not: a burst on both cores would slow them past their wall-clock bounds.
+    """
+    if LANE == "main":
+        _wait("units", UNITS_TIMEOUT_S, "the unit tests have ended")

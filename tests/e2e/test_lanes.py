@@ -40,6 +40,7 @@ def test_one_lane_never_waits_and_writes_nothing(
         lanes.main_lane_quiet()
         lanes.beside_lane_done()
         lanes.wait_for_beside_lane()
+        lanes.wait_for_unit_tests()
         assert time.monotonic() - started < 0.5
     assert list(tmp_path.iterdir()) == []
 
@@ -75,17 +76,37 @@ def test_the_main_lane_waits_for_the_beside_lane_only_once_it_released_it(
     timer.join()
 
 
+def test_only_the_main_lane_waits_for_the_unit_tests(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The main lane's burst waits for scripts/test.sh's word that the unit tests ended."""
+    for lane in ("beside", ""):
+        _as(monkeypatch, lane, tmp_path)
+        started = time.monotonic()
+        lanes.wait_for_unit_tests()
+        assert time.monotonic() - started < 0.5
+    _as(monkeypatch, "main", tmp_path)
+    timer = _later(1.0, (tmp_path / "units").touch)
+    started = time.monotonic()
+    lanes.wait_for_unit_tests()
+    assert time.monotonic() - started >= 0.9
+    timer.join()
+
+
 def test_a_lane_that_never_answers_costs_time_not_a_hang(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both waits end at their bound and say so."""
     monkeypatch.setattr(lanes, "QUIET_TIMEOUT_S", 0.5)
     monkeypatch.setattr(lanes, "DONE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(lanes, "UNITS_TIMEOUT_S", 0.5)
     _as(monkeypatch, "beside", tmp_path)
     lanes.wait_for_quiet()
     _as(monkeypatch, "main", tmp_path)
     lanes.main_lane_quiet()
     lanes.wait_for_beside_lane()
+    lanes.wait_for_unit_tests()
     out = capsys.readouterr().out
     assert "no word that the main lane is quiet after 0 s; going on" in out
     assert "no word that the beside lane has ended after 0 s; going on" in out
+    assert "no word that the unit tests have ended after 0 s; going on" in out
