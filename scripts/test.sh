@@ -9,12 +9,13 @@
 #      and 203 s side by side, 393 s as one pytest).
 #   2. The end-to-end tests (a real vLLM on both cores, real Prometheus and Alertmanager, timing
 #      bounds), in two lanes that never burst together (tests/e2e/lanes.py). The main lane starts
-#      with phase 1: its vLLM, Prometheus and Alertmanager start and the alerting scenario's idle
-#      minute passes beside the unit tests (a third of whose time is waiting), and its first burst
-#      waits for their end. Beside it, the modules that start no shared vLLM, which wait for the
-#      alerting scenario's minutes of waiting on its rules and run in them (the main lane waits
-#      for them to end before its next module). Beside both, at nice 19 and once the main lane
-#      is quiet too (tests/e2e/lanes.py), the image build for
+#      with phase 1, whose unit tests leave a third of the cores idle: first its tests that start
+#      no vLLM and build no image, then the alerting scenario's vLLM, Prometheus and Alertmanager
+#      start and its idle minute passes; its burst, as any test with a vLLM, waits for the unit
+#      tests' end (tests/e2e/conftest.py). Beside it, the modules that start no shared vLLM,
+#      which wait for the alerting scenario's minutes of waiting on its rules and run in them
+#      (the main lane waits for them to end before its next module). Beside both, at nice 19 and
+#      once the main lane is quiet too (tests/e2e/lanes.py), the image build for
 #      tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock, so the
 #      test's own build waits for it) and then the tests that only render and check files with
 #      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server; about

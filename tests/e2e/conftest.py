@@ -60,23 +60,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     lanes.main_lane_quiet()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_burst_before_the_unit_tests_end(request: pytest.FixtureRequest) -> None:
-    """In the main lane, a module starts once phase 1's unit tests have ended (tests/e2e/lanes.py).
+#: Fixtures that put load on both cores: a vLLM (the shared one or a test's own) or the image.
+CORE_FIXTURES = frozenset({"vllm_server", "vllm_factory", "image"})
 
-    Except a module whose scenario waits for them itself, just before its burst
-    (``WAITS_FOR_THE_UNIT_TESTS``): the alerting scenario starts its servers and spends its idle
-    minute while they run.
+
+def _takes_the_cores(item: pytest.Item) -> bool:
+    return not CORE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """In the main lane, a test that loads the cores starts once the unit tests have ended.
+
+    Before any of its fixtures (tests/e2e/lanes.py). Except in a module whose scenario waits for
+    them itself, just before its burst (``WAITS_FOR_THE_UNIT_TESTS``): the alerting scenario
+    starts its servers and spends its idle minute while they run.
     """
-    if not getattr(request.module, "WAITS_FOR_THE_UNIT_TESTS", False):
+    if _takes_the_cores(item) and not getattr(
+        getattr(item, "module", None), "WAITS_FOR_THE_UNIT_TESTS", False
+    ):
         lanes.wait_for_unit_tests()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test collected under tests/e2e/ with ``e2e``."""
+    """Mark every test collected under tests/e2e/ with ``e2e``.
+
+    In scripts/test.sh's main lane, which starts beside the unit tests, the tests that start no
+    vLLM and build no image run first (in their order), while the unit tests still run.
+    """
     for item in items:
         if E2E_DIR in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+    if lanes.LANE == "main":
+        items.sort(key=_takes_the_cores)
 
 
 @pytest.fixture(scope="session")

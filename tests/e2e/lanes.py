@@ -6,10 +6,11 @@ group_interval) while its vLLM's engine is stopped and the CPU idles. ``scripts/
 the modules that start no shared vLLM (its ``BESIDE``: their own vLLM servers or none) in a second
 pytest, the ``beside`` lane, which waits until the main lane says the burst is over; the main
 lane then waits for the beside lane to end before its next module, so that no two bursts ever
-share the two cores. The main lane itself starts with phase 1's unit tests: its vLLM, Prometheus
-and Alertmanager start and its idle minute passes while they run, and its first burst waits until
-``scripts/test.sh`` says they have ended. Every wait is bounded: a lane that dies costs time,
-never a hang.
+share the two cores. The main lane itself starts with phase 1's unit tests: its tests that start
+no vLLM run first, then the alerting scenario's vLLM, Prometheus and Alertmanager start and its
+idle minute passes while they run, and its burst (as any test with a vLLM) waits until
+``scripts/test.sh`` says they have ended (tests/e2e/conftest.py orders and holds the tests). Every
+wait is bounded: a lane that dies costs time, never a hang.
 
 Without ``HEADROOM_E2E_LANES`` (a directory both lanes share) every function here does nothing:
 a plain ``pytest`` runs every module in one process, as before.

@@ -96,7 +96,7 @@ TICKET_ALERT = "VllmHeadroomLow"
 SCRAPE_S = 5.0
 #: In scripts/test.sh's main lane this module starts beside phase 1's unit tests: its servers
 #: start and its idle minute passes while they run, and the burst waits for them to end
-#: (tests/e2e/lanes.py). Other modules wait before their first test (tests/e2e/conftest.py).
+#: (tests/e2e/lanes.py). Other tests with a vLLM wait before their fixtures (tests/e2e/conftest.py).
 WAITS_FOR_THE_UNIT_TESTS = True
 BURST = {"concurrency": 8, "prompt_tokens": 128, "output_tokens": 352}
 BURST_SECONDS = 120.0
