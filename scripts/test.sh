@@ -93,7 +93,7 @@ if [ "$#" -eq 0 ]; then
     mapfile -t second_ignore < <(ignore_args "${UNIT_SECOND[@]}")
     mapfile -t beside_ignore < <(ignore_args "${BESIDE[@]}")
     echo "== phase 1: unit tests, in two pytest processes; the second, ${UNIT_SECOND[*]}, below;" \
-        "phase 2's main lane starts beside them and holds its first burst until they end"
+        "phase 2's main lane starts beside them, its tests with a vLLM held until they end"
     HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
         "$PYTEST" -p no:cacheprovider -m e2e "${ignore[@]}" "${beside_ignore[@]}" \
         --durations=15 >"$main_log" 2>&1 &
