@@ -29,6 +29,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=${PYTEST:-.venv/bin/pytest}
+PYTHON=${PYTHON:-.venv/bin/python}
 
 DETERMINISTIC=(
     tests/test_alerts.py
@@ -98,12 +99,12 @@ if [ "$#" -eq 0 ]; then
         "$PYTEST" -p no:cacheprovider -m e2e "${ignore[@]}" "${beside_ignore[@]}" \
         --durations=15 >"$main_log" 2>&1 &
     main_lane=$!
-    background=("$main_lane")
     "$PYTEST" -p no:cacheprovider -m "not e2e" "${UNIT_SECOND[@]}" >"$unit_log" 2>&1 &
-    background+=("$!")
+    second_units=$!
+    background=("$main_lane" "$second_units")
     "$PYTEST" -m "not e2e" "${ignore[@]}" "${second_ignore[@]}"
     unit_rc=$?
-    wait "${background[1]}"
+    wait "$second_units"
     second_rc=$?
     touch "$lanes_dir/units"
     background=("$main_lane")
@@ -118,27 +119,26 @@ if [ "$#" -eq 0 ]; then
         # Not before the main lane's burst and stalled engine are over: the alerting scenario
         # runs alone, as the beside lane waits for it too (a CI run saw its stall burst end
         # unseen three times with these checks beside it).
-        for ((waited = 0; waited < 900; waited++)); do
-            [ -e "$lanes_dir/quiet" ] && break
-            sleep 1
-        done
+        HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
+            "$PYTHON" -c "from tests.e2e import lanes; lanes.wait_for_quiet()"
         prebuild_image
         nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
     } >"$side_log" 2>&1 &
-    background+=("$!")
+    file_checks=$!
     HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
         "$PYTEST" -p no:cacheprovider -m e2e "${BESIDE[@]}" --durations=5 >"$beside_log" 2>&1 &
-    background+=("$!")
+    beside_lane=$!
+    background+=("$file_checks" "$beside_lane")
     wait "$main_lane"
     e2e_rc=$?
     echo "== phase 2, main lane"
     cat "$main_log"
-    wait "${background[2]}"
+    wait "$beside_lane"
     beside_rc=$?
     echo "== phase 2, beside: ${BESIDE[*]}"
     cat "$beside_log"
     checks_started=$SECONDS
-    wait "${background[1]}"
+    wait "$file_checks"
     side_rc=$?
     background=()
     echo "== phase 2, at nice 19 (waited $((SECONDS - checks_started)) s for it): the image," \

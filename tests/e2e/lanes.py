@@ -30,7 +30,7 @@ LANE = os.environ.get("HEADROOM_E2E_LANE", "")
 QUIET_TIMEOUT_S = 900.0
 #: How long the main lane waits for the beside lane to end (it takes about 4 minutes).
 DONE_TIMEOUT_S = 600.0
-#: How long the main lane holds its first burst for phase 1's unit tests (about 3.5 minutes).
+#: How long the main lane holds its tests with a vLLM for phase 1's unit tests (about 3.5 minutes).
 UNITS_TIMEOUT_S = 900.0
 
 
@@ -83,7 +83,7 @@ def wait_for_beside_lane() -> None:
 
 
 def wait_for_unit_tests() -> None:
-    """In the main lane, before its first burst: wait until phase 1's unit tests have ended.
+    """In the main lane, before a test with a vLLM: wait until phase 1's unit tests have ended.
 
     ``scripts/test.sh`` touches the flag once both unit-test processes have exited, passed or
     not: a burst on both cores would slow them past their wall-clock bounds.
