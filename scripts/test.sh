@@ -8,13 +8,14 @@
 #      is waiting, so the two share the cores without slowing each other much (measured: 205 s
 #      and 203 s side by side, 393 s as one pytest).
 #   2. The end-to-end tests (a real vLLM on both cores, real Prometheus and Alertmanager, timing
-#      bounds), in two lanes that never burst together (tests/e2e/lanes.py). The main lane starts
-#      with phase 1, whose unit tests leave a third of the cores idle: first its tests that start
-#      no vLLM and build no image, then the alerting scenario's vLLM, Prometheus and Alertmanager
-#      start and its idle minute passes; its burst, as any test with a vLLM, waits for the unit
-#      tests' end (tests/e2e/conftest.py). Beside it, the modules that start no shared vLLM,
-#      which wait for the alerting scenario's minutes of waiting on its rules and run in them
-#      (the main lane waits for them to end before its next module). Beside both, at nice 19 and
+#      bounds), in two lanes that never burst together (tests/e2e/lanes.py). Both start with
+#      phase 1, whose unit tests leave a third of the cores idle, and first run their tests that
+#      start no vLLM and build no image; then the main lane's alerting scenario starts its vLLM,
+#      Prometheus and Alertmanager and its idle minute passes. Its burst, as any test with a
+#      vLLM, waits for the unit tests' end (tests/e2e/conftest.py). The beside lane holds the
+#      modules that start no shared vLLM (BESIDE): its tests with a vLLM wait for the alerting
+#      scenario's minutes of waiting on its rules and run in them (the main lane waits for them
+#      to end before its next module). Beside both, at nice 19 and
 #      once the main lane is quiet too (tests/e2e/lanes.py), the image build for
 #      tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock, so the
 #      test's own build waits for it) and then the tests that only render and check files with
@@ -47,7 +48,7 @@ UNIT_SECOND=(
     tests/reliability
 )
 # The end-to-end modules of phase 2's beside lane: each starts its own vLLM or none
-# (tests/e2e/lanes.py).
+# (tests/e2e/lanes.py). Those with none (the sharding scenario's 45 s) run in phase 1.
 BESIDE=(
     tests/e2e/test_limits_e2e.py
     tests/e2e/test_sharding_e2e.py
@@ -94,20 +95,23 @@ if [ "$#" -eq 0 ]; then
     mapfile -t second_ignore < <(ignore_args "${UNIT_SECOND[@]}")
     mapfile -t beside_ignore < <(ignore_args "${BESIDE[@]}")
     echo "== phase 1: unit tests, in two pytest processes; the second, ${UNIT_SECOND[*]}, below;" \
-        "phase 2's main lane starts beside them, its tests with a vLLM held until they end"
+        "phase 2's two lanes start beside them, their tests with a vLLM held until they end"
     HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=main \
         "$PYTEST" -p no:cacheprovider -m e2e "${ignore[@]}" "${beside_ignore[@]}" \
         --durations=15 >"$main_log" 2>&1 &
     main_lane=$!
+    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
+        "$PYTEST" -p no:cacheprovider -m e2e "${BESIDE[@]}" --durations=5 >"$beside_log" 2>&1 &
+    beside_lane=$!
     "$PYTEST" -p no:cacheprovider -m "not e2e" "${UNIT_SECOND[@]}" >"$unit_log" 2>&1 &
     second_units=$!
-    background=("$main_lane" "$second_units")
+    background=("$main_lane" "$beside_lane" "$second_units")
     "$PYTEST" -m "not e2e" "${ignore[@]}" "${second_ignore[@]}"
     unit_rc=$?
     wait "$second_units"
     second_rc=$?
     touch "$lanes_dir/units"
-    background=("$main_lane")
+    background=("$main_lane" "$beside_lane")
     echo "== phase 1, second: ${UNIT_SECOND[*]}"
     cat "$unit_log"
     phase1_s=$SECONDS
@@ -125,10 +129,7 @@ if [ "$#" -eq 0 ]; then
         nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
     } >"$side_log" 2>&1 &
     file_checks=$!
-    HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
-        "$PYTEST" -p no:cacheprovider -m e2e "${BESIDE[@]}" --durations=5 >"$beside_log" 2>&1 &
-    beside_lane=$!
-    background+=("$file_checks" "$beside_lane")
+    background+=("$file_checks")
     wait "$main_lane"
     e2e_rc=$?
     echo "== phase 2, main lane"

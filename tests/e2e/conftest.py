@@ -49,11 +49,6 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """The beside lane (scripts/test.sh) starts once the main lane's burst is over."""
-    lanes.wait_for_quiet()
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Release the other lane, whatever happened in this one (tests/e2e/lanes.py)."""
     lanes.beside_lane_done()
@@ -70,28 +65,30 @@ def _takes_the_cores(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """In the main lane, a test that loads the cores starts once the unit tests have ended.
+    """In either lane, a test that loads the cores starts once the unit tests have ended.
 
     Before any of its fixtures (tests/e2e/lanes.py). Except in a module whose scenario waits for
     them itself, just before its burst (``WAITS_FOR_THE_UNIT_TESTS``): the alerting scenario
-    starts its servers and spends its idle minute while they run.
+    starts its servers and spends its idle minute while they run. In the beside lane, it also
+    waits for the main lane's burst to be over.
     """
-    if _takes_the_cores(item) and not getattr(
-        getattr(item, "module", None), "WAITS_FOR_THE_UNIT_TESTS", False
-    ):
+    if not _takes_the_cores(item):
+        return
+    if not getattr(getattr(item, "module", None), "WAITS_FOR_THE_UNIT_TESTS", False):
         lanes.wait_for_unit_tests()
+    lanes.wait_for_quiet()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test collected under tests/e2e/ with ``e2e``.
 
-    In scripts/test.sh's main lane, which starts beside the unit tests, the tests that start no
-    vLLM and build no image run first (in their order), while the unit tests still run.
+    In scripts/test.sh's lanes, which start beside the unit tests, the tests that start no vLLM
+    and build no image run first (in their order), while the unit tests still run.
     """
     for item in items:
         if E2E_DIR in item.path.parents:
             item.add_marker(pytest.mark.e2e)
-    if lanes.LANE == "main":
+    if lanes.LANE:
         items.sort(key=_takes_the_cores)
 
 

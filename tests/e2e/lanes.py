@@ -4,13 +4,14 @@ The alerting scenario (``test_alerting_e2e.py``) spends about four minutes after
 waiting on the rules' own durations (a 2-minute rate, the stalled engine's page, Alertmanager's
 group_interval) while its vLLM's engine is stopped and the CPU idles. ``scripts/test.sh`` runs
 the modules that start no shared vLLM (its ``BESIDE``: their own vLLM servers or none) in a second
-pytest, the ``beside`` lane, which waits until the main lane says the burst is over; the main
-lane then waits for the beside lane to end before its next module, so that no two bursts ever
-share the two cores. The main lane itself starts with phase 1's unit tests: its tests that start
-no vLLM run first, then the alerting scenario's vLLM, Prometheus and Alertmanager start and its
-idle minute passes while they run, and its burst (as any test with a vLLM) waits until
-``scripts/test.sh`` says they have ended (tests/e2e/conftest.py orders and holds the tests). Every
-wait is bounded: a lane that dies costs time, never a hang.
+pytest, the ``beside`` lane, whose tests with a vLLM wait until the main lane says the burst is
+over; the main lane then waits for the beside lane to end before its next module, so that no two
+bursts ever share the two cores. Both lanes start with phase 1's unit tests, and their tests that
+start no vLLM run first, while the unit tests run (the sharding scenario in the beside lane); then
+the alerting scenario's vLLM, Prometheus and Alertmanager start and its idle minute passes, and its
+burst (as any test with a vLLM, in either lane) waits until ``scripts/test.sh`` says the unit tests
+have ended (tests/e2e/conftest.py orders and holds the tests). Every wait is bounded: a lane that
+dies costs time, never a hang.
 
 Without ``HEADROOM_E2E_LANES`` (a directory both lanes share) every function here does nothing:
 a plain ``pytest`` runs every module in one process, as before.
@@ -25,8 +26,9 @@ from pathlib import Path
 #: The lane this process is: "main" or "beside" (unset: one lane, no waiting).
 LANE = os.environ.get("HEADROOM_E2E_LANE", "")
 
-#: How long the beside lane waits for the main lane's quiet minutes before it starts anyway
-#: (the main lane reaches them about 5 minutes in; a failed start signals at once).
+#: How long the beside lane's tests with a vLLM wait for the main lane's quiet minutes before
+#: they start anyway (the main lane reaches them about 5.5 minutes in; a failed start signals at
+#: once).
 QUIET_TIMEOUT_S = 900.0
 #: How long the main lane waits for the beside lane to end (it takes about 4 minutes).
 DONE_TIMEOUT_S = 600.0
@@ -65,7 +67,7 @@ def main_lane_quiet() -> None:
 
 
 def wait_for_quiet() -> None:
-    """In the beside lane: wait until the main lane's CPU is free."""
+    """In the beside lane, before a test with a vLLM: wait until the main lane's CPU is free."""
     if LANE == "beside":
         _wait("quiet", QUIET_TIMEOUT_S, "the main lane is quiet")
 
@@ -83,10 +85,10 @@ def wait_for_beside_lane() -> None:
 
 
 def wait_for_unit_tests() -> None:
-    """In the main lane, before a test with a vLLM: wait until phase 1's unit tests have ended.
+    """In either lane, before a test with a vLLM: wait until phase 1's unit tests have ended.
 
     ``scripts/test.sh`` touches the flag once both unit-test processes have exited, passed or
     not: a burst on both cores would slow them past their wall-clock bounds.
     """
-    if LANE == "main":
+    if LANE in ("main", "beside"):
         _wait("units", UNITS_TIMEOUT_S, "the unit tests have ended")
