@@ -63,19 +63,44 @@ def _takes_the_cores(item: pytest.Item) -> bool:
     return not CORE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
 
 
+def _waits_itself(item: pytest.Item, what: str) -> bool:
+    """Whether the test's module waits for ``what`` itself, just before its burst."""
+    return bool(getattr(getattr(item, "module", None), what, False))
+
+
+def _lane_order(item: pytest.Item) -> int:
+    """Tests without a vLLM first; then the scenarios that wait themselves, in the order they wait.
+
+    The alerting scenario (``WAITS_FOR_THE_UNIT_TESTS``) is the main lane's first burst; the
+    sidecar scenario (``WAITS_FOR_THE_BESIDE_LANE``) spends its idle minute while the beside
+    lane's last burst ends; then the rest.
+    """
+    if not _takes_the_cores(item):
+        return 0
+    if _waits_itself(item, "WAITS_FOR_THE_UNIT_TESTS"):
+        return 1
+    if _waits_itself(item, "WAITS_FOR_THE_BESIDE_LANE"):
+        return 2
+    return 3
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """In either lane, a test that loads the cores starts once the unit tests have ended.
+    """In either lane, a test that loads the cores starts once the other lane lets it.
 
-    Before any of its fixtures (tests/e2e/lanes.py). Except in a module whose scenario waits for
-    them itself, just before its burst (``WAITS_FOR_THE_UNIT_TESTS``): the alerting scenario
-    starts its servers and spends its idle minute while they run. In the beside lane, it also
-    waits for the main lane's burst to be over.
+    Before any of its fixtures (tests/e2e/lanes.py): once the unit tests have ended; in the
+    beside lane, once the main lane's burst is over; in the main lane, once the beside lane has
+    ended, if the main lane let it start. Except in a module whose scenario waits itself, just
+    before its burst: the alerting scenario starts its servers and spends its idle minute while
+    the unit tests run (``WAITS_FOR_THE_UNIT_TESTS``), the sidecar scenario while the beside lane
+    ends (``WAITS_FOR_THE_BESIDE_LANE``).
     """
     if not _takes_the_cores(item):
         return
-    if not getattr(getattr(item, "module", None), "WAITS_FOR_THE_UNIT_TESTS", False):
+    if not _waits_itself(item, "WAITS_FOR_THE_UNIT_TESTS"):
         lanes.wait_for_unit_tests()
+    if not _waits_itself(item, "WAITS_FOR_THE_BESIDE_LANE"):
+        lanes.wait_for_beside_lane()
     lanes.wait_for_quiet()
 
 
@@ -89,7 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if E2E_DIR in item.path.parents:
             item.add_marker(pytest.mark.e2e)
     if lanes.LANE:
-        items.sort(key=_takes_the_cores)
+        items.sort(key=_lane_order)
 
 
 @pytest.fixture(scope="session")

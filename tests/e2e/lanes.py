@@ -10,8 +10,9 @@ bursts ever share the two cores. Both lanes start with phase 1's unit tests, and
 start no vLLM run first, while the unit tests run (the sharding scenario in the beside lane); then
 the alerting scenario's vLLM, Prometheus and Alertmanager start and its idle minute passes, and its
 burst (as any test with a vLLM, in either lane) waits until ``scripts/test.sh`` says the unit tests
-have ended (tests/e2e/conftest.py orders and holds the tests). Every wait is bounded: a lane that
-dies costs time, never a hang.
+have ended (tests/e2e/conftest.py orders and holds the tests). After the alerting scenario the
+sidecar scenario starts its servers and spends its idle minute while the beside lane ends, and
+its burst waits for that. Every wait is bounded: a lane that dies costs time, never a hang.
 
 Without ``HEADROOM_E2E_LANES`` (a directory both lanes share) every function here does nothing:
 a plain ``pytest`` runs every module in one process, as before.
@@ -79,7 +80,7 @@ def beside_lane_done() -> None:
 
 
 def wait_for_beside_lane() -> None:
-    """In the main lane, once its quiet minutes are over: wait for the beside lane to end."""
+    """In the main lane, once it let the beside lane start: wait for the beside lane to end."""
     if LANE == "main" and (flag := _flag("quiet")) is not None and flag.exists():
         _wait("done", DONE_TIMEOUT_S, "the beside lane has ended")
 
