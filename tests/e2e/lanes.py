@@ -5,7 +5,7 @@ waiting on the rules' own durations (a 2-minute rate, the stalled engine's page,
 group_interval) while its vLLM's engine is stopped and the CPU idles. ``scripts/test.sh`` runs
 the modules that start no shared vLLM (its ``BESIDE``: their own vLLM servers or none) in a second
 pytest, the ``beside`` lane, whose tests with a vLLM wait until the main lane says the burst is
-over; the main lane then waits for the beside lane to end before its next module, so that no two
+over; the main lane's next tests with a vLLM then wait for the beside lane to end, so that no two
 bursts ever share the two cores. Both lanes start with phase 1's unit tests, and their tests that
 start no vLLM run first, while the unit tests run (the sharding scenario in the beside lane); then
 the alerting scenario's vLLM, Prometheus and Alertmanager start and its idle minute passes, and its
