@@ -16,14 +16,14 @@
 #      modules that start no shared vLLM (BESIDE): its tests with a vLLM wait for the alerting
 #      scenario's minutes of waiting on its rules and run in them; the main lane's next burst
 #      waits for them to end (the sidecar scenario spends its idle minute meanwhile). Beside
-#      both, at nice 19 and once the main lane is quiet too (tests/e2e/lanes.py), the image build for
-#      tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock, so the
-#      test's own build waits for it) and then the tests that only render and check files with
-#      Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server; about
-#      4.5 minutes of one core): they fill the end-to-end tests' waiting, and under a burst take
-#      about a fifteenth of a core from vLLM (nice 10 in the harness; the idle scheduling class
-#      would take less, but at its weight, about 3 % of a core under a 120 s burst, a render
-#      could outlast its 30 s subprocess timeout: estimated, not tried).
+#      both, at nice 19 and once the main lane is quiet too (tests/e2e/lanes.py), the image
+#      build for tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock,
+#      so the test's own build waits for it) and then the tests that only render and check files
+#      with Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server;
+#      about 4.5 minutes of one core): they fill the end-to-end tests' waiting, and under a
+#      burst take about a fifteenth of a core from vLLM (nice 10 in the harness; the idle
+#      scheduling class would take less, but at its weight, about 3 % of a core under a 120 s
+#      burst, a render could outlast its 30 s subprocess timeout: estimated, not tried).
 # With arguments (-k, -x, a path...) phase 1 is one pytest of the unit tests with the file checks
 # beside it at nice 19, and phase 2 one pytest of the end-to-end tests, alone.
 # Every test runs exactly once. Exit status: the first failure's.
