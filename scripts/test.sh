@@ -15,7 +15,7 @@
 #      vLLM, waits for the unit tests' end (tests/e2e/conftest.py). The beside lane holds the
 #      modules that start no shared vLLM (BESIDE): its tests with a vLLM wait for the alerting
 #      scenario's minutes of waiting on its rules and run in them; the main lane's next burst
-#      waits for them to end (the sidecar scenario spends its idle minute meanwhile). Beside
+#      waits for them to end (the sidecar scenario spends its idle half-minute meanwhile). Beside
 #      both, at nice 19 and once the main lane is quiet too (tests/e2e/lanes.py), the image
 #      build for tests/e2e/test_image.py (prebuild_image; scripts/image/build.sh takes a lock,
 #      so the test's own build waits for it) and then the tests that only render and check files

@@ -72,7 +72,7 @@ def _lane_order(item: pytest.Item) -> int:
     """Tests without a vLLM first; then the scenarios that wait themselves, in the order they wait.
 
     The alerting scenario (``WAITS_FOR_THE_UNIT_TESTS``) is the main lane's first burst; the
-    sidecar scenario (``WAITS_FOR_THE_BESIDE_LANE``) spends its idle minute while the beside
+    sidecar scenario (``WAITS_FOR_THE_BESIDE_LANE``) spends its idle half-minute while the beside
     lane's last burst ends; then the rest.
     """
     if not _takes_the_cores(item):

@@ -11,8 +11,8 @@ start no vLLM run first, while the unit tests run (the sharding scenario in the 
 the alerting scenario's vLLM, Prometheus and Alertmanager start and its idle minute passes, and its
 burst (as any test with a vLLM, in either lane) waits until ``scripts/test.sh`` says the unit tests
 have ended (tests/e2e/conftest.py orders and holds the tests). After the alerting scenario the
-sidecar scenario starts its servers and spends its idle minute while the beside lane ends, and
-its burst waits for that. Every wait is bounded: a lane that dies costs time, never a hang.
+sidecar scenario starts its servers and spends its idle half-minute while the beside lane ends,
+and its burst waits for that. Every wait is bounded: a lane that dies costs time, never a hang.
 
 Without ``HEADROOM_E2E_LANES`` (a directory both lanes share) every function here does nothing:
 a plain ``pytest`` runs every module in one process, as before.

@@ -76,7 +76,7 @@ RESOLVE_TIMEOUT_S = 300.0 + 90.0
 #: vLLM's token buckets for max_model_len 512 (1-2-5 up to it).
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, math.inf)
 #: In scripts/test.sh's main lane this scenario follows the alerting one: its servers start and
-#: its idle minute passes while the beside lane's last burst ends (it touches only its own vLLM),
+#: its idle half-minute passes while the beside lane's last burst ends (on that lane's own vLLM),
 #: and its burst waits for that lane's end (tests/e2e/lanes.py, tests/e2e/conftest.py).
 WAITS_FOR_THE_BESIDE_LANE = True
 
