@@ -63,6 +63,12 @@ def _takes_the_cores(item: pytest.Item) -> bool:
     return not CORE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
 
 
+#: Module flags of the scenarios that wait for the other lanes themselves, just before their
+#: burst (their modules say why), in the order they run.
+WAITS_FOR_THE_UNIT_TESTS = "WAITS_FOR_THE_UNIT_TESTS"
+WAITS_FOR_THE_BESIDE_LANE = "WAITS_FOR_THE_BESIDE_LANE"
+
+
 def _waits_itself(item: pytest.Item, what: str) -> bool:
     """Whether the test's module waits for ``what`` itself, just before its burst."""
     return bool(getattr(getattr(item, "module", None), what, False))
@@ -77,9 +83,9 @@ def _lane_order(item: pytest.Item) -> int:
     """
     if not _takes_the_cores(item):
         return 0
-    if _waits_itself(item, "WAITS_FOR_THE_UNIT_TESTS"):
+    if _waits_itself(item, WAITS_FOR_THE_UNIT_TESTS):
         return 1
-    if _waits_itself(item, "WAITS_FOR_THE_BESIDE_LANE"):
+    if _waits_itself(item, WAITS_FOR_THE_BESIDE_LANE):
         return 2
     return 3
 
@@ -97,9 +103,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """
     if not _takes_the_cores(item):
         return
-    if not _waits_itself(item, "WAITS_FOR_THE_UNIT_TESTS"):
+    if not _waits_itself(item, WAITS_FOR_THE_UNIT_TESTS):
         lanes.wait_for_unit_tests()
-    if not _waits_itself(item, "WAITS_FOR_THE_BESIDE_LANE"):
+    if not _waits_itself(item, WAITS_FOR_THE_BESIDE_LANE):
         lanes.wait_for_beside_lane()
     lanes.wait_for_quiet()
 

@@ -31,9 +31,10 @@ LANE = os.environ.get("HEADROOM_E2E_LANE", "")
 #: they start anyway (the main lane reaches them about 5.5 minutes in; a failed start signals at
 #: once).
 QUIET_TIMEOUT_S = 900.0
-#: How long the main lane waits for the beside lane to end (it takes about 4 minutes).
+#: How long the main lane waits for the beside lane to end (its tests with a vLLM take about 3
+#: minutes once the main lane is quiet).
 DONE_TIMEOUT_S = 600.0
-#: How long the main lane holds its tests with a vLLM for phase 1's unit tests (about 3.5 minutes).
+#: How long either lane holds its tests with a vLLM for phase 1's unit tests (about 3.5 minutes).
 UNITS_TIMEOUT_S = 900.0
 
 
