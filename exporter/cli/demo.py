@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,6 +42,7 @@ from exporter.sim.server import SimServer
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     from exporter.service.httpserver import ExporterServer
     from exporter.sim.traffic import TrafficProfile
@@ -150,9 +150,13 @@ def read_status(text: str) -> DemoStatus:
 
 
 def status_line(
-    elapsed: float, speed: float, status: DemoStatus, *, phase: str | None = None
+    simulated_s: float, speed: float, status: DemoStatus, *, phase: str | None = None
 ) -> str:
-    """One console line of the demo (labelled a simulation), with the traffic phase if given."""
+    """One console line of the demo (labelled a simulation), with the traffic phase if given.
+
+    ``simulated_s`` is the simulation's own clock, not the wall clock times ``speed``: a
+    simulation starved of CPU falls behind, and its line must name the phase it is in.
+    """
 
     def get(key: str) -> str:
         value = status.get(key)
@@ -161,7 +165,7 @@ def status_line(
     rate = status.get("preemptions")
     # The sidecar measures real seconds; the simulation runs `speed` times faster.
     per_sim_second = None if rate is None else rate / speed
-    where = f"t={elapsed * speed:6.0f}s" + ("" if phase is None else f" {phase:<6}")
+    where = f"t={simulated_s:6.0f}s" + ("" if phase is None else f" {phase:<6}")
     return (
         f"[simulation {where}] running {get('running'):>4} waiting "
         f"{get('waiting'):>4} | KV {get('used'):>8}/{get('usable')} tokens | p95 context "
@@ -177,10 +181,10 @@ async def _report(
     every: float,
     speed: float,
     traffic: TrafficProfile,
+    simulated_seconds: Callable[[], float],
     tally: DemoTally,
     stop: asyncio.Event,
 ) -> None:
-    started = time.monotonic()
     async with httpx.AsyncClient(trust_env=False) as http:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -190,9 +194,12 @@ async def _report(
             except httpx.HTTPError:
                 continue
             status = read_status(text)
-            elapsed = time.monotonic() - started
-            phase = traffic.phase_at(elapsed * speed)
-            line = status_line(elapsed, speed, status, phase=None if phase is None else phase.name)
+            # The simulation's time, not the wall clock's: under CPU contention it lags.
+            simulated_s = simulated_seconds()
+            phase = traffic.phase_at(simulated_s)
+            line = status_line(
+                simulated_s, speed, status, phase=None if phase is None else phase.name
+            )
             tally.lines.append(line)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
@@ -268,7 +275,15 @@ async def demo(
         )
         sys.stdout.flush()
         reporter = asyncio.create_task(
-            _report(url, every=every, speed=speed, traffic=scenario.traffic, tally=tally, stop=stop)
+            _report(
+                url,
+                every=every,
+                speed=speed,
+                traffic=scenario.traffic,
+                simulated_seconds=lambda: sim.simulated_seconds,
+                tally=tally,
+                stop=stop,
+            )
         )
 
     if duration > 0:

@@ -133,6 +133,7 @@ class SimServer:
         self._target = simulation.now
         #: What ``/metrics`` serves: replaced (one reference, atomically) after each pump.
         self._published = simulation.metrics()
+        self._published_at = simulation.now
         self._last_clock = clock()
         self._started_at = wall_clock()
         self._failure: str | None = None
@@ -192,6 +193,16 @@ class SimServer:
         return f"http://{host!s}:{port}"
 
     @property
+    def simulated_seconds(self) -> float:
+        """The simulated time of what ``/metrics`` serves (the last pump's).
+
+        It falls behind ``speed`` x the wall-clock time when the stepping thread is starved of
+        CPU (or a stall exceeds ``max_catch_up_s``), which is why the demo labels its lines with
+        it and not with the wall clock.
+        """
+        return self._published_at
+
+    @property
     def failure(self) -> str | None:
         """Why the stepping thread stopped, if it failed (``/health`` then answers 503)."""
         return self._failure
@@ -207,6 +218,7 @@ class SimServer:
             self._target += min(elapsed, self.max_catch_up_s) * self.speed
             self.simulation.advance_to(self._target)
             self._published = self.simulation.metrics()
+            self._published_at = self.simulation.now
 
     def _step_forever(self) -> None:
         while not self._stop.wait(self.tick_s):

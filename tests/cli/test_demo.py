@@ -61,7 +61,7 @@ def test_status_lines_read_engine_0_figures_and_show_rates_per_simulated_second(
     )
     status = read_status(text)
     assert status == DemoStatus({"available": 3.0, "preemptions": 10.0})
-    line = status_line(2.0, 5.0, status)
+    line = status_line(10.0, 5.0, status)  # 10 simulated seconds, 5 times real time
     assert line.startswith("[simulation t=    10s]")
     assert "preemptions/s 2.00" in line
     assert "bound by -" in line  # no limit exported yet
@@ -81,6 +81,6 @@ def test_status_lines_name_the_binding_limit_and_the_shared_prefix_ceiling() -> 
     )
     status = read_status(text)
     assert status.limit == "kv_cache"
-    line = status_line(40.0, 5.0, status, phase="agents")
+    line = status_line(200.0, 5.0, status, phase="agents")
     assert line.startswith("[simulation t=   200s agents]")
     assert "/78 p95 sequences, bound by kv_cache, 166 with shared prefixes |" in line

@@ -108,6 +108,22 @@ def test_pump_advances_by_elapsed_clock_time_times_speed() -> None:
     assert srv.simulation.metrics().generation_tokens > 0
 
 
+def test_the_served_figures_carry_the_simulated_time_they_were_taken_at() -> None:
+    """simulated_seconds is the last pump's time, behind the wall clock after a capped stall."""
+    clock = FakeClock()
+    srv = SimServer(
+        Simulation(default_scenario(), seed=0), speed=2.0, max_catch_up_s=1.5, clock=clock
+    )
+    assert srv.simulated_seconds == 0.0
+    clock.now += 1.0
+    srv.pump()
+    assert srv.simulated_seconds == srv.simulation.now
+    assert 2.0 <= srv.simulated_seconds < 2.5
+    clock.now += 60.0  # a stall: the wall clock says 122 simulated seconds, the figures 5
+    srv.pump()
+    assert 5.0 <= srv.simulated_seconds < 5.5
+
+
 def test_pump_caps_the_catch_up_after_a_stall() -> None:
     """After a long stall only max_catch_up_s of it is made up (times speed), not hours at once."""
     clock = FakeClock()
