@@ -312,6 +312,7 @@ async def serve(
             ResponseBudget(response_memory_bytes(settings)) if settings.mode is Mode.FLEET else None
         )
 
+        memory = MemoryBudget(window_memory_bytes(settings))
         make_poller = _poller_factory(
             settings,
             http,
@@ -320,6 +321,7 @@ async def serve(
             parts.launch or default_launch_source,
             workers=workers,
             answers=answers,
+            memory=memory,
         )
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProcessCollector(registry=None))
@@ -333,6 +335,7 @@ async def serve(
                 make_poller,
                 BoundedResolver(resolve=parts.resolve or system_resolve),
                 dcgm=fleet_dcgm_answers(settings, http, answers),
+                memory=memory,
             )
 
         def exporter_view() -> ExporterView:
@@ -435,13 +438,16 @@ def _poller_factory(
     *,
     workers: Workers | None = None,
     answers: ResponseBudget | None = None,
+    memory: MemoryBudget | None = None,
 ) -> Callable[[str, SecretStr | None, GpuSource | None], TargetPoller]:
     """How a target's poller is made: its client, the predictor, the GPUs, the settings.
 
-    ``answers`` bounds the /metrics answers all the pollers read at once (fleet mode). A
+    ``answers`` bounds the /metrics answers all the pollers read at once (fleet mode), and
+    ``memory`` what their windows hold (one budget per process; made here if not given). A
     poller's own GPU source (a fleet target's) replaces ``gpus``.
     """
-    memory = MemoryBudget(window_memory_bytes(settings))
+    if memory is None:
+        memory = MemoryBudget(window_memory_bytes(settings))
 
     def make_poller(
         url: str, token: SecretStr | None, target_gpus: GpuSource | None = None
@@ -475,6 +481,7 @@ def _fleet(
     make_poller: Callable[[str, SecretStr | None, GpuSource | None], TargetPoller],
     resolver: BoundedResolver,
     dcgm: SharedDcgmAnswers | None = None,
+    memory: MemoryBudget | None = None,
 ) -> Fleet:
     """Fleet mode's targets, with the bearer token only for the targets bound to it."""
     return Fleet(
@@ -487,6 +494,7 @@ def _fleet(
         resolver=resolver,
         token_targets=parse_allowlist(settings.bearer_token_targets),
         max_in_flight=PROBE_SLOTS,
+        memory=memory,
     )
 
 

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from exporter.core.views import TargetView
     from exporter.service.allowlist import AllowEntry, IPAddress, ProbeTarget
     from exporter.service.dcgm import SharedDcgmAnswers
+    from exporter.service.memory import MemoryBudget
     from exporter.service.poller import GpuSource, TargetPoller
 
 log = structlog.get_logger(__name__)
@@ -151,8 +152,13 @@ class Fleet:
         max_per_target: int = 4,
         dcgm: SharedDcgmAnswers | None = None,
         clock: Callable[[], float] = time.monotonic,
+        memory: MemoryBudget | None = None,
     ) -> None:
-        """``dcgm``: the shared dcgm-exporter answers (``gpu_source=dcgm``); None: no GPUs."""
+        """``dcgm``: the shared dcgm-exporter answers (``gpu_source=dcgm``); None: no GPUs.
+
+        ``memory``: the pollers' budget; given, a probe looks for targets it forgot only when
+        it has forgotten one since (else every remembered target, on every probe).
+        """
         self._allowlist = tuple(allowlist)
         self._make_poller = make_poller
         self._max_targets = max_targets
@@ -164,6 +170,9 @@ class Fleet:
         self._max_per_target = max_per_target
         self._dcgm = dcgm
         self._clock = clock
+        self._memory = memory
+        #: The budget's count of forgotten windows when the targets were last looked through.
+        self._forgotten_seen = 0
         #: By target URL and what the probe named for its GPUs (part of its identity).
         self._targets: OrderedDict[tuple[str, DcgmRequest | None], _Entry] = OrderedDict()
         #: The window evictions of targets the memory budget forgot, until their next probe
@@ -323,8 +332,14 @@ class Fleet:
         """Drop the targets the memory budget forgot (their samples are gone already).
 
         Their pollers go with them, and so does what they held; their window evictions wait
-        for their next probe, which starts them again.
+        for their next probe, which starts them again. With the budget known, the targets are
+        looked through only when it forgot one since the last look: a probe costs O(1), not
+        O(targets).
         """
+        if self._memory is not None:
+            if self._memory.forgotten_count == self._forgotten_seen:
+                return
+            self._forgotten_seen = self._memory.forgotten_count
         gone = [key for key, entry in self._targets.items() if entry.poller.forgotten]
         for key in gone:
             entry = self._targets.pop(key)

@@ -18,6 +18,7 @@ from exporter.core.views import TargetView
 from exporter.service.allowlist import parse_allowlist
 from exporter.service.dcgm import SharedDcgmAnswers
 from exporter.service.fleet import Fleet, Refusal, Ticket
+from exporter.service.memory import MemoryBudget
 from exporter.service.resolver import BoundedResolver
 from exporter.vllm.client import Route, current_route
 from tests.dcgm import DCGM, EMBED_POD, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
@@ -143,6 +144,7 @@ def make_fleet() -> Iterator[MakeFleet]:
         ttl_seconds: float = 600.0,
         token_targets: tuple[str, ...] = (),
         dcgm: SharedDcgmAnswers | None = None,
+        memory: MemoryBudget | None = None,
         **limits: int,
     ) -> Fleet:
         fleet = Fleet(
@@ -154,6 +156,7 @@ def make_fleet() -> Iterator[MakeFleet]:
             token_targets=parse_allowlist(token_targets),
             clock=clock or Clock(),
             dcgm=dcgm,
+            memory=memory,
             **limits,
         )
         fleets.append(fleet)
@@ -587,6 +590,23 @@ def test_a_target_the_memory_budget_forgot_is_dropped_and_comes_back_with_its_ev
     assert pollers.urls == ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.1:8000"]
     assert pollers.made[-1].evictions == forgotten.evictions
     assert [p.polls for p in pollers.made] == [1, 2, 1]
+
+
+def test_with_the_budget_known_a_probe_looks_for_forgotten_targets_only_when_it_forgot_one(
+    make_fleet: MakeFleet,
+) -> None:
+    """A probe does not walk every target: only the budget's count of forgotten ones moving."""
+    pollers = Pollers()
+    memory = MemoryBudget(limit_bytes=2**30)
+    fleet = make_fleet(pollers=pollers, memory=memory)
+    probe(fleet, "10.0.0.1:8000")
+    probe(fleet, "10.0.0.2:8000")
+    pollers.made[0].forgotten = True
+    probe(fleet, "10.0.0.2:8000")
+    assert (fleet.target_count, fleet.evictions) == (2, 0)  # the budget forgot nothing
+    memory.forgotten_count += 1
+    probe(fleet, "10.0.0.2:8000")
+    assert (fleet.target_count, fleet.evictions) == (1, 1)
 
 
 def test_a_probe_that_outlives_its_timeout_is_refused_as_timeout_and_its_target_kept(

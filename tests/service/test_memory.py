@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import tracemalloc
 
 import pytest
@@ -210,3 +211,63 @@ def test_a_lone_target_is_never_forgotten() -> None:
     window.hold_state(10 * KIB)
     assert not window.forgotten
     assert len(window) == MIN_SAMPLES
+
+
+class _CountedWindow(Window):
+    """A window that counts how often anyone asks what it holds."""
+
+    asked = 0
+
+    @property
+    def held_bytes(self) -> int:
+        _CountedWindow.asked += 1
+        return self.bytes + self.state_bytes
+
+
+def test_a_poll_under_the_budget_does_not_look_at_the_other_targets() -> None:
+    """At 1,000 targets a poll must not sum them all: the budget keeps its total as they change."""
+    budget = MemoryBudget(limit_bytes=2**30)
+    others = [_CountedWindow(max_bytes=2**30, budget=budget) for _ in range(1_000)]
+    for window in others:
+        window.hold_state(KIB)
+    polled = _CountedWindow(max_bytes=2**30, budget=budget)
+    _CountedWindow.asked = 0
+    _fill(polled, _healthy(), 3)
+    polled.hold_state(2 * KIB)
+    assert _CountedWindow.asked < 20  # the polled window's own, never the 1,000 others'
+    assert budget.held_bytes == budget.used_bytes == 1_000 * KIB + polled.held_bytes
+    assert len(others) == 1_000
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_running_total_is_what_the_windows_hold_after_any_changes(seed: int) -> None:
+    """Adds, replaced samples, state, clears, evictions, forgetting and windows gone: no drift."""
+    rng = random.Random(seed)
+    snapshots = [parse_vllm_metrics(_healthy().payload(scrape)) for scrape in range(3)]
+    snapshots += [parse_vllm_metrics(heavy.moving_buckets(engines=2).payload(s)) for s in range(2)]
+    budget = MemoryBudget(limit_bytes=2**30)
+    windows = [Window(max_bytes=rng.choice([2**30, 64 * KIB]), budget=budget) for _ in range(5)]
+    t = 0.0
+    forgotten_gone = 0
+    for _ in range(200):
+        t += 1.0
+        action = rng.randrange(6)
+        window = rng.choice(windows)
+        if action <= 1:
+            sample = next_sample(window.latest, t, rng.choice(snapshots))
+            window.add(sample, spacing=rng.choice([0.0, 3.0]), keep_seconds=20.0, capacity=8)
+        elif action == 2:
+            window.hold_state(rng.randrange(0, 200 * KIB))
+        elif action == 3:
+            window.clear()
+        elif action == 4:
+            budget.limit_bytes = rng.choice([2**30, budget.used_bytes // 2 + 1])
+        else:
+            forgotten_gone += window.evictions[EvictionReason.FORGOTTEN]
+            windows.remove(window)
+            del window
+            gc.collect()
+            windows.append(Window(max_bytes=2**30, budget=budget))
+        assert budget.held_bytes == budget.used_bytes == sum(w.held_bytes for w in windows)
+    forgotten = forgotten_gone + sum(w.evictions[EvictionReason.FORGOTTEN] for w in windows)
+    assert budget.forgotten_count == forgotten
