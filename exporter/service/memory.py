@@ -125,7 +125,6 @@ class MemoryBudget:
                 excess -= biggest.evict_oldest(EvictionReason.PROCESS_BUDGET)
             else:
                 excess -= biggest.forget()
-                self.forgotten_count += 1
         # Recounted from the windows, whatever the running total said before.
         self._gone.clear()
         self._held = excess + self.limit_bytes
@@ -242,6 +241,8 @@ class Window:
         self._report(before)
         self.forgotten = True
         self.evictions[EvictionReason.FORGOTTEN] += 1
+        if self._budget is not None:
+            self._budget.forgotten_count += 1
         return freed
 
     def evict_oldest(self, reason: EvictionReason) -> int:
