@@ -265,8 +265,7 @@ def test_the_running_total_is_what_the_windows_hold_after_any_changes(seed: int)
         else:
             forgotten_gone += window.evictions[EvictionReason.FORGOTTEN]
             windows.remove(window)
-            del window
-            gc.collect()
+            del window  # its last reference: collected now, its share given back
             windows.append(Window(max_bytes=2**30, budget=budget))
         assert budget.held_bytes == budget.used_bytes == sum(w.held_bytes for w in windows)
     forgotten = forgotten_gone + sum(w.evictions[EvictionReason.FORGOTTEN] for w in windows)
