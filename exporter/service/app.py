@@ -438,16 +438,14 @@ def _poller_factory(
     *,
     workers: Workers | None = None,
     answers: ResponseBudget | None = None,
-    memory: MemoryBudget | None = None,
+    memory: MemoryBudget,
 ) -> Callable[[str, SecretStr | None, GpuSource | None], TargetPoller]:
     """How a target's poller is made: its client, the predictor, the GPUs, the settings.
 
     ``answers`` bounds the /metrics answers all the pollers read at once (fleet mode), and
-    ``memory`` what their windows hold (one budget per process; made here if not given). A
+    ``memory`` what their windows hold (one budget per process, shared with the fleet). A
     poller's own GPU source (a fleet target's) replaces ``gpus``.
     """
-    if memory is None:
-        memory = MemoryBudget(window_memory_bytes(settings))
 
     def make_poller(
         url: str, token: SecretStr | None, target_gpus: GpuSource | None = None
