@@ -548,17 +548,8 @@ class ExporterServer(ThreadingWSGIServer):
         computed, or written to a client that reads, is never cut short. The client gets no
         503 (its answer was under way): its connection is closed.
         """
-        stalled_before = time.monotonic() - STALLED_WRITE_SECONDS
         with self._waiting_lock:
-            # Writable: the client reads, or the write is done and its thread only waits for
-            # the CPU to say so; either way not the client's stall.
-            stalled = [
-                (ident, victim)
-                for ident, (since, victim) in sorted(
-                    self._writing.items(), key=lambda item: item[1][0]
-                )
-                if since <= stalled_before and not _writable(victim)
-            ]
+            stalled = self._stalled_writers()
             if not stalled:
                 return False
             ident, victim = stalled[0]
@@ -572,6 +563,29 @@ class ExporterServer(ThreadingWSGIServer):
         if self.stalled_writers_evicted in (1, 10, 100) or self.stalled_writers_evicted % 1000 == 0:
             log.warning("http_stalled_readers_evicted", total=self.stalled_writers_evicted)
         return True
+
+    def blocked_writer_count(self) -> int:
+        """How many connections are in a write now, blocked or not yet returned."""
+        with self._waiting_lock:
+            return len(self._writing)
+
+    def stalled_writer_count(self) -> int:
+        """How many connections are stalled writing now: those a new connection may evict."""
+        with self._waiting_lock:
+            return len(self._stalled_writers())
+
+    def _stalled_writers(self) -> list[tuple[int, socket.socket]]:
+        """Connections blocked writing for :data:`STALLED_WRITE_SECONDS` or more, oldest first.
+
+        The caller holds the lock. A writable connection is not stalled: the client reads, or
+        the write is done and its thread only waits for the CPU to say so.
+        """
+        stalled_before = time.monotonic() - STALLED_WRITE_SECONDS
+        return [
+            (ident, victim)
+            for ident, (since, victim) in sorted(self._writing.items(), key=lambda item: item[1][0])
+            if since <= stalled_before and not _writable(victim)
+        ]
 
     def _evict_oldest_waiting(self) -> bool:
         """Shut down the connection that has waited longest for its request head, if any.

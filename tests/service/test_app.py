@@ -62,7 +62,10 @@ def test_readiness_waits_for_the_first_successful_poll(static_vllm: FakeVllm) ->
         {"target": "http://127.0.0.1:9", "poll_interval_seconds": 0.2, "poll_timeout_seconds": 0.2}
     )
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while "headroom_target_up" not in httpx.get(f"{running.url}/metrics").text:
+            assert time.monotonic() < deadline, "no poll within 10 s"  # the first poll is in
+            time.sleep(0.05)
         ready = httpx.get(f"{running.url}/-/ready")
         assert ready.status_code == 503
         assert "has not succeeded" in ready.text

@@ -7,7 +7,7 @@ import gzip
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -72,18 +72,20 @@ def make_app(
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[..., httpx.Client]]:
-    """Start an ExporterServer for an app on a free loopback port; a client for it comes back."""
+def serving() -> Iterator[Callable[..., tuple[ExporterServer, httpx.Client]]]:
+    """Start an ExporterServer for an app on a free loopback port; it and a client come back."""
     started: list[tuple[ExporterServer, threading.Thread, httpx.Client]] = []
 
-    def start(app: HeadroomApp, *, max_connections: int = MAX_CONNECTIONS) -> httpx.Client:
+    def start(
+        app: HeadroomApp, *, max_connections: int = MAX_CONNECTIONS
+    ) -> tuple[ExporterServer, httpx.Client]:
         server = ExporterServer(("127.0.0.1", 0), app, max_connections=max_connections)
         thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         thread.start()
         host, port = server.server_address[:2]
         client = httpx.Client(base_url=f"http://{host!s}:{port}", trust_env=False, timeout=10.0)
         started.append((server, thread, client))
-        return client
+        return server, client
 
     yield start
     for server, thread, client in started:
@@ -91,6 +93,26 @@ def serve() -> Iterator[Callable[..., httpx.Client]]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=2)
+
+
+@pytest.fixture
+def serve(
+    serving: Callable[..., tuple[ExporterServer, httpx.Client]],
+) -> Callable[..., httpx.Client]:
+    """Start an ExporterServer for an app on a free loopback port; a client for it comes back."""
+
+    def start(app: HeadroomApp, **options: Any) -> httpx.Client:
+        return serving(app, **options)[1]
+
+    return start
+
+
+def _wait_until(condition: Callable[[], bool], *, seconds: float = 20.0) -> None:
+    """Return once ``condition()`` holds; fail after ``seconds`` (a busy machine is slow)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"still not so after {seconds:g} s"
+        time.sleep(0.02)
 
 
 def test_metrics_serve_the_registry_in_the_prometheus_text_format(
@@ -421,37 +443,61 @@ def _slow_reader(address: tuple[str, int]) -> socket.socket:
 
 
 def test_slow_readers_holding_every_slot_give_way_to_a_scraper(
-    serve: Callable[..., httpx.Client], monkeypatch: pytest.MonkeyPatch
+    serving: Callable[..., tuple[ExporterServer, httpx.Client]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Connections stuck writing to clients that do not read are evicted for a new scraper."""
     monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 0.2)
-    client = serve(_big_metrics_app(8), max_connections=2)
+    server, client = serving(_big_metrics_app(8), max_connections=2)
     address = (str(client.base_url.host), int(client.base_url.port or 0))
     readers = [_slow_reader(address) for _ in range(2)]
     try:
-        time.sleep(0.5)  # both answers under way and stalled for longer than the threshold
+        # Both answers under way and blocked for longer than the threshold: waited for, not
+        # slept on, since on a busy machine rendering 8 MB twice can take longer than any sleep.
+        _wait_until(lambda: server.stalled_writer_count() == 2)
         started = time.monotonic()
         response = client.get("/-/healthy")
         assert response.status_code == 200
         assert time.monotonic() - started < 2.0
+        assert server.stalled_writers_evicted == 1  # one slot was enough
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def test_readers_blocked_for_less_than_the_threshold_are_not_evicted(
+    serving: Callable[..., tuple[ExporterServer, httpx.Client]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write blocked briefly may be a client reading slowly: the new scraper gets 503 then."""
+    monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 60.0)
+    server, client = serving(_big_metrics_app(8), max_connections=2)
+    address = (str(client.base_url.host), int(client.base_url.port or 0))
+    readers = [_slow_reader(address) for _ in range(2)]
+    try:
+        _wait_until(lambda: server.blocked_writer_count() == 2)
+        assert server.stalled_writer_count() == 0
+        assert client.get("/-/healthy").status_code == 503
+        assert server.stalled_writers_evicted == 0
     finally:
         for reader in readers:
             reader.close()
 
 
 def test_an_answer_not_read_within_the_write_deadline_frees_its_slot(
-    serve: Callable[..., httpx.Client], monkeypatch: pytest.MonkeyPatch
+    serving: Callable[..., tuple[ExporterServer, httpx.Client]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A client that does not read its answer holds its slot only until the write deadline."""
-    monkeypatch.setattr(httpserver, "RESPONSE_WRITE_SECONDS", 0.5)
+    monkeypatch.setattr(httpserver, "RESPONSE_WRITE_SECONDS", 2.0)
     monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 100.0)  # no eviction: the deadline
-    client = serve(_big_metrics_app(8), max_connections=1)
+    server, client = serving(_big_metrics_app(8), max_connections=1)
     address = (str(client.base_url.host), int(client.base_url.port or 0))
     with _slow_reader(address):
-        time.sleep(0.3)
+        _wait_until(lambda: server.blocked_writer_count() == 1)  # its answer under way
         assert client.get("/-/healthy").status_code == 503  # the slot is taken meanwhile
-        time.sleep(0.5)  # past the deadline: its answer is dropped, its slot freed
-        assert client.get("/-/healthy").status_code == 200
+        _wait_until(lambda: client.get("/-/healthy").status_code == 200)  # past the deadline
+        assert server.stalled_writers_evicted == 0  # freed by the deadline, not evicted
 
 
 # --- /metrics rendered once per poll ---------------------------------------------------------

@@ -140,8 +140,13 @@ def test_the_sidecar_exposes_exactly_the_defined_metrics(busy_vllm: FakeVllm) ->
     )
     try:
         running.wait_ready()
-        time.sleep(0.6)  # a few polls: rates need two samples
-        text = httpx.get(f"{running.url}/metrics").text
+        deadline = time.monotonic() + 10
+        # Rates need two polls: waited for, since a busy machine may take longer than any sleep.
+        while "headroom_preemptions_per_second{" not in (
+            text := httpx.get(f"{running.url}/metrics").text
+        ):
+            assert time.monotonic() < deadline, "no second poll within 10 s"
+            time.sleep(0.05)
     finally:
         running.stop()
     _check_against_definitions(text, {Scope.TARGET, Scope.EXPORTER}, "sidecar")
