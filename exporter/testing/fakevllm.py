@@ -305,11 +305,13 @@ _BOMBS: dict[int, bytes] = {}
 
 @dataclass(slots=True)
 class Counts:
-    """What the fake vLLM saw: requests per path, and bytes of /metrics bodies sent."""
+    """What the fake vLLM saw: requests per path, bytes of /metrics bodies sent, connections."""
 
     requests: dict[str, int]
     metrics_body_bytes: int = 0
     authorizations: set[str] | None = None
+    #: Connections accepted (a client that keeps one alive makes one for many requests).
+    connections: int = 0
 
 
 class FakeVllm:
@@ -456,8 +458,14 @@ class FakeVllm:
             self._sock.close()
             self._sock = None
 
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (a kept-alive one waits for its next request)."""
+        return len(self._connections)
+
     def _serve(self, conn: socket.socket) -> None:
         self._connections.add(conn)
+        self.counts.connections += 1
         try:
             conn.settimeout(30)
             reader = conn.makefile("rb")

@@ -21,7 +21,7 @@ from exporter.vllm.client import ResponseBudget, Route, routed
 from tests.dcgm import DCGM, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 
 @pytest.fixture
@@ -120,6 +120,43 @@ def test_fleet_mode_probes_allowed_targets_and_refuses_others(static_vllm: FakeV
             assert f'headroom_probe_response_budget_refusals_total{{reason="{reason}"}} 0.0' in own
     finally:
         running.stop()
+
+
+def _within(seconds: float, condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` holds within ``seconds`` (checked every 20 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_fleet_mode_keeps_no_connection_to_a_target_after_its_probe(
+    static_vllm: FakeVllm,
+) -> None:
+    """A blackbox prober's pool: each probe connects, reads and closes; nothing idles in it."""
+    running = ExporterThread({"mode": "fleet", "probe_allowlist": "127.0.0.0/8"})
+    try:
+        for _ in range(3):
+            answer = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
+            assert answer.status_code == 200
+            assert _within(5.0, lambda: static_vllm.open_connections == 0)
+        assert static_vllm.counts.requests["/metrics"] == 3
+        # One connection a request (the first probe also reads /v1/models and /version).
+        assert static_vllm.counts.connections == sum(static_vllm.counts.requests.values())
+    finally:
+        running.stop()
+
+
+def test_the_sidecar_keeps_its_connection_to_vllm_alive_between_polls(
+    sidecar: ExporterThread, static_vllm: FakeVllm
+) -> None:
+    """One target, polled every interval: one connection carries the polls."""
+    sidecar.wait_ready()
+    assert _within(10.0, lambda: static_vllm.counts.requests.get("/metrics", 0) >= 4)
+    assert static_vllm.counts.connections == 1
+    assert static_vllm.open_connections == 1
 
 
 @pytest.mark.parametrize("limit_mib", [32, 256, 4096])
