@@ -783,11 +783,38 @@ def _traffic(name: str, samples: Sequence[Sample], windows: WindowSettings) -> _
 
 
 def _may_stand(context: ContextEstimate | None) -> bool:
-    """Whether ``context`` could stand at a later poll: a window's, of enough requests."""
+    """Whether ``context`` could stand at a later poll.
+
+    A window's of enough requests, or one since vLLM started (its histograms may be the same
+    at the next poll).
+    """
+    return context is not None and (
+        context.basis == "lifetime"
+        or (context.basis == "window" and context.window_requests >= KEEP_CONTEXT_MIN_REQUESTS)
+    )
+
+
+def _same_lifetime(
+    previous: ContextEstimate, traffic: _Traffic, samples: Sequence[Sample], name: str
+) -> bool:
+    """Whether ``previous``, since vLLM started, was read from the very histograms of now.
+
+    Figures since vLLM started are a function of the latest sample's two token histograms
+    alone: where those equal the ones of the sample before, at which ``previous`` was computed
+    or found the same (``computed_at``), they are exactly what a computation would give. An
+    idle target's every poll computed them again (a few per cent of a fleet probe's CPU).
+    """
+    if previous.basis != "lifetime" or traffic.basis != "lifetime" or len(samples) < 2:
+        return False
+    before, latest = samples[-2], samples[-1]
+    if before.t != previous.computed_at or latest.restarted:
+        return False
+    old, new = before.snapshot.engines.get(name), latest.snapshot.engines.get(name)
     return (
-        context is not None
-        and context.basis == "window"
-        and context.window_requests >= KEEP_CONTEXT_MIN_REQUESTS
+        old is not None
+        and new is not None
+        and old.prompt_tokens == new.prompt_tokens
+        and old.generation_tokens == new.generation_tokens
     )
 
 
@@ -795,22 +822,28 @@ def _kept_context(
     previous: ContextEstimate | None,
     traffic: _Traffic,
     samples: Sequence[Sample],
+    name: str,
     *,
     windows: WindowSettings,
     max_model_len: int | None,
 ) -> ContextEstimate | None:
     """The last context figures, where they may stand at the latest sample.
 
-    Those of a window (not since vLLM started) of ``KEEP_CONTEXT_MIN_REQUESTS`` requests or
-    more, computed less than ``context_refresh_seconds`` ago with the same ``max_model_len``,
-    with no restart since, and a window of as many now: recomputing them every poll cost busy
-    traffic's sidecar over 1 % of a core for figures that move little from poll to poll.
+    Those since vLLM started, where the histograms they were read from are still the latest
+    (:func:`_same_lifetime`; the same figures, stamped with the latest sample). Those of a
+    window of ``KEEP_CONTEXT_MIN_REQUESTS`` requests or more, computed less than
+    ``context_refresh_seconds`` ago with the same ``max_model_len``, with no restart since, and
+    a window of as many now: recomputing them every poll cost busy traffic's sidecar over 1 %
+    of a core for figures that move little from poll to poll.
     """
+    if previous is None or previous.max_model_len != max_model_len:
+        return None
+    if _same_lifetime(previous, traffic, samples, name):
+        return replace(previous, computed_at=samples[-1].t)
     if (
-        previous is None
-        or not _may_stand(previous)
+        not _may_stand(previous)
+        or previous.basis != "window"
         or traffic.basis != "window"
-        or previous.max_model_len != max_model_len
         or traffic.window_requests < KEEP_CONTEXT_MIN_REQUESTS
         or not 0.0 <= samples[-1].t - previous.computed_at < windows.context_refresh_seconds
     ):
@@ -1079,7 +1112,7 @@ def derive_engine(
     kv = _kv_state(engine, engine_count, predicted_capacity_tokens)
     traffic = _traffic(name, samples, windows)
     context = _kept_context(
-        previous_context, traffic, samples, windows=windows, max_model_len=max_model_len
+        previous_context, traffic, samples, name, windows=windows, max_model_len=max_model_len
     ) or _context(traffic, max_model_len=max_model_len, at=samples[-1].t)
     mean_n = _mean_n(traffic)
     requests_running, sequences_running = _running(engine, mean_n)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.core.ceiling import QueueCaps, RunningLimit
+from exporter.core.context import estimate_context_quantiles
 from exporter.core.derive import (
     COUNTER_CEILINGS_PER_SECOND,
     Counted,
@@ -1069,6 +1070,103 @@ def test_a_new_max_model_len_computes_the_context_figures_at_once() -> None:
     capped = derive_target(samples, windows=WINDOWS, previous=before, max_model_len=512)
     assert kept.engines[0].context is before.engines[0].context
     assert computed_at(capped.engines[0]) == 300.0
+
+
+def idle(polls: int, *, restart_at: int | None = None) -> list[Sample]:
+    """Polls 5 s apart of a server that finished 12 requests before the first and none since.
+
+    At poll ``restart_at`` it restarts with 3 requests finished, and none after.
+    """
+    return chain(
+        *(
+            Sample(5.0 * m, snap(engine(finished=3), start=2000.0))
+            if restart_at is not None and m >= restart_at
+            else Sample(5.0 * m, snap(engine(finished=12)))
+            for m in range(polls)
+        )
+    )
+
+
+def counting_estimates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the context estimator's runs (one item a run)."""
+    runs: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        runs.append(1)
+        return estimate_context_quantiles(*args, **kwargs)
+
+    monkeypatch.setattr("exporter.core.derive.estimate_context_quantiles", counted)
+    return runs
+
+
+def test_an_idle_servers_figures_since_start_are_computed_once_while_its_histograms_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing finished since the first poll: the same figures, computed at the first poll only.
+
+    Each poll's figures are what a derivation from nothing but the samples gives (stamped with
+    the latest sample); a fleet's idle targets computed them again at every probe.
+    """
+    samples = idle(40)
+    fresh = [derive_target(samples[:k], windows=WINDOWS).engines[0] for k in range(1, 41)]
+    runs = counting_estimates(monkeypatch)
+    figures = polled(samples)
+    assert len(runs) == 1
+    assert figures == fresh
+    assert all(f.context is not None and f.context.basis == "lifetime" for f in figures)
+    assert [computed_at(f) for f in figures] == [5.0 * m for m in range(40)]
+
+
+def test_figures_since_start_are_computed_again_when_the_histograms_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Figures since start are computed again at once where their inputs change.
+
+    Histograms that change with no request finished (their sum only), or another max_model_len.
+    """
+    quiet = engine(finished=12)
+    assert quiet.prompt_tokens is not None
+    moved = replace(quiet, prompt_tokens=replace(quiet.prompt_tokens, sum=12 * 150.0))
+    samples = chain(*(Sample(5.0 * m, snap(quiet if m < 10 else moved)) for m in range(20)))
+    fresh = [derive_target(samples[:k], windows=WINDOWS).engines[0] for k in range(1, 21)]
+    runs = counting_estimates(monkeypatch)
+    figures = polled(samples)
+    assert figures == fresh
+    assert all(f.context is not None and f.context.basis == "lifetime" for f in figures)
+    assert len(runs) == 2  # the first poll's, and the tenth's
+    assert figures[10].context != figures[9].context  # a mean of 150 + 380, not 101 + 380
+    previous = derive_target(samples[:19], windows=WINDOWS)
+    capped = derive_target(samples, windows=WINDOWS, previous=previous, max_model_len=300)
+    assert len(runs) == 4  # previous's own, and the capped one's
+    assert capped.engines[0].context_p95_tokens is not None
+    assert capped.engines[0].context_p95_tokens <= 300
+
+
+def test_a_restart_computes_the_figures_of_its_requests_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a restart the new lifetime's 3 requests are the window's: computed every poll."""
+    samples = idle(30, restart_at=20)
+    fresh = [derive_target(samples[:k], windows=WINDOWS).engines[0] for k in range(1, 31)]
+    runs = counting_estimates(monkeypatch)
+    figures = polled(samples)
+    assert figures == fresh
+    assert len(runs) == 1 + 10  # the first poll's, then each poll from the restart on
+    assert [f.context.basis for f in figures if f.context is not None] == (
+        ["lifetime"] * 20 + ["window"] * 10
+    )
+
+
+def test_figures_since_start_are_not_kept_from_a_poll_that_is_not_the_one_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kept only from the sample just before the latest: a missed poll computes them again."""
+    samples = idle(10)
+    at_5 = derive_target(samples[:6], windows=WINDOWS)
+    runs = counting_estimates(monkeypatch)
+    later = derive_target(samples[:8], windows=WINDOWS, previous=at_5)  # polls 6 and 7 missed
+    assert len(runs) == 1
+    assert later == derive_target(samples[:8], windows=WINDOWS)
 
 
 def test_a_restart_baseline_gives_the_same_evidence_as_the_whole_snapshot() -> None:
