@@ -364,6 +364,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_until(
+    condition: Callable[[], bool], *, timeout: float = 20.0, every: float = 0.02
+) -> None:
+    """Return once ``condition()`` holds; AssertionError after ``timeout`` seconds.
+
+    For tests that must wait on a state rather than sleep for it: a busy machine takes longer
+    than any sleep chosen on a quiet one.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            msg = f"still not so after {timeout:g} s"
+            raise AssertionError(msg)
+        time.sleep(every)
+
+
 def wait_http(url: str, *, timeout: float = 20.0, status: int | None = None) -> httpx.Response:
     """Wait until ``url`` answers (with ``status``, if given); raise RuntimeError at timeout."""
     deadline = time.monotonic() + timeout

@@ -14,12 +14,12 @@ from structlog.testing import capture_logs
 from exporter.core.views import TargetView
 from exporter.service.poller import TargetPoller
 from exporter.testing.fakevllm import Fault
-from exporter.testing.processes import ExporterProcess, quiet_stats
+from exporter.testing.processes import ExporterProcess, quiet_stats, wait_until
 
 from .harness import mock_vllm_poller
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView, PredictionView, TargetInfo
@@ -27,14 +27,6 @@ if TYPE_CHECKING:
     from exporter.testing.fakevllm import FakeVllm
 
     from .conftest import Figures
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Wait until ``condition()`` is true."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

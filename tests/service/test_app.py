@@ -16,12 +16,12 @@ from exporter.errors import SourceError
 from exporter.service.app import fleet_dcgm_answers, response_memory_bytes, window_memory_bytes
 from exporter.service.settings import Settings
 from exporter.testing.fakevllm import FakeVllm
-from exporter.testing.processes import ExporterThread
+from exporter.testing.processes import ExporterThread, wait_until
 from exporter.vllm.client import ResponseBudget, Route, routed
 from tests.dcgm import DCGM, GPU0, GPU2, GPU5, V4_MAPPED, VLLM_POD
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
 
 @pytest.fixture
@@ -62,10 +62,7 @@ def test_readiness_waits_for_the_first_successful_poll(static_vllm: FakeVllm) ->
         {"target": "http://127.0.0.1:9", "poll_interval_seconds": 0.2, "poll_timeout_seconds": 0.2}
     )
     try:
-        deadline = time.monotonic() + 10
-        while "headroom_target_up" not in httpx.get(f"{running.url}/metrics").text:
-            assert time.monotonic() < deadline, "no poll within 10 s"  # the first poll is in
-            time.sleep(0.05)
+        running.wait_for(lambda s: bool(s.series("headroom_target_up")))  # the first poll is in
         ready = httpx.get(f"{running.url}/-/ready")
         assert ready.status_code == 503
         assert "has not succeeded" in ready.text
@@ -122,16 +119,6 @@ def test_fleet_mode_probes_allowed_targets_and_refuses_others(static_vllm: FakeV
         running.stop()
 
 
-def _within(seconds: float, condition: Callable[[], bool]) -> bool:
-    """Whether ``condition`` holds within ``seconds`` (checked every 20 ms)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_fleet_mode_keeps_no_connection_to_a_target_after_its_probe(
     static_vllm: FakeVllm,
 ) -> None:
@@ -141,7 +128,7 @@ def test_fleet_mode_keeps_no_connection_to_a_target_after_its_probe(
         for _ in range(3):
             answer = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
             assert answer.status_code == 200
-            assert _within(5.0, lambda: static_vllm.open_connections == 0)
+            wait_until(lambda: static_vllm.open_connections == 0, timeout=5.0)
         assert static_vllm.counts.requests["/metrics"] == 3
         # One connection a request (the first probe also reads /v1/models and /version).
         assert static_vllm.counts.connections == sum(static_vllm.counts.requests.values())
@@ -154,7 +141,7 @@ def test_the_sidecar_keeps_its_connection_to_vllm_alive_between_polls(
 ) -> None:
     """One target, polled every interval: one connection carries the polls."""
     sidecar.wait_ready()
-    assert _within(10.0, lambda: static_vllm.counts.requests.get("/metrics", 0) >= 4)
+    wait_until(lambda: static_vllm.counts.requests.get("/metrics", 0) >= 4, timeout=10.0)
     assert static_vllm.counts.connections == 1
     assert static_vllm.open_connections == 1
 

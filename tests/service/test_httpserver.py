@@ -24,6 +24,7 @@ from exporter.service.httpserver import (
     landing_page,
     whole_head_waiting,
 )
+from exporter.testing.processes import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -105,14 +106,6 @@ def serve(
         return serving(app, **options)[1]
 
     return start
-
-
-def _wait_until(condition: Callable[[], bool], *, seconds: float = 20.0) -> None:
-    """Return once ``condition()`` holds; fail after ``seconds`` (a busy machine is slow)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"still not so after {seconds:g} s"
-        time.sleep(0.02)
 
 
 def test_metrics_serve_the_registry_in_the_prometheus_text_format(
@@ -454,7 +447,7 @@ def test_slow_readers_holding_every_slot_give_way_to_a_scraper(
     try:
         # Both answers under way and blocked for longer than the threshold: waited for, not
         # slept on, since on a busy machine rendering 8 MB twice can take longer than any sleep.
-        _wait_until(lambda: server.stalled_writer_count() == 2)
+        wait_until(lambda: server.stalled_writer_count() == 2)
         started = time.monotonic()
         response = client.get("/-/healthy")
         assert response.status_code == 200
@@ -475,7 +468,7 @@ def test_readers_blocked_for_less_than_the_threshold_are_not_evicted(
     address = (str(client.base_url.host), int(client.base_url.port or 0))
     readers = [_slow_reader(address) for _ in range(2)]
     try:
-        _wait_until(lambda: server.blocked_writer_count() == 2)
+        wait_until(lambda: server.blocked_writer_count() == 2)
         assert server.stalled_writer_count() == 0
         assert client.get("/-/healthy").status_code == 503
         assert server.stalled_writers_evicted == 0
@@ -494,9 +487,9 @@ def test_an_answer_not_read_within_the_write_deadline_frees_its_slot(
     server, client = serving(_big_metrics_app(8), max_connections=1)
     address = (str(client.base_url.host), int(client.base_url.port or 0))
     with _slow_reader(address):
-        _wait_until(lambda: server.blocked_writer_count() == 1)  # its answer under way
+        wait_until(lambda: server.blocked_writer_count() == 1)  # its answer under way
         assert client.get("/-/healthy").status_code == 503  # the slot is taken meanwhile
-        _wait_until(lambda: client.get("/-/healthy").status_code == 200)  # past the deadline
+        wait_until(lambda: client.get("/-/healthy").status_code == 200)  # past the deadline
         assert server.stalled_writers_evicted == 0  # freed by the deadline, not evicted
 
 
