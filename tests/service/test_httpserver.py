@@ -435,6 +435,18 @@ def _slow_reader(address: tuple[str, int]) -> socket.socket:
     return reader
 
 
+@contextlib.contextmanager
+def _slow_readers(client: httpx.Client, count: int) -> Iterator[None]:
+    """``count`` clients of ``client``'s server that ask for /metrics and never read it."""
+    address = (str(client.base_url.host), int(client.base_url.port or 0))
+    readers = [_slow_reader(address) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for reader in readers:
+            reader.close()
+
+
 def test_slow_readers_holding_every_slot_give_way_to_a_scraper(
     serving: Callable[..., tuple[ExporterServer, httpx.Client]],
     monkeypatch: pytest.MonkeyPatch,
@@ -442,9 +454,7 @@ def test_slow_readers_holding_every_slot_give_way_to_a_scraper(
     """Connections stuck writing to clients that do not read are evicted for a new scraper."""
     monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 0.2)
     server, client = serving(_big_metrics_app(8), max_connections=2)
-    address = (str(client.base_url.host), int(client.base_url.port or 0))
-    readers = [_slow_reader(address) for _ in range(2)]
-    try:
+    with _slow_readers(client, 2):
         # Both answers under way and blocked for longer than the threshold: waited for, not
         # slept on, since on a busy machine rendering 8 MB twice can take longer than any sleep.
         wait_until(lambda: server.stalled_writer_count() == 2)
@@ -453,9 +463,6 @@ def test_slow_readers_holding_every_slot_give_way_to_a_scraper(
         assert response.status_code == 200
         assert time.monotonic() - started < 2.0
         assert server.stalled_writers_evicted == 1  # one slot was enough
-    finally:
-        for reader in readers:
-            reader.close()
 
 
 def test_readers_blocked_for_less_than_the_threshold_are_not_evicted(
@@ -465,16 +472,11 @@ def test_readers_blocked_for_less_than_the_threshold_are_not_evicted(
     """A write blocked briefly may be a client reading slowly: the new scraper gets 503 then."""
     monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 60.0)
     server, client = serving(_big_metrics_app(8), max_connections=2)
-    address = (str(client.base_url.host), int(client.base_url.port or 0))
-    readers = [_slow_reader(address) for _ in range(2)]
-    try:
+    with _slow_readers(client, 2):
         wait_until(lambda: server.blocked_writer_count() == 2)
         assert server.stalled_writer_count() == 0
         assert client.get("/-/healthy").status_code == 503
         assert server.stalled_writers_evicted == 0
-    finally:
-        for reader in readers:
-            reader.close()
 
 
 def test_an_answer_not_read_within_the_write_deadline_frees_its_slot(
@@ -485,8 +487,7 @@ def test_an_answer_not_read_within_the_write_deadline_frees_its_slot(
     monkeypatch.setattr(httpserver, "RESPONSE_WRITE_SECONDS", 2.0)
     monkeypatch.setattr(httpserver, "STALLED_WRITE_SECONDS", 100.0)  # no eviction: the deadline
     server, client = serving(_big_metrics_app(8), max_connections=1)
-    address = (str(client.base_url.host), int(client.base_url.port or 0))
-    with _slow_reader(address):
+    with _slow_readers(client, 1):
         wait_until(lambda: server.blocked_writer_count() == 1)  # its answer under way
         assert client.get("/-/healthy").status_code == 503  # the slot is taken meanwhile
         wait_until(lambda: client.get("/-/healthy").status_code == 200)  # past the deadline
