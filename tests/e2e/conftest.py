@@ -101,13 +101,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     the unit tests run (``WAITS_FOR_THE_UNIT_TESTS``), the sidecar scenario while the beside lane
     ends (``WAITS_FOR_THE_BESIDE_LANE``).
     """
-    if not _takes_the_cores(item):
-        return
-    if not _waits_itself(item, WAITS_FOR_THE_UNIT_TESTS):
-        lanes.wait_for_unit_tests()
+    for wait in holds(item):
+        wait()
+
+
+def holds(item: pytest.Item) -> list[Callable[[], None]]:
+    """The lanes' waits before a test's fixtures, in order (see ``pytest_runtest_setup``).
+
+    None for a test of the alerting scenario's module: its scenario runs in its first test's
+    fixture and only then lets the beside lane start; its other tests read the record. Held
+    until the beside lane ends, they would hold the sidecar scenario's idle half-minute too.
+    """
+    if not _takes_the_cores(item) or _waits_itself(item, WAITS_FOR_THE_UNIT_TESTS):
+        return []
+    waits = [lanes.wait_for_unit_tests]
     if not _waits_itself(item, WAITS_FOR_THE_BESIDE_LANE):
-        lanes.wait_for_beside_lane()
-    lanes.wait_for_quiet()
+        waits.append(lanes.wait_for_beside_lane)
+    return [*waits, lanes.wait_for_quiet]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+import types
+from typing import TYPE_CHECKING, cast
 
-from tests.e2e import lanes
+from tests.e2e import conftest, lanes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,3 +112,26 @@ def test_a_lane_that_never_answers_costs_time_not_a_hang(
     assert "no word that the main lane is quiet after 0 s; going on" in out
     assert "no word that the beside lane has ended after 0 s; going on" in out
     assert "no word that the unit tests have ended after 0 s; going on" in out
+
+
+def _item(fixtures: tuple[str, ...], **module_flags: bool) -> pytest.Item:
+    module = types.SimpleNamespace(**module_flags)
+    return cast("pytest.Item", types.SimpleNamespace(fixturenames=fixtures, module=module))
+
+
+def test_each_test_is_held_only_for_what_its_module_does_not_wait_for_itself() -> None:
+    """Tests that load the cores wait; the alerting scenario's module is held by nothing."""
+    assert conftest.holds(_item(("capsys",))) == []
+    assert conftest.holds(_item(("vllm_server",))) == [
+        lanes.wait_for_unit_tests,
+        lanes.wait_for_beside_lane,
+        lanes.wait_for_quiet,
+    ]
+    assert conftest.holds(_item(("vllm_factory",), WAITS_FOR_THE_BESIDE_LANE=True)) == [
+        lanes.wait_for_unit_tests,
+        lanes.wait_for_quiet,
+    ]
+    # Its scenario waits for the unit tests itself, then lets the beside lane start; its later
+    # tests only read the record: held until the beside lane ended, they held the sidecar
+    # scenario's idle half-minute too (a CI run's second alerting test: 132 s of setup).
+    assert conftest.holds(_item(("vllm_server",), WAITS_FOR_THE_UNIT_TESTS=True)) == []
