@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
+from exporter.testing.processes import wait_until
 from tests import paths
 from tests.e2e.harness import (
     ProcessGroup,
     alertmanager_binary,
     free_port,
     loopback_client,
-    wait_until,
 )
 
 if TYPE_CHECKING:

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from exporter.testing.processes import wait_until
 from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
-from tests.e2e.harness import alertmanager_binary, wait_until
+from tests.e2e.harness import alertmanager_binary
 from tests.tools import require
 
 if TYPE_CHECKING:

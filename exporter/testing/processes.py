@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
     from exporter.service.app import Components
     from exporter.service.httpserver import ExporterServer
+
+T = TypeVar("T")
 
 #: Settings every reliability run starts from: loopback, any free port, no GPU, JSON logs.
 BASE_ENV: dict[str, str] = {
@@ -365,19 +367,27 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def wait_until(
-    condition: Callable[[], bool], *, timeout: float = 20.0, every: float = 0.02
-) -> None:
-    """Return once ``condition()`` holds; AssertionError after ``timeout`` seconds.
+    probe: Callable[[], T],
+    *,
+    timeout_s: float = 20.0,
+    what: str = "the condition",
+    interval_s: float = 0.25,
+) -> T:
+    """Call ``probe`` until it returns a truthy value (a non-empty list, True...); return that.
 
     For tests that must wait on a state rather than sleep for it: a busy machine takes longer
-    than any sleep chosen on a quiet one.
+    than any sleep chosen on a quiet one. Raises TimeoutError naming ``what`` after
+    ``timeout_s``; exceptions from ``probe`` propagate.
     """
-    deadline = time.monotonic() + timeout
-    while not condition():
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
         if time.monotonic() >= deadline:
-            msg = f"still not so after {timeout:g} s"
-            raise AssertionError(msg)
-        time.sleep(every)
+            msg = f"timed out after {timeout_s:g}s waiting for {what}"
+            raise TimeoutError(msg)
+        time.sleep(interval_s)
 
 
 def wait_http(url: str, *, timeout: float = 20.0, status: int | None = None) -> httpx.Response:

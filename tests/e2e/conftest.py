@@ -98,8 +98,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     beside lane, once the main lane's burst is over; in the main lane, once the beside lane has
     ended, if the main lane let it start. Except in a module whose scenario waits itself, just
     before its burst: the alerting scenario starts its servers and spends its idle minute while
-    the unit tests run (``WAITS_FOR_THE_UNIT_TESTS``), the sidecar scenario while the beside lane
-    ends (``WAITS_FOR_THE_BESIDE_LANE``).
+    the unit tests run (``WAITS_FOR_THE_UNIT_TESTS``; its later tests, which read the record,
+    wait for nothing), the sidecar scenario while the beside lane ends
+    (``WAITS_FOR_THE_BESIDE_LANE``).
     """
     for wait in holds(item):
         wait()

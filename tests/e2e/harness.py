@@ -60,14 +60,16 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 import httpx
 import yaml
 
+from exporter.testing.processes import wait_until
+
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from types import TracebackType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,8 +89,6 @@ REFERENCE_MODEL_NAME = "tiny"
 
 #: Token ids every tiny model of make_tiny_model.py has (its byte alphabet), none of them special.
 PROMPT_VOCABULARY = range(16, 256)
-
-T = TypeVar("T")
 
 
 def cache_root() -> Path:
@@ -254,23 +254,6 @@ def loopback_client(base_url: str, *, timeout_s: float = 10.0) -> httpx.Client:
     costs an SSL context each time, which took seconds on a CPU-starved CI machine.
     """
     return httpx.Client(base_url=base_url, timeout=timeout_s, trust_env=False)
-
-
-def wait_until(
-    probe: Callable[[], T], *, timeout_s: float, what: str, interval_s: float = 0.25
-) -> T:
-    """Call ``probe`` until it returns a truthy value (a non-empty list, True...); return that.
-
-    Raises TimeoutError naming ``what`` after ``timeout_s``. Exceptions from ``probe`` propagate.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 #: Prometheus's error lines and Python exception messages (vLLM's root cause is the first one).

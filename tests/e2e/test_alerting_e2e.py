@@ -62,6 +62,7 @@ import httpx
 import pytest
 import yaml
 
+from exporter.testing.processes import wait_until
 from tests import paths
 from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
 from tests.e2e import lanes
@@ -75,7 +76,6 @@ from tests.e2e.harness import (
     loopback_client,
     sample_value,
     start_sidecar,
-    wait_until,
 )
 
 if TYPE_CHECKING:

@@ -35,6 +35,7 @@ import pytest
 
 from dashboards.templating import expand
 from exporter.testing.fakevllm import FakeVllm
+from exporter.testing.processes import wait_until
 from tests import paths
 from tests.e2e.harness import (
     REFERENCE_MODEL_NAME,
@@ -44,7 +45,6 @@ from tests.e2e.harness import (
     burst,
     rule_file_for_test,
     start_sidecar,
-    wait_until,
 )
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ import pytest
 
 from exporter.core.reasons import DcgmReason
 from exporter.testing.fakevllm import FakeVllm
-from exporter.testing.processes import Scrape
+from exporter.testing.processes import Scrape, wait_until
 from tests.dcgm import DCGM, GPU2, GPU5, V4_MAPPED, VLLM_POD
-from tests.e2e.harness import VllmServer, loopback_client, start_sidecar, wait_until
+from tests.e2e.harness import VllmServer, loopback_client, start_sidecar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

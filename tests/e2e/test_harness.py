@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from exporter.testing.processes import wait_until
 from tests.e2e.harness import (
     REFERENCE_MAX_MODEL_LEN,
     REFERENCE_MODEL_NAME,
@@ -31,7 +32,6 @@ from tests.e2e.harness import (
     cache_config_labels,
     process_group_gone,
     sample_value,
-    wait_until,
 )
 
 if TYPE_CHECKING:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from exporter.testing.processes import wait_until
 from tests.e2e.harness import (
     REPO_ROOT,
     MissingResourceError,
@@ -37,7 +38,6 @@ from tests.e2e.harness import (
     free_port,
     loopback_client,
     sample_value,
-    wait_until,
 )
 from tests.tools import require
 

@@ -145,7 +145,8 @@ def sidecar_for(tmp_path: Path) -> Iterator[Callable[[VllmServer], str]]:
     started: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
 
     def start(server: VllmServer) -> str:
-        from tests.e2e.harness import free_port, sidecar_argv, wait_until
+        from exporter.testing.processes import wait_until
+        from tests.e2e.harness import free_port, sidecar_argv
 
         port = free_port()
         log = (tmp_path / f"sidecar-{port}.log").open("wb")

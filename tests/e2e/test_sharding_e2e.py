@@ -44,7 +44,7 @@ import pytest
 import yaml
 
 from exporter.testing.fakevllm import FakeVllm, VllmState, render_metrics
-from exporter.testing.processes import ExporterProcess
+from exporter.testing.processes import ExporterProcess, wait_until
 from tests import paths
 from tests.alertmanager import AlertmanagerServer, Notification, Receiver, example_config
 from tests.e2e.harness import (
@@ -57,7 +57,6 @@ from tests.e2e.harness import (
     prometheus_binary,
     victoria_metrics,
     victoria_metrics_binary,
-    wait_until,
 )
 from tests.tools import require
 

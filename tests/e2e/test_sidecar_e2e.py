@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core.reasons import Source
 from exporter.service.metricdefs import METRICS, Scope
+from exporter.testing.processes import wait_until
 from tests import paths
 from tests.e2e import lanes
 from tests.e2e.harness import (
@@ -44,7 +45,6 @@ from tests.e2e.harness import (
     rule_file_for_test,
     sample_value,
     start_sidecar,
-    wait_until,
 )
 
 if TYPE_CHECKING:

@@ -128,7 +128,7 @@ def test_fleet_mode_keeps_no_connection_to_a_target_after_its_probe(
         for _ in range(3):
             answer = httpx.get(f"{running.url}/probe", params={"target": static_vllm.url})
             assert answer.status_code == 200
-            wait_until(lambda: static_vllm.open_connections == 0, timeout=5.0)
+            wait_until(lambda: static_vllm.open_connections == 0, timeout_s=5.0)
         assert static_vllm.counts.requests["/metrics"] == 3
         # One connection a request (the first probe also reads /v1/models and /version).
         assert static_vllm.counts.connections == sum(static_vllm.counts.requests.values())
@@ -141,7 +141,7 @@ def test_the_sidecar_keeps_its_connection_to_vllm_alive_between_polls(
 ) -> None:
     """One target, polled every interval: one connection carries the polls."""
     sidecar.wait_ready()
-    wait_until(lambda: static_vllm.counts.requests.get("/metrics", 0) >= 4, timeout=10.0)
+    wait_until(lambda: static_vllm.counts.requests.get("/metrics", 0) >= 4, timeout_s=10.0)
     assert static_vllm.counts.connections == 1
     assert static_vllm.open_connections == 1
 
