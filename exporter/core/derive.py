@@ -800,14 +800,19 @@ def _same_lifetime(
     """Whether ``previous``, since vLLM started, was read from the very histograms of now.
 
     Figures since vLLM started are a function of the latest sample's two token histograms
-    alone: where those equal the ones of the sample before, at which ``previous`` was computed
-    or found the same (``computed_at``), they are exactly what a computation would give. An
-    idle target's every poll computed them again (a few per cent of a fleet probe's CPU).
+    alone: where those equal the ones of the sample before, and ``previous`` was computed (or
+    found the same, ``computed_at``) at that sample or after it, they are exactly what a
+    computation would give. After it: the window's spacing replaces its latest sample by the
+    next poll's (``exporter.service.memory``), so the one ``previous`` was computed at may be
+    gone; within one lifetime the histograms only grow, so the same histograms before and now
+    were the same in between too (a restart, seen at the latest sample or carried to it by
+    the replacement, computes them again). An idle target's every poll computed them again
+    (a few per cent of a fleet probe's CPU); with the spacing, two probes in three still did.
     """
     if previous.basis != "lifetime" or traffic.basis != "lifetime" or len(samples) < 2:
         return False
     before, latest = samples[-2], samples[-1]
-    if before.t != previous.computed_at or latest.restarted:
+    if not before.t <= previous.computed_at <= latest.t or latest.restarted:
         return False
     old, new = before.snapshot.engines.get(name), latest.snapshot.engines.get(name)
     return (

@@ -33,6 +33,7 @@ from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 INF = math.inf
@@ -1167,6 +1168,76 @@ def test_figures_since_start_are_not_kept_from_a_poll_that_is_not_the_one_before
     later = derive_target(samples[:8], windows=WINDOWS, previous=at_5)  # polls 6 and 7 missed
     assert len(runs) == 1
     assert later == derive_target(samples[:8], windows=WINDOWS)
+
+
+def spaced(
+    polls: int, *, finished: Callable[[int], int], restart_at: int | None = None
+) -> list[list[Sample]]:
+    """The window at each poll where the spacing replaces the latest sample every time.
+
+    Polls 5 s apart; the first two samples stay and each later poll's sample takes the place
+    of the one before it (``exporter.service.memory``'s window, polled faster than its
+    spacing), each detected against the sample it replaces, as the poller does. ``finished``
+    gives the requests finished by each poll; at ``restart_at`` vLLM starts again.
+    """
+    windows: list[list[Sample]] = []
+    kept: list[Sample] = []
+    for m in range(polls):
+        start = 2000.0 if restart_at is not None and m >= restart_at else 1000.0
+        sample = next_sample(
+            kept[-1] if kept else None, 5.0 * m, snap(engine(finished=finished(m)), start=start)
+        )
+        if len(kept) >= 2:
+            kept.pop()
+            sample = replace(sample, restarted=sample.restarted or windows[-1][-1].restarted)
+        kept.append(sample)
+        windows.append(list(kept))
+    return windows
+
+
+def derived_in_turn(windows: list[list[Sample]]) -> list[EngineDerived]:
+    """The engine's figures of each window, each derived with the one before's."""
+    previous, figures = None, []
+    for window in windows:
+        previous = derive_target(window, windows=WINDOWS, previous=previous)
+        figures.append(previous.engines[0])
+    return figures
+
+
+def test_figures_since_start_stand_where_the_window_replaced_the_sample_they_were_computed_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An idle target probed faster than the window's spacing: computed at the first poll only.
+
+    Fleet mode keeps a sample every 12 s or so (its windows shared over probe_max_targets);
+    probed every 5 s, two probes in three replaced the latest sample, and computed the figures
+    again although nothing had finished since.
+    """
+    windows = spaced(12, finished=lambda _m: 12)
+    fresh = [derive_target(w, windows=WINDOWS).engines[0] for w in windows]
+    runs = counting_estimates(monkeypatch)
+    figures = derived_in_turn(windows)
+    assert len(runs) == 1
+    assert figures == fresh
+    assert all(f.context is not None and f.context.basis == "lifetime" for f in figures)
+
+
+def test_figures_from_a_replaced_sample_are_computed_again_when_the_histograms_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replaced sample's histograms are gone: any change since the one before computes again.
+
+    Requests finish at the 6th poll (whose sample the 7th replaces), or vLLM restarts there
+    with the same histograms as before (its restart carried to the sample that replaces it).
+    """
+    for windows in (
+        spaced(10, finished=lambda m: 12 if m < 6 else 13),
+        spaced(10, finished=lambda _m: 12, restart_at=6),
+    ):
+        fresh = [derive_target(w, windows=WINDOWS).engines[0] for w in windows]
+        runs = counting_estimates(monkeypatch)
+        assert derived_in_turn(windows) == fresh
+        assert len(runs) > 1
 
 
 def test_a_restart_baseline_gives_the_same_evidence_as_the_whole_snapshot() -> None:
