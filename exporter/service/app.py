@@ -36,6 +36,7 @@ from exporter.service.collector import (
     GuardedCollector,
     exporter_families,
     target_families,
+    target_rows,
 )
 from exporter.service.dcgm import MAX_ANSWER_BYTES, DcgmGpuSource, SharedDcgmAnswers
 from exporter.service.fleet import Fleet, Refusal
@@ -559,9 +560,10 @@ def _prober(
             fleet.leave(ticket)
         if isinstance(view, Refusal):
             return ProbeAnswer(status=view.status, message=view.message)
+        guarded = GuardedCollector({"target": lambda: target_rows(view)})
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(GuardedCollector({"target": lambda: target_families(view)}))
-        return ProbeAnswer(registry=registry)
+        registry.register(guarded)
+        return ProbeAnswer(registry=registry, render_openmetrics=guarded.openmetrics)
 
     return probe
 

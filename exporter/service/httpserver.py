@@ -86,6 +86,9 @@ class ProbeAnswer:
     registry: Collector | None = None
     status: str = "200 OK"
     message: str = ""
+    #: The registry's OpenMetrics text (underscore escaping) without client_python's objects,
+    #: or None where it cannot; the registry's own rendering is used then, and for the rest.
+    render_openmetrics: Callable[[], bytes | None] | None = None
 
 
 #: Variants (format and compression) of one rendering kept at most: a client picks the format
@@ -256,20 +259,28 @@ class HeadroomApp:
         answer = self._probe(targets[0], scrape_timeout, client, extra)
         if answer.registry is None:
             return _text(start_response, answer.status, f"{answer.message}\n")
-        return _exposition(answer.registry, environ, start_response)
+        return _exposition(answer.registry, environ, start_response, answer.render_openmetrics)
 
 
 def _exposition(
-    registry: Collector, environ: Environ, start_response: StartResponse
+    registry: Collector,
+    environ: Environ,
+    start_response: StartResponse,
+    fast: Callable[[], bytes | None] | None = None,
 ) -> Iterable[bytes]:
     """A probe's answer as prometheus_client's app gives it (format by Accept, gzip), faster.
 
-    OpenMetrics, what Prometheus asks for, is rendered by :mod:`exporter.service.openmetrics`
-    (the same bytes); other formats by prometheus_client's encoder. Never ``name[]``-filtered:
+    OpenMetrics, what Prometheus asks for, is written by ``fast`` (the probe's families with no
+    client_python objects), else rendered by :mod:`exporter.service.openmetrics`: the same
+    bytes either way; other formats by prometheus_client's encoder. Never ``name[]``-filtered:
     the probe's query string is its parameters.
     """
     encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-    body = openmetrics.render(registry) if openmetrics.is_fast(encoder) else None
+    body = None
+    if openmetrics.is_fast(encoder):
+        body = fast() if fast is not None else None
+        if body is None:
+            body = openmetrics.render(registry)
     if body is None:
         body = encoder(registry)
     headers = [("Content-Type", content_type)]

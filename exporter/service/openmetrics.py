@@ -6,7 +6,8 @@ exporter's CPU went there (benchmarks/README.md, ``fleet_cost.py``). Here the na
 from a small fixed vocabulary, are escaped once and remembered, and the rest is the same
 formatting: the bytes are client_python's, byte for byte (tests/service/test_openmetrics.py
 compares them). What this does not cover (another escaping, exemplars, native histograms) is
-left to prometheus_client's encoder.
+left to prometheus_client's encoder. The probe's own families are written with the same
+helpers straight from their values (``exporter.service.collector.Families``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from prometheus_client.validation import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
 
+    from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector
 
 #: Names in the legacy character sets are kept as they are (prometheus_client's own checks);
@@ -38,7 +40,7 @@ _NAMES_CACHED = 4096
 
 
 @functools.lru_cache(maxsize=_NAMES_CACHED)
-def _sample_name(name: str) -> str:
+def sample_name(name: str) -> str:
     """A sample's name escaped as client_python does: every rune outside a label name's set."""
     return _NOT_LABEL_RUNE.sub("_", name)
 
@@ -52,7 +54,7 @@ def _family_name(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=_NAMES_CACHED)
-def _label_name(name: str) -> str:
+def label_name(name: str) -> str:
     """A label's name: kept when a legacy label name (not reserved), else escaped."""
     if not name:
         return name
@@ -61,9 +63,17 @@ def _label_name(name: str) -> str:
     return _NOT_LABEL_RUNE.sub("_", name)
 
 
-def _text(value: str) -> str:
+def text(value: str) -> str:
     """A label value or a HELP text: backslash, newline and double quote escaped."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def headers(families: Iterable[Metric]) -> Iterator[str]:
+    """Each family's ``# HELP``, ``# TYPE`` (and ``# UNIT``) lines."""
+    for metric in families:
+        name = _family_name(metric.name)
+        head = f"# HELP {name} {text(metric.documentation)}\n# TYPE {name} {metric.type}\n"
+        yield f"{head}# UNIT {name} {metric.unit}\n" if metric.unit else head
 
 
 def is_fast(encoder: Callable[[Collector], bytes]) -> bool:
@@ -85,10 +95,8 @@ def render(registry: Collector) -> bytes | None:
     out: list[str] = []
     append = out.append
     for metric in registry.collect():
-        name = _family_name(metric.name)
-        append(f"# HELP {name} {_text(metric.documentation)}\n# TYPE {name} {metric.type}\n")
-        if metric.unit:
-            append(f"# UNIT {name} {metric.unit}\n")
+        (header,) = headers([metric])
+        append(header)
         for s in metric.samples:
             if s.exemplar or s.native_histogram:
                 return None
@@ -96,13 +104,11 @@ def render(registry: Collector) -> bytes | None:
             if s.labels:
                 labels = (
                     "{"
-                    + ",".join(
-                        f'{_label_name(k)}="{_text(v)}"' for k, v in sorted(s.labels.items())
-                    )
+                    + ",".join(f'{label_name(k)}="{text(v)}"' for k, v in sorted(s.labels.items()))
                     + "}"
                 )
             value = floatToGoString(s.value) if s.value is not None else ""  # type: ignore[no-untyped-call]
             stamp = f" {s.timestamp}" if s.timestamp is not None else ""
-            append(f"{_sample_name(s.name)}{labels} {value}{stamp}\n")
+            append(f"{sample_name(s.name)}{labels} {value}{stamp}\n")
     append("# EOF\n")
     return "".join(out).encode("utf-8")

@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cli.main import main
 from exporter.core.reasons import HttpReason, Source
-from exporter.service.collector import GuardedCollector, target_families
+from exporter.service.collector import GuardedCollector, target_families, target_rows
 from exporter.service.poller import TargetPoller
 from exporter.testing.fakevllm import VllmState, render_metrics
 from exporter.vllm.client import VllmClient
@@ -67,10 +68,18 @@ def poll_twice(payload: bytes) -> TargetView:
 
 
 def exported_engines(view: TargetView) -> set[str]:
-    """The ``engine`` label values of the exposition, read back by prometheus_client."""
+    """The ``engine`` label values of the exposition, read back by prometheus_client.
+
+    The probe's OpenMetrics, written without client_python's objects, is checked on the way:
+    the bytes of client_python's encoder.
+    """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GuardedCollector({"target": lambda: target_families(view)}))
     text = generate_latest(registry).decode("utf-8")
+    probe = GuardedCollector({"target": lambda: target_rows(view)}, clock=lambda: 0.0)
+    probe_registry = CollectorRegistry(auto_describe=False)
+    probe_registry.register(probe)
+    assert probe.openmetrics() == openmetrics_latest(probe_registry)  # type: ignore[no-untyped-call]
     return {
         sample.labels["engine"]
         for family in text_string_to_metric_families(text)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from structlog.testing import capture_logs
 
 from exporter.core.derive import ContextEstimate, EngineDerived, TargetDerived
@@ -14,13 +16,15 @@ from exporter.core.reasons import SOURCE_REASONS, HttpReason, PredictionState, S
 from exporter.core.views import GpuMemoryView, PredictionView, SourceHealth, TargetView
 from exporter.service.collector import (
     ExporterView,
+    Families,
     GuardedCollector,
     exporter_families,
     target_families,
+    target_rows,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from prometheus_client.core import Metric
 
@@ -343,3 +347,99 @@ def test_describe_returns_nothing_so_registration_runs_no_builder() -> None:
     assert collector.describe() == []
     CollectorRegistry(auto_describe=True).register(collector)
     assert calls == []
+
+
+# --- The probe's OpenMetrics, written without client_python's objects -----------------------
+
+
+def written_and_encoded(
+    builders: Mapping[str, Callable[[], Iterable[Metric] | Families]],
+) -> tuple[bytes | None, bytes]:
+    """What the guard writes itself, and client_python's OpenMetrics encoder over it."""
+    guarded = GuardedCollector(builders, clock=lambda: 0.25)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(guarded)
+    return guarded.openmetrics(), openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+
+
+#: Label values and figures of every class the text needs care with: quotes, backslashes and
+#: newlines, other scripts, values Go writes with an exponent, infinities, negatives, NaN.
+ODD_ENGINE = replace(
+    ENGINE,
+    engine='1"\\\n²',
+    model_name="/models/Ünïcode model\u2028name",
+    kv_capacity_tokens=12_345_678.0,
+    kv_capacity_predicted_tokens=math.inf,
+    kv_capacity_error_ratio=-0.125,
+    kv_usage_ratio=math.nan,
+    kv_blocks=1e22,
+    prompt_tokens_cached_ratio_by_source={"local_cache_hit": 0.5, 'odd"key': 1e-9},
+)
+FULL_VIEW = TargetView(
+    target="t",
+    derived=TargetDerived(engines=(ENGINE, ODD_ENGINE)),
+    prediction=PredictionView(
+        state="ok",
+        bytes_per_token=131_072.0,
+        weights_bytes=1.2e10,
+        info={"model": 'a"b\\c\nd', "layers": "2"},
+    ),
+    gpus=(
+        GpuMemoryView(
+            index="0",
+            uuid="GPU-abc",
+            name="H200",
+            total_bytes=1.5e11,
+            used_bytes=6e10,
+            free_bytes=9e10,
+            cuda_total_bytes=1.49e11,
+        ),
+    ),
+    sources={
+        Source.VLLM_METRICS: UP,
+        Source.NVML: SourceHealth(up=False, errors={HttpReason.TIMEOUT: 3}),
+    },
+)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [FULL_VIEW, TargetView(target="t"), TargetView(target="t", derived=TargetDerived(()))],
+    ids=["every-row", "empty", "no-engines"],
+)
+def test_the_probe_s_openmetrics_are_client_python_s_bytes(view: TargetView) -> None:
+    """Every row, info and mapping field, odd label value and figure: the encoder's bytes."""
+    written, encoded = written_and_encoded({"target": lambda: target_rows(view)})
+    assert written is not None
+    assert written == encoded
+    assert target_rows(view).metrics() == target_families(view)
+
+
+def test_a_failing_builder_is_written_as_client_python_reports_it() -> None:
+    """Its families are left out and its success is 0, in the same bytes as the encoder's."""
+
+    def failing() -> Families:
+        raise RuntimeError("boom")
+
+    with capture_logs():
+        written, encoded = written_and_encoded(
+            {"target": lambda: target_rows(FULL_VIEW), "broken": failing}
+        )
+    assert written == encoded
+    assert b'headroom_collector_success{collector="broken"} 0.0\n' in encoded
+
+
+def test_the_guard_writes_nothing_itself_where_a_builder_gives_client_python_objects() -> None:
+    """Objects are rendered by the registry's encoder: openmetrics() says so with None."""
+    written, _ = written_and_encoded(
+        {"target": lambda: target_rows(FULL_VIEW), "objects": lambda: target_families(FULL_VIEW)}
+    )
+    assert written is None
+
+
+def test_with_no_builder_the_guard_writes_its_own_families_empty() -> None:
+    """Even then, the bytes client_python writes for two empty families."""
+    written, encoded = written_and_encoded({})
+    assert written == encoded
+    assert written is not None
+    assert written.count(b"# TYPE") == 2
