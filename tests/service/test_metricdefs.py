@@ -162,6 +162,8 @@ def test_fleet_mode_exposes_probe_metrics_and_target_metrics_on_probe(
     finally:
         running.stop()
     assert probe.status_code == 200
+    # httpx asks for gzip: the golden below is the compressed answer, decoded.
+    assert probe.headers["content-encoding"] == "gzip"
     _check_against_definitions(own, {Scope.EXPORTER}, "fleet")
     target = {n for n in _families(probe.text) if n.startswith("headroom_")}
     expected = {n for n, d in METRICS.items() if d.scope is Scope.TARGET}
