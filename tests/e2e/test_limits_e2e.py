@@ -347,7 +347,15 @@ def test_shared_prefixes_raise_the_ceiling_as_vllm_does(
 def test_n_2_counts_twice_as_sequences_once_as_requests(
     open_server: VllmServer, sidecar_for: Callable[[VllmServer], str]
 ) -> None:
-    """Requests of n=2: vLLM's running count is sequences; the sidecar divides by the mean n."""
+    """Requests of n=2: vLLM's running count is sequences; the sidecar divides by the mean n.
+
+    Every poll after the first requests finished (the mean n is known) that saw sequences
+    running is checked, one request's two as much as two requests' four. The tiny model's
+    engine runs each request in a fraction of the time its API server takes around it, so most
+    polls see none running (a run saw two sequences in one of the 14 polls after the first
+    requests finished, and none in a run with three clients): the load runs twice as long as
+    the module's others, for more such polls.
+    """
     sidecar = sidecar_for(open_server)
     with (
         Observer(sidecar, open_server.base_url) as observer,
@@ -355,9 +363,9 @@ def test_n_2_counts_twice_as_sequences_once_as_requests(
             open_server.base_url,
             REFERENCE_MODEL_NAME,
             concurrency=2,
-            duration_s=LOAD_S,
+            duration_s=2 * LOAD_S,
             prompt_tokens=16,
-            output_tokens=100,  # one block per sequence: 4 at once fit the 7 usable
+            output_tokens=100,  # one block per sequence: the 4 at once fit the 7 usable
             n=2,
             seed=31,
         ) as load,
@@ -366,11 +374,11 @@ def test_n_2_counts_twice_as_sequences_once_as_requests(
         time.sleep(2 * POLL_S)
     samples = observer.samples
     assert samples[-1].sidecar["headroom_sequences_per_request"] == 2
-    pairs = [
+    running = [
         s
         for s in samples
         if s.sidecar.get("headroom_sequences_per_request") == 2
-        and s.sidecar.get("headroom_sequences_running") == 4
+        and (s.sidecar.get("headroom_sequences_running") or 0) > 0
     ]
     seen = [
         (
@@ -379,9 +387,10 @@ def test_n_2_counts_twice_as_sequences_once_as_requests(
         )
         for s in samples
     ]
-    assert pairs, f"two n=2 requests seen running after the first ones finished: {seen}"
-    for s in pairs:
-        assert s.sidecar["headroom_requests_running"] == 2
+    assert running, f"no n=2 request seen running after the first ones finished: {seen}"
+    for s in running:
+        sequences = s.sidecar["headroom_sequences_running"]
+        assert s.sidecar["headroom_requests_running"] == sequences / 2, seen
         available = s.sidecar.get("headroom_p95_available_sequences")
         if available is not None:
             assert s.sidecar["headroom_p95_available_requests"] == available // 2
