@@ -7,6 +7,7 @@ and loads rule files, and no process the harness starts outlives it.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from exporter.testing.processes import wait_until
 from tests.e2e.harness import (
+    NICED,
     REFERENCE_MAX_MODEL_LEN,
     REFERENCE_MODEL_NAME,
     VLLM_VERSION,
@@ -84,6 +86,29 @@ def test_vllm_answers_models_and_version(vllm_server: VllmServer) -> None:
     assert model["root"] == str(vllm_server.model_dir)
     assert model["max_model_len"] == REFERENCE_MAX_MODEL_LEN
     assert vllm_server.get_json("/version") == {"version": VLLM_VERSION}
+
+
+def test_vllm_runs_niced_as_a_whole_session(vllm_server: VllmServer) -> None:
+    """The API server is the group's leader, at the harness's niceness, and so is its session.
+
+    The scenarios depend on it: a vLLM niced alone starved every other session on 2 cores.
+    """
+    pid = vllm_server.pid
+    assert pid is not None
+    assert Path(f"/proc/{pid}/comm").read_text().strip() != "bash"  # scripts/niced exec'd it
+    assert os.getpriority(os.PRIO_PROCESS, pid) == vllm_server.niceness == 10
+    assert _session(pid) == pid
+    assert _autogroup_niceness(pid) in (None, vllm_server.niceness)
+
+
+def _session(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+
+
+def _autogroup_niceness(pid: int) -> int | None:
+    """The niceness of ``pid``'s session (``/autogroup-N nice K``); None without autogroups."""
+    path = Path(f"/proc/{pid}/autogroup")
+    return int(path.read_text().split()[-1]) if path.exists() else None
 
 
 def test_burst_sends_exact_lengths_and_preempts(vllm_server: VllmServer) -> None:
@@ -292,6 +317,44 @@ def test_process_group_stop_ends_children_the_leader_left(tmp_path: Path) -> Non
         assert pgid is not None
         assert not process_group_gone(pgid)
     assert process_group_gone(pgid)
+
+
+@pytest.mark.parametrize("new_session", [True, False], ids=["session-leader", "not-a-leader"])
+def test_niced_nices_the_command_and_its_own_session(tmp_path: Path, new_session: bool) -> None:
+    """scripts/niced N runs the command at N in a session of its own at N, leaving ours alone.
+
+    As a server's leader (the harness) it is the session already; in a script's background job
+    it makes one. Either way the command keeps its pid, and its exit status is the command's.
+    """
+    report = (
+        "echo $$ $(nice) $(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f4)"
+        " $(sed 's/.* nice //' /proc/$$/autogroup 2>/dev/null || echo 7); exit 3"
+    )
+    ours = _autogroup_niceness(os.getpid())
+    done = subprocess.run(
+        ["bash", str(NICED), "7", "sh", "-c", report],
+        check=False,
+        capture_output=True,
+        text=True,
+        start_new_session=new_session,
+        timeout=30,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == ""
+    pid, niceness, session, session_niceness = map(int, done.stdout.split())
+    assert (niceness, session, session_niceness) == (7, pid, 7)
+    assert _autogroup_niceness(os.getpid()) == ours
+
+
+def test_niced_refuses_a_niceness_it_cannot_set() -> None:
+    """No command, a word or a niceness past 19: a usage line and status 2, nothing run."""
+    for args in ([], ["10"], ["ten", "true"], ["20", "true"], ["-1", "true"]):
+        done = subprocess.run(
+            ["bash", str(NICED), *args], check=False, capture_output=True, text=True
+        )
+        assert done.returncode == 2, args
+        assert done.stdout == ""
+        assert done.stderr.startswith("usage: "), args
 
 
 def test_process_group_is_killed_when_a_keyboard_interrupt_leaves_its_block(
