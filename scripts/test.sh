@@ -21,9 +21,13 @@
 #      so the test's own build waits for it) and then the tests that only render and check files
 #      with Helm, promtool, kubernetes-validate and checkov (DETERMINISTIC: no clock, no server;
 #      about 4.5 minutes of one core): they fill the end-to-end tests' waiting, and under a
-#      burst take about a fifteenth of a core from vLLM (nice 10 in the harness; the idle
+#      burst take about a ninth of a core from vLLM (nice 10 in the harness; the idle
 #      scheduling class would take less, but at its weight, about 3 % of a core under a 120 s
 #      burst, a render could outlast its 30 s subprocess timeout: estimated, not tried).
+#      "nice N" here is scripts/niced: the session's niceness too, as Linux's scheduler
+#      autogroups share the CPU between sessions as equals whatever the nice values in them
+#      (with `nice` alone the file checks took half the CPU from vLLM's session under a burst,
+#      and vLLM's took as much from the sidecar's and Prometheus's).
 # With arguments (-k, -x, a path...) phase 1 is one pytest of the unit tests with the file checks
 # beside it at nice 19, and phase 2 one pytest of the end-to-end tests, alone.
 # Every test runs exactly once. Exit status: the first failure's.
@@ -81,7 +85,7 @@ prebuild_image() {
     if [ "$(id -u)" -ne 0 ] || ! command -v podman debootstrap >/dev/null; then
         return 0
     fi
-    if nice -n 19 bash scripts/image/build.sh >/dev/null 2>"$image_log"; then
+    if scripts/niced 19 bash scripts/image/build.sh >/dev/null 2>"$image_log"; then
         echo "== image prebuilt for phase 2 in $((SECONDS - started)) s (scripts/image/build.sh)"
     else
         echo "== image prebuild failed ($((SECONDS - started)) s); phase 2 builds it again:"
@@ -126,7 +130,7 @@ if [ "$#" -eq 0 ]; then
         HEADROOM_E2E_LANES=$lanes_dir HEADROOM_E2E_LANE=beside \
             "$PYTHON" -c "from tests.e2e import lanes; lanes.wait_for_quiet()"
         prebuild_image
-        nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
+        scripts/niced 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}"
     } >"$side_log" 2>&1 &
     file_checks=$!
     background+=("$file_checks")
@@ -147,7 +151,7 @@ if [ "$#" -eq 0 ]; then
     cat "$side_log"
 else
     echo "== phase 1: unit tests, with the file-checking tests beside them (nice 19; output below)"
-    nice -n 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}" "$@" >"$side_log" 2>&1 &
+    scripts/niced 19 "$PYTEST" -p no:cacheprovider "${DETERMINISTIC[@]}" "$@" >"$side_log" 2>&1 &
     background=("$!")
     "$PYTEST" -m "not e2e" "${ignore[@]}" "$@"
     unit_rc=$?
