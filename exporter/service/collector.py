@@ -170,11 +170,7 @@ class Families:
             shape = _shape(d)
             append(shape.header)
             if d.kind is Kind.INFO:
-                info = self._infos[d.name]
-                pairs = ",".join(
-                    f'{openmetrics.label_name(k)}="{text(v)}"' for k, v in sorted(info.items())
-                )
-                labelled = f"{{{pairs}}}" if pairs else ""
+                labelled = openmetrics.label_set(self._infos[d.name])
                 append(f"{shape.sample_name}{labelled} 1.0\n")
                 continue
             if not shape.labels:
@@ -270,9 +266,8 @@ class GuardedCollector:
         """Every builder's families, and the guard's own (its success and duration)."""
         success = metric("headroom_collector_success")
         duration = metric("headroom_collector_duration_seconds")
-        guard = Families(always=(success, duration))
+        guard = Families(always=(success, duration))  # in this order, whatever the adds' order
         built: list[Iterable[Metric] | Families] = []
-        timings: list[tuple[str, float]] = []
         for name, builder in self._builders.items():
             started = self._clock()
             try:
@@ -283,9 +278,7 @@ class GuardedCollector:
                 guard.add(success, [name], 0.0)
             else:
                 guard.add(success, [name], 1.0)
-            timings.append((name, self._clock() - started))
-        for name, seconds in timings:
-            guard.add(duration, [name], seconds)
+            guard.add(duration, [name], self._clock() - started)
         return built, guard
 
     def collect(self) -> Iterator[Metric]:

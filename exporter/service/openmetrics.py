@@ -26,7 +26,7 @@ from prometheus_client.validation import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector
@@ -68,6 +68,13 @@ def text(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
+def label_set(labels: Mapping[str, str]) -> str:
+    """A sample's labels as written after its name: ``{a="1",b="2"}``, sorted; "" for none."""
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{label_name(k)}="{text(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
 def headers(families: Iterable[Metric]) -> Iterator[str]:
     """Each family's ``# HELP``, ``# TYPE`` (and ``# UNIT``) lines."""
     for metric in families:
@@ -100,13 +107,7 @@ def render(registry: Collector) -> bytes | None:
         for s in metric.samples:
             if s.exemplar or s.native_histogram:
                 return None
-            labels = ""
-            if s.labels:
-                labels = (
-                    "{"
-                    + ",".join(f'{label_name(k)}="{text(v)}"' for k, v in sorted(s.labels.items()))
-                    + "}"
-                )
+            labels = label_set(s.labels)
             value = floatToGoString(s.value) if s.value is not None else ""  # type: ignore[no-untyped-call]
             stamp = f" {s.timestamp}" if s.timestamp is not None else ""
             append(f"{sample_name(s.name)}{labels} {value}{stamp}\n")
