@@ -350,11 +350,11 @@ def test_n_2_counts_twice_as_sequences_once_as_requests(
     """Requests of n=2: vLLM's running count is sequences; the sidecar divides by the mean n.
 
     Every poll after the first requests finished (the mean n is known) that saw sequences
-    running is checked, one request's two as much as two requests' four. The tiny model's
-    engine runs each request in a fraction of the time its API server takes around it, so most
-    polls see none running (a run saw two sequences in one of the 14 polls after the first
-    requests finished, and none in a run with three clients): the load runs twice as long as
-    the module's others, for more such polls.
+    running is checked, one request's two as much as two requests' four. When vLLM's session
+    was not niced (before scripts/niced), its starved API server left most polls with none
+    running (a run saw two sequences in one of the 14 polls after the first requests finished,
+    and none in a run with three clients); the load still runs twice as long as the module's
+    others, for more such polls.
     """
     sidecar = sidecar_for(open_server)
     with (
