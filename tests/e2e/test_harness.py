@@ -106,9 +106,14 @@ def _session(pid: int) -> int:
 
 
 def _autogroup_niceness(pid: int) -> int | None:
-    """The niceness of ``pid``'s session (``/autogroup-N nice K``); None without autogroups."""
+    """The niceness of ``pid``'s session (``/autogroup-N nice K``).
+
+    None without autogroups, or in the root group, whose file reads empty: init's session, never
+    setsid, where CI's pytest runs.
+    """
     path = Path(f"/proc/{pid}/autogroup")
-    return int(path.read_text().split()[-1]) if path.exists() else None
+    words = path.read_text().split() if path.exists() else []
+    return int(words[-1]) if words else None
 
 
 def test_burst_sends_exact_lengths_and_preempts(vllm_server: VllmServer) -> None:
