@@ -368,6 +368,15 @@ def _values(scenario: Scenario, name: str, start: float, end: float) -> list[flo
     return [o.values[name] for o in scenario.between(start, end) if name in o.values]
 
 
+def _by_poll(scenario: Scenario, name: str, start: float, end: float) -> dict[float, float]:
+    """``name``'s value at each sidecar poll (by its time): the sampler reads a poll many times."""
+    values: dict[float, float] = {}
+    for o in scenario.between(start, end):
+        if name in o.values and POLL_TIME in o.values:
+            values.setdefault(o.values[POLL_TIME], o.values[name])
+    return values
+
+
 # -- 1. capacity ---------------------------------------------------------------------------
 
 
@@ -397,11 +406,7 @@ def test_under_the_burst_the_pool_fills_requests_wait_and_headroom_hits_zero(
     usable = _values(scenario, "headroom_kv_usable_tokens", *window)
     assert usable
     assert set(usable) == {896.0}
-    used = {  # by poll: the sampler reads each several times
-        o.values[POLL_TIME]: o.values["headroom_kv_used_tokens"]
-        for o in scenario.between(*window)
-        if {POLL_TIME, "headroom_kv_used_tokens"} <= o.values.keys()
-    }
+    used = _by_poll(scenario, "headroom_kv_used_tokens", *window)
     assert max(used.values()) == 896.0, f"tokens in use at each poll: {list(used.values())}"
     assert max(_values(scenario, "headroom_requests_waiting", *window)) > 0
     assert min(_values(scenario, "headroom_p95_available_sequences", *window)) <= 0
@@ -423,11 +428,9 @@ def test_the_integral_of_the_preemption_rate_is_vllms_counter_change(scenario: S
     ``1 - g/W + ln(1 + g/W)``, short of 1 by at most ``(g/W)^2 / 2``, which the tolerance adds
     per gap; with regular polls it is the plain 15 %.
     """
-    rate_by_poll: dict[float, float] = {}
-    for o in scenario.between(scenario.burst_start - 2.0, scenario.drained):
-        if "headroom_preemptions_per_second" in o.values and POLL_TIME in o.values:
-            rate = o.values["headroom_preemptions_per_second"]
-            rate_by_poll.setdefault(o.values[POLL_TIME], rate)
+    rate_by_poll = _by_poll(
+        scenario, "headroom_preemptions_per_second", scenario.burst_start - 2.0, scenario.drained
+    )
     polls = sorted(rate_by_poll)
     integral = sum(rate_by_poll[t0] * (t1 - t0) for t0, t1 in pairwise(polls))
     increase = scenario.preemptions_after - scenario.preemptions_before
