@@ -19,7 +19,7 @@ import httpx
 from exporter.boundedread import FileReadError, read_bounded
 from exporter.core.ceiling import QueueCaps, RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
-from exporter.core.reasons import AdmissionReason, Limit, PredictionState
+from exporter.core.reasons import AdmissionReason, Limit, MaxNumSeqsSource, PredictionState
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import ParseError, SourceError, UsageError
 from exporter.service.metricdefs import Row, check_values
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import argparse
 
     from exporter.core.derive import EngineDerived
-    from exporter.core.snapshot import VllmSnapshot
+    from exporter.core.snapshot import EngineMetrics, VllmSnapshot
 
 #: Largest capture or payload ``check`` reads.
 MAX_BYTES = 64 * 1024 * 1024
@@ -171,9 +171,10 @@ def to_json(report: CheckReport) -> dict[str, Any]:
         "num_admission_rejections_by_reason": dict(report.snapshot.admission_rejections_by_reason),
         "engines": engine_objects,
         "missing_families": [
-            {"family": needed.family, "needed_for": needed.needed_for}
+            {"family": needed.family, "names": list(needed.names), "needed_for": needed.needed_for}
             for needed in missing_families(report.snapshot.families)
         ],
+        "dropped_samples": dict(report.snapshot.dropped),
         "prediction": {
             "state": p.state,
             "message": p.message,
@@ -193,6 +194,43 @@ def _fmt(value: float | None, unit: str = "", *, digits: int = 0) -> str:
 
 def _limit_value(by_origin: dict[str, float]) -> float | None:
     return next(iter(by_origin.values()), None)
+
+
+def _max_num_seqs(by_origin: dict[str, float]) -> str:
+    """The limit, marked where it is vLLM's default assumed, not read from the server."""
+    value = _fmt(_limit_value(by_origin))
+    if MaxNumSeqsSource.DEFAULT in by_origin:
+        return f"{value} assumed: vLLM's default"
+    return value
+
+
+def _version_clue(data: dict[str, Any]) -> str:
+    guess = data["vllm_version_guess"]
+    if guess == "unknown":
+        return "its metrics do not tell the version"
+    return f"metrics look like {guess}"
+
+
+def _no_context(raw: EngineMetrics) -> str:
+    """Why an engine has no context figures, in words that are true of its payload."""
+    absent = [
+        name
+        for name, histogram in (("prompt", raw.prompt_tokens), ("output", raw.generation_tokens))
+        if histogram is None
+    ]
+    if absent:
+        return f"n/a: no {' and no '.join(absent)} token histogram in the payload"
+    if not raw.prompt_tokens or not raw.prompt_tokens.count:
+        return "no finished requests yet"
+    return "n/a: the token histograms give no estimate"
+
+
+def _dropped(by_reason: dict[str, int]) -> str:
+    """The samples the parser left out, by reason (``headroom_dropped_samples``'s reasons)."""
+    total = sum(by_reason.values())
+    counts = ", ".join(f"{count:,} {reason}" for reason, count in by_reason.items())
+    samples = "sample" if total == 1 else "samples"
+    return f"dropped: {total:,} {samples} of the payload ({counts}); what they feed is n/a"
 
 
 def _gib(value: float | None) -> str:
@@ -221,6 +259,32 @@ def _refusals(data: dict[str, Any]) -> str:
     return f"{refused} since start, {', '.join(caps)}: raise {flags} or add replicas"
 
 
+def _context_lines(e: dict[str, Any], raw: EngineMetrics) -> list[str]:
+    """An engine's context figures and the sequences they fit, or why it has none."""
+    context = e["context_tokens"]
+    if context is None:
+        return [f"  context since start    {_no_context(raw)}"]
+    lines = [
+        f"  context since start    p50 {_fmt(context['p50'])}, p95 {_fmt(context['p95'])},"
+        f" p99 {_fmt(context['p99'])}, mean {_fmt(context['mean'])} tokens",
+        f"  sequences that fit     {_fmt(e['p95_ceiling_sequences'])} at p95"
+        f" (limited by {e['p95_ceiling_limited_by'] or 'n/a'}),"
+        f" {_fmt(e['mean_ceiling_sequences'])} at mean;"
+        f" {_fmt(e['p95_available_sequences'])} more p95 sequences fit now",
+    ]
+    if e["p95_ceiling_limited_by"] == Limit.MAX_NUM_SEQS:
+        lines.append(
+            f"                         the KV cache alone would hold "
+            f"{_fmt(e['p95_kv_ceiling_sequences'])}"
+        )
+    if e["p95_effective_ceiling_sequences"] is not None:
+        lines.append(
+            f"  with shared prefixes   {_fmt(e['p95_effective_ceiling_sequences'])} at p95"
+            f" (prefix cache hits {_fmt((e['prefix_cache_hit_ratio'] or 0) * 100)}%)"
+        )
+    return lines
+
+
 def render(report: CheckReport) -> str:
     """The human report, one block per engine, then the prediction: the ``--json`` figures."""
     data = to_json(report)
@@ -228,8 +292,7 @@ def render(report: CheckReport) -> str:
     lines = [
         f"{report.source}",
         f"  model {shown(model) if model else 'unknown'}, "
-        f"vLLM {shown(version) if version else 'unknown'} "
-        f"(metrics look like {data['vllm_version_guess']})",
+        f"vLLM {shown(version) if version else 'unknown'} ({_version_clue(data)})",
         "",
     ]
     for e in data["engines"]:
@@ -245,35 +308,12 @@ def render(report: CheckReport) -> str:
             f" free {_fmt(e['kv_tokens_free'], 'tokens')}",
             f"  requests               {_fmt(e['num_requests_running'])} running"
             f" ({_fmt(e['num_sequences_running'])} sequences, max_num_seqs"
-            f" {_fmt(_limit_value(e['max_num_seqs']))}),"
+            f" {_max_num_seqs(e['max_num_seqs'])}),"
             f" {_fmt(e['num_requests_waiting'])} waiting",
             f"  preemptions            {_fmt(e['num_preemptions'])} since start,"
             f" {_fmt(e['num_requests_finished'])} requests finished",
         ]
-        context = e["context_tokens"]
-        if context is not None:
-            lines.append(
-                f"  context since start    p50 {_fmt(context['p50'])}, p95 {_fmt(context['p95'])},"
-                f" p99 {_fmt(context['p99'])}, mean {_fmt(context['mean'])} tokens"
-            )
-            lines.append(
-                f"  sequences that fit     {_fmt(e['p95_ceiling_sequences'])} at p95"
-                f" (limited by {e['p95_ceiling_limited_by'] or 'n/a'}),"
-                f" {_fmt(e['mean_ceiling_sequences'])} at mean;"
-                f" {_fmt(e['p95_available_sequences'])} more p95 sequences fit now"
-            )
-            if e["p95_ceiling_limited_by"] == Limit.MAX_NUM_SEQS:
-                lines.append(
-                    f"                         the KV cache alone would hold "
-                    f"{_fmt(e['p95_kv_ceiling_sequences'])}"
-                )
-            if e["p95_effective_ceiling_sequences"] is not None:
-                lines.append(
-                    f"  with shared prefixes   {_fmt(e['p95_effective_ceiling_sequences'])} at p95"
-                    f" (prefix cache hits {_fmt((e['prefix_cache_hit_ratio'] or 0) * 100)}%)"
-                )
-        else:
-            lines.append("  context since start    no finished requests yet")
+        lines += _context_lines(e, report.snapshot.engines[e["engine"]])
         if e["kv_capacity_error_ratio"] is not None:
             lines.append(
                 f"  predicted capacity     {_fmt(e['kv_capacity_predicted_tokens'], 'tokens')}"
@@ -282,8 +322,11 @@ def render(report: CheckReport) -> str:
         lines.append("")
     if data["num_admission_rejections"]:
         lines += [_refusals(data), ""]
+    if data["dropped_samples"]:
+        lines += [_dropped(data["dropped_samples"]), ""]
     for missing in data["missing_families"]:
-        lines.append(f"missing: {missing['family']} (needed for {missing['needed_for']})")
+        names = " or ".join(missing["names"])
+        lines.append(f"missing: {names} (needed for {missing['needed_for']})")
     if data["missing_families"]:
         lines.append("")
     p = data["prediction"]

@@ -88,8 +88,9 @@ def _found_names(families: set[str], written: list[str]) -> set[str]:
 def unusable_reason(payload: bytes, families: Iterable[str]) -> str | None:
     """Why a payload gives no figure at all, as a phrase after its name; None when it does.
 
-    No ``vllm:`` series: not vLLM's ``/metrics``. ``vllm:`` series but none of :data:`NEEDED`:
-    a partial capture, said with what it has and what is needed.
+    No ``vllm:`` name: not vLLM's ``/metrics``. ``vllm:`` families (a sample, or only a
+    ``# HELP``/``# TYPE`` line) but none of :data:`NEEDED`: a partial capture, said with the
+    families it names and those needed.
     """
     present = set(families)
     if len(missing_families(present)) < len(NEEDED):
@@ -101,6 +102,6 @@ def unusable_reason(payload: bytes, families: Iterable[str]) -> str | None:
     more = f" and {len(found) - SHOWN_NAMES} more" if len(found) > SHOWN_NAMES else ""
     needed = ", ".join(n.family for n in NEEDED)
     return (
-        f"has vllm: series ({shown}{more}) but none of those the figures need ({needed}); "
+        f"has vllm: families ({shown}{more}) but none of those the figures need ({needed}); "
         "save the whole /metrics payload"
     )

@@ -119,7 +119,7 @@ def test_a_capture_of_vllm_series_none_of_which_check_reads_says_what_it_has_and
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "no vllm: series" not in err
-    assert "has vllm: series (vllm:iteration_tokens_total, vllm:lora_requests_info)" in err
+    assert "has vllm: families (vllm:iteration_tokens_total, vllm:lora_requests_info)" in err
     assert "vllm:cache_config_info, vllm:kv_cache_usage_perc" in err
 
 
@@ -224,6 +224,81 @@ def test_a_partial_capture_reports_what_it_can_and_names_what_is_missing(
     engines = result["engines"]
     assert isinstance(engines, list)
     assert engines[0]["context_tokens"] is not None
+
+
+def _written(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "capture.prom"
+    path.write_text(text)
+    return str(path)
+
+
+def test_without_token_histograms_the_context_line_says_so_not_that_nothing_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requests finished but no prompt/output histograms saved (aibrix's docs paste this)."""
+    capture = _written(
+        tmp_path,
+        'vllm:num_requests_running{model_name="m"} 0.0\n'
+        'vllm:request_success_total{finished_reason="stop",model_name="m"} 4.0\n',
+    )
+    assert main(["check", capture]) == 0
+    text = capsys.readouterr().out
+    assert "4 requests finished" in text
+    assert "no finished requests yet" not in text
+    assert "context since start    n/a: no prompt and no output token histogram" in text
+
+
+def test_with_empty_token_histograms_nothing_has_finished_yet(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The idle capture: both histograms there, with no observation."""
+    assert main(["check", str(CAPTURES / "vllm-0.32.0-cpu-idle.prom")]) == 0
+    assert "context since start    no finished requests yet" in capsys.readouterr().out
+
+
+def test_values_the_parser_dropped_are_counted_by_reason_not_hidden(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative KV usage (vllm-ascend reported one): n/a, and a line that says why."""
+    capture = _written(
+        tmp_path,
+        'vllm:num_requests_running{engine="3",model_name="m"} 0.0\n'
+        'vllm:kv_cache_usage_perc{engine="3",model_name="m"} -0.3875\n',
+    )
+    assert main(["check", capture]) == 0
+    text = capsys.readouterr().out
+    assert "in use                 n/a (n/a)" in text
+    assert "dropped: 1 sample of the payload (1 out_of_range); what they feed is n/a" in text
+    assert run_json(capsys, capture)["dropped_samples"] == {"out_of_range": 1}
+    clean = run_json(capsys, str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom"))
+    assert clean["dropped_samples"] == {}
+
+
+def test_a_missing_family_is_named_with_its_older_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A V0 payload without its usage gauge: the name it would have had is named too."""
+    capture = _written(tmp_path, 'vllm:num_requests_waiting{model_name="m"} 0.0\n')
+    assert main(["check", capture]) == 0
+    text = capsys.readouterr().out
+    assert "missing: vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc (needed for" in text
+    assert "(its metrics do not tell the version)" in text
+    missing = run_json(capsys, capture)["missing_families"]
+    usage = next(m for m in missing if m["family"] == "vllm:kv_cache_usage_perc")
+    assert usage["names"] == ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+
+
+def test_an_assumed_max_num_seqs_is_marked_as_vllms_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Read from nowhere, the limit is said to be assumed; given, it is not."""
+    capture = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
+    assert main(["check", capture]) == 0
+    assert "max_num_seqs 128 assumed: vLLM's default)" in capsys.readouterr().out
+    assert main(["check", capture, "--max-num-seqs", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "max_num_seqs 64)" in text
+    assert "assumed" not in text
 
 
 def test_max_num_seqs_flag_caps_the_ceiling_and_names_the_limit(

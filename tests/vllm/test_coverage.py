@@ -52,8 +52,17 @@ def test_vllm_series_none_of_them_needed_are_listed_with_the_needed_families() -
     payload = b'vllm:lora_requests_info{engine="0"} 1\nvllm:x_bucket{le="1"} 1\n'
     reason = unusable_reason(payload, {"vllm:x"})
     assert reason is not None
-    assert reason.startswith("has vllm: series (vllm:lora_requests_info, vllm:x) but none")
+    assert reason.startswith("has vllm: families (vllm:lora_requests_info, vllm:x) but none")
     assert "vllm:request_success_total" in reason
+
+
+def test_a_family_named_only_by_a_comment_is_listed_as_a_family() -> None:
+    """A capture cut after a `# HELP` line: that family is named, not called a series."""
+    payload = b"# HELP vllm:time_per_output_toke\n"
+    reason = unusable_reason(payload, set())
+    assert reason is not None
+    assert reason.startswith("has vllm: families (vllm:time_per_output_toke) but none")
+    assert "series" not in reason
 
 
 def test_a_payload_with_one_needed_family_is_usable() -> None:
