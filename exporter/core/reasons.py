@@ -135,7 +135,8 @@ class DropReason(StrEnum):
     NOT_FINITE = "not_finite"
     #: A negative count, or a usage ratio outside 0 to 1.
     OUT_OF_RANGE = "out_of_range"
-    #: A second series of a family for one engine (vLLM writes one, or one per split value).
+    #: A second series of a family for one engine (vLLM writes one, or one per split value), or
+    #: a sample of another shape than vLLM writes (a counter without ``_total``).
     UNEXPECTED_SERIES = "unexpected_series"
 
 

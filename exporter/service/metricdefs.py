@@ -747,8 +747,9 @@ _DEFS: tuple[MetricDef, ...] = (
         "headroom_dropped_samples",
         Kind.GAUGE,
         "Samples of the last vLLM payload the parser left out, by reason: too_many_series "
-        "(cardinality caps), label_too_long, not_finite, out_of_range, unexpected_series; 0 for "
-        "any sane vLLM.",
+        "(cardinality caps), label_too_long, not_finite, out_of_range, unexpected_series (a "
+        "second series, or a sample of another shape: a counter without _total); 0 for any sane "
+        "vLLM.",
         ("reason",),
         source="the parser",
         row=Row.TARGET,

@@ -448,7 +448,8 @@ _SERVER_FAMILIES: Final = frozenset({_PROCESS_START, _ADMISSION_REJECTIONS})
 
 # Each adder folds one per-engine sample into the engine's parts and returns why it dropped the
 # sample (a DropReason), or None. A sample of another shape than the family's (a gauge's stray
-# `_count`, a counter without `_total`) is not what vLLM writes for it: it is ignored.
+# `_count`, a counter without `_total`, as llm-d's inference simulator writes its counters) is
+# not what vLLM writes for it: dropped, and counted as an unexpected series.
 
 
 def _first_series(
@@ -474,7 +475,7 @@ def _once(parts: _EngineParts, what: str | tuple[str, str], sample: TextSample) 
 
 def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
     if sample.suffix != "":
-        return None
+        return DropReason.UNEXPECTED_SERIES
     if not _first_series(parts, sample.family, sample.labels):
         return DropReason.UNEXPECTED_SERIES
     target = _GAUGES[sample.family]
@@ -487,7 +488,7 @@ def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimit
 
 def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
     if sample.suffix != "_total":
-        return None
+        return DropReason.UNEXPECTED_SERIES
     split = _SPLITS.get(sample.family, "")
     if not _first_series(parts, sample.family, sample.labels, split):
         return DropReason.UNEXPECTED_SERIES
@@ -514,7 +515,7 @@ def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLim
 
 def _add_usage(parts: _EngineParts, sample: TextSample, limits: CardinalityLimits) -> str | None:
     if sample.suffix != "":
-        return None
+        return DropReason.UNEXPECTED_SERIES
     if not _first_series(parts, sample.family, sample.labels):
         return DropReason.UNEXPECTED_SERIES
     _once(parts, sample.family, sample)
@@ -530,7 +531,7 @@ def _add_split_gauge(
     parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
 ) -> str | None:
     if sample.suffix != "":
-        return None
+        return DropReason.UNEXPECTED_SERIES
     split, target = _SPLIT_GAUGES[sample.family]
     if not _first_series(parts, sample.family, sample.labels, split):
         return DropReason.UNEXPECTED_SERIES
@@ -561,7 +562,7 @@ def _add_cache_config(
     parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
 ) -> str | None:
     if sample.suffix != "":
-        return None
+        return DropReason.UNEXPECTED_SERIES
     if parts.cache_config is not None:
         return DropReason.UNEXPECTED_SERIES  # vLLM writes one series per engine
     parts.cache_config = sample
@@ -572,7 +573,7 @@ def _add_offload_info(
     parts: _EngineParts, sample: TextSample, limits: CardinalityLimits
 ) -> str | None:
     if sample.suffix != "":
-        return None
+        return DropReason.UNEXPECTED_SERIES
     if not _first_series(parts, sample.family, sample.labels):
         return DropReason.UNEXPECTED_SERIES  # vLLM writes one series per engine
     _once(parts, sample.family, sample)

@@ -324,6 +324,28 @@ def test_another_model_name_for_the_same_engine_is_dropped_not_summed() -> None:
     assert snapshot.dropped == {"unexpected_series": 32_767, "too_many_series": 167_232}
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        # llm-d's inference simulator writes its counters without `_total` (kthena issue 1129).
+        'vllm:prefix_cache_hits{model_name="m"} 8',
+        'vllm:num_preemptions{engine="0"} 7',
+        'vllm:num_requests_running_count{engine="0"} 3',
+        'vllm:kv_cache_usage_perc_total{engine="0"} 0.5',
+        'vllm:cache_config_info_sum{engine="0",block_size="16"} 1',
+    ],
+)
+def test_a_sample_of_another_shape_than_vllm_writes_is_dropped_and_counted(line: str) -> None:
+    """A counter without `_total`, a gauge's `_count`: never read, never silently lost."""
+    snapshot = parse_vllm_metrics('vllm:num_requests_waiting{engine="0"} 0\n' + line + "\n")
+    assert snapshot.dropped == {"unexpected_series": 1}
+    engine = snapshot.engines["0"]
+    assert engine.requests_waiting == 0
+    assert (engine.prefix_cache_hits_total, engine.preemptions_total) == (None, None)
+    assert (engine.requests_running, engine.kv_cache_usage_ratio) == (None, None)
+    assert engine.cache_config is None
+
+
 def test_a_series_written_twice_is_refused_as_prometheus_refuses_it() -> None:
     """Duplicate series (3 + 3 running) are a ParseError naming the line, never a sum of 6."""
     line = 'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
