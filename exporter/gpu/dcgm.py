@@ -53,10 +53,11 @@ MIB: Final = 1024 * 1024
 #: The largest memory figure believed, in MiB (16 TiB): beyond it the answer is not a GPU's.
 MAX_MIB: Final = 16 * 1024 * 1024
 #: Memory samples read from one answer at most: 4 fields of 64 GPUs of 7 MIG instances each,
-#: twice over (a GPU shared by time-slicing is listed once per pod).
+#: twice over (a GPU shared by time-slicing is listed once per pod with dcgm-exporter's
+#: ``--kubernetes-virtual-gpus``).
 MAX_SAMPLES: Final = 4 * 64 * 7 * 2
 
-#: Label names, current and old (``--use-old-namespace``, ``--kubernetes-use-old-namespace``).
+#: Label names, current and old (dcgm-exporter's ``--use-old-namespace`` renames both).
 _UUID_LABELS: Final = ("UUID", "uuid")
 _POD_LABELS: Final = (("pod", "namespace"), ("pod_name", "pod_namespace"))
 
@@ -92,7 +93,8 @@ class DcgmDevice:
 
     ``instance`` is ``GPU_I_ID`` on a MIG instance (``uuid`` is then the parent GPU's, as
     dcgm-exporter labels it). A field the answer lacks is ``None``. ``pods`` are the pods
-    dcgm-exporter maps the device to (several when time-slicing shares it).
+    dcgm-exporter maps the device to (several when time-slicing shares it and dcgm-exporter
+    runs with ``--kubernetes-virtual-gpus``; else one of them).
     """
 
     gpu: int
@@ -105,6 +107,8 @@ class DcgmDevice:
     reserved_mib: float | None = None
     total_mib: float | None = None
     pods: frozenset[PodIdentity] = field(default_factory=frozenset)
+    #: Why its memory cannot be read (a value no GPU has), or None; its fields are then None.
+    unreadable: str | None = None
 
     @property
     def key(self) -> tuple[int, str, str | None]:
@@ -207,19 +211,27 @@ def read_dcgm_samples(samples: Iterable[DcgmSample]) -> DcgmAnswer:
         labels = sample.labels
         key = _device_key(labels, sample.family, sample.lineno)
         value = sample.value
-        if not math.isfinite(value) or not 0 <= value <= MAX_MIB:
-            msg = f"line {sample.lineno}: {sample.family} of GPU {key[0]} is {value!r} MiB"
-            raise SourceError(DcgmReason.PARSE_ERROR, msg)
         fields = devices.get(key)
         if fields is None:
             profile = labels.get("GPU_I_PROFILE") or None if key[2] is not None else None
             fields = devices[key] = _Fields(labels.get("modelName", ""), profile)
+        if not math.isfinite(value) or not 0 <= value <= MAX_MIB:
+            # This device alone is unreadable (an unsupported field's sentinel, say): the
+            # answer's other GPUs, other pods' and other targets' in fleet mode, still count.
+            if fields.unreadable is None:
+                fields.unreadable = (
+                    f"line {sample.lineno}: {sample.family} of GPU {key[0]} is {value!r} MiB"
+                )
+            continue
         fields.mib.setdefault(sample.family, value)  # a copy per pod (time-slicing): same value
         pod = _pod_of(labels)
         if pod is not None:
             pod_mapped = True
             fields.pods.add(pod)
     if not any(FB_USED in f.mib or FB_FREE in f.mib for f in devices.values()):
+        unreadable = next((f.unreadable for f in devices.values() if f.unreadable), None)
+        if unreadable is not None:
+            raise SourceError(DcgmReason.PARSE_ERROR, unreadable)
         msg = (
             f"no {FB_USED} or {FB_FREE} series: not dcgm-exporter, or its counters file "
             "leaves the memory fields out"
@@ -236,19 +248,23 @@ class _Fields:
     profile: str | None
     mib: dict[str, float] = field(default_factory=dict)
     pods: set[PodIdentity] = field(default_factory=set)
+    #: The first memory value that cannot be a GPU's (the device is then not complete).
+    unreadable: str | None = None
 
     def device(self, key: tuple[int, str, str | None]) -> DcgmDevice:
+        mib = {} if self.unreadable is not None else self.mib
         return DcgmDevice(
             gpu=key[0],
             uuid=key[1],
             model_name=self.model,
             instance=key[2],
             profile=self.profile,
-            used_mib=self.mib.get(FB_USED),
-            free_mib=self.mib.get(FB_FREE),
-            reserved_mib=self.mib.get(FB_RESERVED),
-            total_mib=self.mib.get(FB_TOTAL),
+            used_mib=mib.get(FB_USED),
+            free_mib=mib.get(FB_FREE),
+            reserved_mib=mib.get(FB_RESERVED),
+            total_mib=mib.get(FB_TOTAL),
             pods=frozenset(self.pods),
+            unreadable=self.unreadable,
         )
 
 
@@ -283,26 +299,73 @@ class PickFixes:
     node: str
     #: How to name vLLM's GPUs instead of the pod mapping, where there is a way.
     uuids: str | None
+    #: How to name the pod whose GPUs the pod mapping gives.
+    pod: str
 
 
 SIDECAR_FIXES: Final = PickFixes(
     node="dcgm_url must be the dcgm-exporter of this pod's node (http://$(NODE_IP):9400/metrics)",
     uuids="set the gpus setting to vLLM's GPU UUIDs",
+    pod="set pod_name and pod_namespace (the downward API)",
 )
 #: Fleet mode: the probe names the exporter; no setting can name one target's GPUs.
 FLEET_FIXES: Final = PickFixes(
     node="the probe's dcgm= must be the dcgm-exporter of the pod's node "
     "(http://<its host IP>:9400/metrics)",
     uuids=None,
+    pod="give the probe pod= and namespace= (the target's pod)",
 )
 
 
 def _matches(device: DcgmDevice, selector: GpuSelector) -> bool:
     if isinstance(selector, UuidSelector):
+        old_mig = _old_mig_uuid(selector.uuid)
+        if old_mig is not None:
+            return (device.uuid, device.instance) == old_mig
         return device.uuid == selector.uuid
     if isinstance(selector, IndexSelector):
         return device.gpu == selector.index
-    return False  # MIG indices and MIG UUIDs do not appear in dcgm-exporter's labels
+    return False  # MIG indices and today's MIG UUIDs do not appear in dcgm-exporter's labels
+
+
+def _old_mig_uuid(uuid: str) -> tuple[str, str] | None:
+    """``(GPU UUID, GPU_I_ID)`` of a MIG UUID of the old form ``MIG-GPU-<uuid>/<gi>/<ci>``.
+
+    Drivers before R470 named MIG devices so; today's ``MIG-<uuid>`` says nothing of its GPU.
+    """
+    if not uuid.startswith("MIG-GPU-"):
+        return None
+    parts = uuid.removeprefix("MIG-").split("/")
+    if len(parts) != 3 or not parts[1].isascii() or not parts[1].isdigit():
+        return None
+    return parts[0], parts[1]
+
+
+def _split_by_mig(
+    picked: list[DcgmDevice], pod: PodIdentity | None, where: str
+) -> tuple[list[DcgmDevice], SourceError | None]:
+    """Whole GPUs as picked; of a GPU split into MIG instances, only the pod's instances.
+
+    vLLM runs on one MIG instance of such a GPU, never on the whole: a GPU UUID or index
+    picks every instance, other pods' included, and cannot say which is vLLM's.
+    """
+    split = [d for d in picked if d.instance is not None]
+    if not split:
+        return picked, None
+    mine = [d for d in split if pod is not None and pod in d.pods]
+    if mine:
+        return [d for d in picked if d.instance is None] + mine, None
+    gpu = split[0]
+    instances = ", ".join(f"gi{d.instance}" for d in split if d.uuid == gpu.uuid)
+    whom = (
+        f"none of them mapped to pod {pod}" if pod is not None else "pod_name/pod_namespace unset"
+    )
+    return [], SourceError(
+        DcgmReason.GPUS_NOT_FOUND,
+        f"{where} lists GPU {gpu.gpu} ({gpu.uuid}) of the gpus setting as MIG instances "
+        f"({instances}; {whom}): a GPU UUID or index cannot say which instance is vLLM's; "
+        "leave gpus unset and set pod_name/pod_namespace (the pod mapping)",
+    )
 
 
 def pick_devices(
@@ -323,15 +386,7 @@ def pick_devices(
     found (called only when needed: it scans ``/proc``).
     """
     if explicit:
-        picked = [d for d in answer.devices if any(_matches(d, s) for s in explicit)]
-        if not picked:
-            wanted = ",".join(str(s) for s in explicit)
-            return (), SourceError(
-                DcgmReason.GPUS_NOT_FOUND,
-                f"{where} lists none of the gpus setting ({wanted}): dcgm_url must be the "
-                "dcgm-exporter of this pod's node",
-            )
-        return _complete(picked, where)
+        return _pick_explicit(answer, explicit, pod, where)
     if pod is not None:
         picked = [d for d in answer.devices if pod in d.pods]
         if picked:
@@ -339,15 +394,45 @@ def pick_devices(
     selectors, how = discovered() if discovered is not None else ((), "")
     usable = tuple(s for s in selectors if isinstance(s, UuidSelector))
     if usable:
-        picked = [d for d in answer.devices if any(_matches(d, s) for s in usable)]
-        if picked:
-            return _complete(picked, where)
+        return _pick_discovered(answer, usable, how, where)
+    return (), _not_mapped(answer, pod, where, fixes)
+
+
+def _pick_explicit(
+    answer: DcgmAnswer, explicit: Sequence[GpuSelector], pod: PodIdentity | None, where: str
+) -> tuple[tuple[DcgmDevice, ...], SourceError | None]:
+    picked = [d for d in answer.devices if any(_matches(d, s) for s in explicit)]
+    if not picked:
+        wanted = ",".join(str(s) for s in explicit)
         return (), SourceError(
             DcgmReason.GPUS_NOT_FOUND,
-            f"{where} lists none of vLLM's GPUs ({how}): dcgm_url must be the dcgm-exporter "
-            "of this pod's node",
+            f"{where} lists none of the gpus setting ({wanted}): dcgm_url must be the "
+            "dcgm-exporter of this pod's node",
         )
-    return (), _not_mapped(answer, pod, where, fixes)
+    picked, split = _split_by_mig(picked, pod, where)
+    if split is not None:
+        return (), split
+    return _complete(picked, where)
+
+
+def _pick_discovered(
+    answer: DcgmAnswer, usable: tuple[UuidSelector, ...], how: str, where: str
+) -> tuple[tuple[DcgmDevice, ...], SourceError | None]:
+    picked = [d for d in answer.devices if any(_matches(d, s) for s in usable)]
+    if picked:
+        return _complete(picked, where)
+    if all(s.uuid.startswith("MIG-") and _old_mig_uuid(s.uuid) is None for s in usable):
+        return (), SourceError(
+            DcgmReason.GPUS_NOT_FOUND,
+            f"vLLM's GPUs are MIG instances ({how}), which {where} names by their GPU's UUID "
+            "and GPU_I_ID, never by MIG UUID: set pod_name/pod_namespace (the pod mapping), "
+            "or use gpu_source=nvml",
+        )
+    return (), SourceError(
+        DcgmReason.GPUS_NOT_FOUND,
+        f"{where} lists none of vLLM's GPUs ({how}): dcgm_url must be the dcgm-exporter of "
+        "this pod's node",
+    )
 
 
 def _not_mapped(
@@ -356,9 +441,15 @@ def _not_mapped(
     """Why no device could be picked when nothing but the pod mapping was left to try."""
     instead = f", or {fixes.uuids}" if fixes.uuids else ""
     if answer.pod_mapped:
-        whom = f"pod {pod}" if pod is not None else "this pod (pod_name/pod_namespace unset)"
+        if pod is None:
+            return SourceError(
+                DcgmReason.POD_NOT_FOUND,
+                f"{where} maps GPUs to pods, but the pod is not named: {fixes.pod}{instead}",
+            )
         return SourceError(
-            DcgmReason.POD_NOT_FOUND, f"{where} maps no GPU to {whom}: {fixes.node}{instead}"
+            DcgmReason.POD_NOT_FOUND,
+            f"{where} maps no GPU to pod {pod}: {fixes.node}; on a GPU shared by time-slicing "
+            "it names one pod only unless run with --kubernetes-virtual-gpus" + instead,
         )
     return SourceError(
         DcgmReason.NO_POD_MAPPING,
@@ -375,6 +466,8 @@ def _complete(
     if not broken:
         return whole, None
     first = broken[0]
+    if first.unreadable is not None:
+        return whole, SourceError(DcgmReason.PARSE_ERROR, f"{where}: {first.unreadable}")
     missing = FB_USED if first.used_mib is None else FB_FREE
     return whole, SourceError(
         DcgmReason.MISSING_FIELDS,

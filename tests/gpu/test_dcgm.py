@@ -135,6 +135,63 @@ def test_a_mig_instance_is_read_as_its_own_device_named_by_profile() -> None:
     assert len({d.label_uuid for d in devices}) == len(devices)
 
 
+#: Real answers pasted in public (tests/fixtures/dcgm/real, each file's first line its source):
+#: the file, then per device (gpu, UUID, GPU_I_ID) its (used, free, reserved) MiB as written.
+REAL_ANSWERS: dict[str, dict[tuple[int, str, str | None], tuple[int, int, int | None]]] = {
+    "4.x_upcloud-l40s.prom": {
+        (0, "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43", None): (0, 45459, 608),
+    },
+    "4.x_linode-lke-rtx4000ada-pod.prom": {
+        (0, "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c", None): (1, 20015, 457),
+    },
+    "3.x_a800-8gpu-mig-excerpt.prom": {
+        (0, "GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418", "3"): (10, 19957, None),
+        (0, "GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418", "6"): (10, 19957, None),
+        (7, "GPU-4e75c9ab-0ed7-8a57-75f5-23761b9f053f", None): (2, 81226, None),
+    },
+    "1.4.6_hypercloud-2gpu-pod.prom": {
+        (0, "GPU-c0b5694b-2b5d-6b20-f903-558341437f6b", None): (0, 5057, None),
+        (1, "GPU-fbe0b676-9b79-be59-aad5-7e7560a23b26", None): (0, 5059, None),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_ANSWERS))
+def test_real_answers_are_read_as_written(name: str) -> None:
+    """dcgm-exporter 1.4.6 to 4.x as pasted (curl noise, MIG, no FB_RESERVED): MiB as written."""
+    devices = {d.key: d for d in answer(f"real/{name}").devices}
+    for key, (used, free, reserved) in REAL_ANSWERS[name].items():
+        device = devices[key]
+        assert (device.used_mib, device.free_mib, device.reserved_mib) == (used, free, reserved)
+        assert device.complete
+    assert len(devices) == {
+        "3.x_a800-8gpu-mig-excerpt.prom": 10,
+        "1.4.6_hypercloud-2gpu-pod.prom": 2,
+    }.get(name, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "pod", "uuid"),
+    [
+        (
+            "4.x_linode-lke-rtx4000ada-pod.prom",
+            PodIdentity("cuda-75454ffb9f-8ljq7", "default"),
+            "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c",
+        ),
+        (
+            "1.4.6_hypercloud-2gpu-pod.prom",
+            PodIdentity("gpu-rs-joo-m4z6t", "default"),
+            "GPU-fbe0b676-9b79-be59-aad5-7e7560a23b26",
+        ),
+    ],
+)
+def test_real_pod_mappings_pick_the_pods_gpu(name: str, pod: PodIdentity, uuid: str) -> None:
+    """The 4.x labels (an empty pod_uid) and 1.4.6's (pod_name, GPU 0 held by no pod)."""
+    views, failure = DcgmGpuSource(served(f"real/{name}"), pod=pod, discover=no_process).read(0.9)
+    assert failure is None
+    assert [v.uuid for v in views] == [uuid]
+
+
 # --- which GPUs are this pod's ----------------------------------------------------------------
 
 
@@ -240,6 +297,62 @@ def test_discovery_off_means_the_environment_is_never_read() -> None:
     assert failure_of(source.read(0.9)) == DcgmReason.NO_POD_MAPPING
 
 
+MIG_GPU = "GPU-3f1c2a9e-8b7d-4e21-9c0a-5d6e7f8a9b01"  # GPU 0 of the MIG answer: gi1, gi5, gi13
+
+
+@pytest.mark.parametrize("selector", [UuidSelector(MIG_GPU), IndexSelector(0)])
+def test_a_gpu_split_into_mig_instances_is_never_picked_whole(
+    selector: UuidSelector | IndexSelector,
+) -> None:
+    """A UUID or index of a MIG GPU names every instance, other pods' too: refused, not summed."""
+    result = DcgmGpuSource(served(V4_MIG), explicit=(selector,)).read(0.9)
+    assert result[0] == ()
+    assert failure_of(result) == DcgmReason.GPUS_NOT_FOUND
+    message = str(result[1])
+    assert "MIG instances (gi1, gi5, gi13; pod_name/pod_namespace unset)" in message
+    assert "set pod_name/pod_namespace" in message
+    assert "dcgm_url must be" not in message  # the node is the right one
+    views, failure = DcgmGpuSource(served(V4_MIG), explicit=(selector,), pod=MIG_POD).read(0.9)
+    assert failure is None
+    assert [v.name for v in views] == ["NVIDIA H100 80GB HBM3 MIG 3g.40gb"]
+
+
+def test_a_whole_gpu_beside_mig_gpus_is_picked_by_its_index() -> None:
+    """GPU 1 of the MIG answer is not split: its index picks it."""
+    views, failure = DcgmGpuSource(served(V4_MIG), explicit=(IndexSelector(1),)).read(0.9)
+    assert failure is None
+    assert [v.index for v in views] == ["1"]
+
+
+def test_vllms_mig_uuids_are_said_to_be_mig_not_another_node() -> None:
+    """Today's MIG UUIDs cannot be matched (dcgm-exporter never writes them): say so, truly."""
+    mig = "MIG-5d1b3c7e-2a4f-5b6c-9d8e-1f2a3b4c5d6e"
+    result = DcgmGpuSource(served(V4_MIG), discover=vllm_env(mig)).read(0.9)
+    assert failure_of(result) == DcgmReason.GPUS_NOT_FOUND
+    assert "vLLM's GPUs are MIG instances" in str(result[1])
+    assert "dcgm_url must be" not in str(result[1])
+
+
+def test_an_old_form_mig_uuid_names_its_gpu_and_instance() -> None:
+    """Before R470, ``MIG-GPU-<uuid>/<gi>/<ci>``: the instance is found by its GPU and GI."""
+    views, failure = DcgmGpuSource(served(V4_MIG), discover=vllm_env(f"MIG-{MIG_GPU}/1/0")).read(
+        0.9
+    )
+    assert failure is None
+    assert [v.name for v in views] == ["NVIDIA H100 80GB HBM3 MIG 3g.40gb"]
+
+
+def test_a_pod_not_mapped_on_a_mapped_node_names_time_slicing_and_an_unnamed_pod() -> None:
+    """The true causes: a GPU shared by time-slicing lists one pod; the pod may be unnamed."""
+    stranger = PodIdentity("llama-70b-5c8d-zzzzz", "inference")
+    result = DcgmGpuSource(served(V4_MAPPED), pod=stranger, discover=no_process).read(0.9)
+    assert "--kubernetes-virtual-gpus" in str(result[1])
+    unnamed = DcgmGpuSource(served(V4_MAPPED), discover=no_process).read(0.9)
+    assert failure_of(unnamed) == DcgmReason.POD_NOT_FOUND
+    assert "the pod is not named: set pod_name and pod_namespace" in str(unnamed[1])
+    assert "dcgm_url must be" not in str(unnamed[1])
+
+
 # --- answers that are not what dcgm-exporter writes ------------------------------------------
 
 
@@ -294,6 +407,34 @@ def test_a_gpu_with_used_but_no_free_memory_is_missing_fields_and_kept_out() -> 
     assert failure is not None
     assert failure.reason == DcgmReason.MISSING_FIELDS
     assert FB_FREE in str(failure)
+
+
+#: A value dcgm-exporter 1.x prints for a field the GPU does not support (int64 max - 13).
+SENTINEL = "9223372036854775794"
+
+
+def test_an_unreadable_value_costs_only_its_gpu() -> None:
+    """Another pod's GPU with a sentinel: this pod's GPU is read; its own names the line."""
+    ours = ',namespace="inference",pod="llama-70b-5c8d-qw7zt"'
+    theirs = ',namespace="inference",pod="other-0"'
+    payload = (
+        gpu_line(FB_USED, "100", extra=ours)
+        + gpu_line(FB_FREE, "200", extra=ours)
+        + gpu_line(FB_USED, SENTINEL, gpu="5", uuid=GPU5, extra=theirs)
+        + gpu_line(FB_FREE, "200", gpu="5", uuid=GPU5, extra=theirs)
+    )
+    theirs_apart = payload.encode()
+    views, failure = DcgmGpuSource(lambda: theirs_apart, pod=VLLM_POD, discover=no_process).read(
+        0.9
+    )
+    assert failure is None
+    assert [v.uuid for v in views] == [GPU2]
+    mine = payload.replace(theirs, ours).encode()
+    views, failure = DcgmGpuSource(lambda: mine, pod=VLLM_POD, discover=no_process).read(0.9)
+    assert [v.uuid for v in views] == [GPU2]
+    assert failure is not None
+    assert failure.reason == DcgmReason.PARSE_ERROR
+    assert f"line 3: {FB_USED} of GPU 5 is" in str(failure)
 
 
 def test_a_gpu_listed_once_per_pod_counts_once() -> None:
