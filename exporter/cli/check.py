@@ -229,8 +229,8 @@ def _dropped(by_reason: dict[str, int]) -> str:
     """The samples the parser left out, by reason (``headroom_dropped_samples``'s reasons)."""
     total = sum(by_reason.values())
     counts = ", ".join(f"{count:,} {reason}" for reason, count in by_reason.items())
-    samples = "sample" if total == 1 else "samples"
-    return f"dropped: {total:,} {samples} of the payload ({counts}); what they feed is n/a"
+    samples, feed = ("sample", "it feeds") if total == 1 else ("samples", "they feed")
+    return f"dropped: {total:,} {samples} of the payload ({counts}); what {feed} is n/a"
 
 
 def _gib(value: float | None) -> str:

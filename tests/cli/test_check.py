@@ -268,7 +268,7 @@ def test_values_the_parser_dropped_are_counted_by_reason_not_hidden(
     assert main(["check", capture]) == 0
     text = capsys.readouterr().out
     assert "in use                 n/a (n/a)" in text
-    assert "dropped: 1 sample of the payload (1 out_of_range); what they feed is n/a" in text
+    assert "dropped: 1 sample of the payload (1 out_of_range); what it feeds is n/a" in text
     assert run_json(capsys, capture)["dropped_samples"] == {"out_of_range": 1}
     clean = run_json(capsys, str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom"))
     assert clean["dropped_samples"] == {}
@@ -299,6 +299,56 @@ def test_an_assumed_max_num_seqs_is_marked_as_vllms_default(
     text = capsys.readouterr().out
     assert "max_num_seqs 64)" in text
     assert "assumed" not in text
+
+
+PASTED = paths.FIXTURES / "vllm-pasted"
+
+
+@pytest.mark.parametrize(
+    ("name", "lines"),
+    [
+        (
+            "v0.7_V0_aibrix-runtime-docs.prom",
+            [
+                "KV capacity            1,308,272 tokens (81,767 blocks of 16",
+                "preemptions            0 since start, 4 requests finished",
+                "context since start    n/a: no prompt and no output token histogram",
+            ],
+        ),
+        (
+            "v0.20_V1_vllm-ascend-issue10048_negative-usage.prom",
+            [
+                "engine 3 (DeepSeek-V4-Flash)",
+                "in use                 n/a (n/a)",
+                "dropped: 1 sample of the payload (1 out_of_range)",
+            ],
+        ),
+        (
+            "llm-d-inference-sim_kthena-issue1129.prom",
+            [
+                "requests               0 running (0 sequences",
+                "dropped: 1 sample of the payload (1 unexpected_series)",
+            ],
+        ),
+        (
+            "v0.8_V1_production-stack-issue318_cut.prom",
+            [
+                "requests               0 running (0 sequences",
+                "in use                 n/a (0.0%)",
+                "missing: vllm:cache_config_info (needed for KV capacity",
+            ],
+        ),
+    ],
+)
+def test_real_pasted_payloads_are_reported_truly(
+    name: str, lines: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dumps people pasted in public (tests/fixtures/vllm-pasted, sources in each file)."""
+    assert main(["check", str(PASTED / name)]) == 0
+    text = capsys.readouterr().out
+    for line in lines:
+        assert line in text
+    assert "no finished requests yet" not in text
 
 
 def test_max_num_seqs_flag_caps_the_ceiling_and_names_the_limit(
