@@ -134,6 +134,8 @@ class ModelPredictor:
         self._weights_bytes = weights_bytes
         self._overhead_bytes = overhead_bytes
         self._loaded = _Loaded()
+        #: The last prediction's inputs and answer (see :meth:`predict`).
+        self._last: tuple[tuple[object, ...], PredictionView] | None = None
 
     def load(self, info: TargetInfo) -> SourceError | None:
         """Find the model and read its config.json and checkpoint size (blocking I/O).
@@ -199,14 +201,46 @@ class ModelPredictor:
     def predict(
         self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
     ) -> PredictionView:
-        """Size the deployment vLLM describes (pure, given what ``load`` read)."""
+        """Size the deployment vLLM describes (pure, given what ``load`` read).
+
+        The inputs of a running vLLM seldom change (its cache config and facts are fixed for
+        its life): the last answer is kept with them and given again while they are equal.
+        """
         loaded = self._loaded
         if loaded.arch is None:
             return PredictionView(state=loaded.state, message=loaded.message)
-        arch = loaded.arch
         cache = _first_cache_config(snapshot)
-        exact = cache.kv_cache_memory_bytes if cache else None
         memory = self._gpu_memory_bytes or cuda_total_bytes(gpus)
+        claimants = tuple(unaccounted_claimants(snapshot))
+        gpu_name = gpus[0].name if gpus else None
+        inputs = (loaded, cache, memory, len(gpus), gpu_name, info, claimants)
+        last = self._last
+        if last is not None and last[0] == inputs:
+            return last[1]
+        view = self._predict(
+            loaded.arch,
+            loaded=loaded,
+            cache=cache,
+            memory=memory,
+            info=info,
+            gpus=gpus,
+            claimants=claimants,
+        )
+        self._last = (inputs, view)
+        return view
+
+    def _predict(
+        self,
+        arch: ModelArch,
+        *,
+        loaded: _Loaded,
+        cache: CacheConfig | None,
+        memory: float | None,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        claimants: tuple[str, ...],
+    ) -> PredictionView:
+        exact = cache.kv_cache_memory_bytes if cache else None
         if memory is None and exact is None:
             return PredictionView(
                 state=PredictionState.NO_GPU_MEMORY,
@@ -258,7 +292,7 @@ class ModelPredictor:
                 overhead_bytes=outcome.overhead.total_bytes,
                 info=labels,
             )
-        unsized = [] if exact is not None else unaccounted_claimants(snapshot)
+        unsized = [] if exact is not None else list(claimants)
         return PredictionView(
             state=PredictionState.OK,
             message=(

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from exporter.core.snapshot import CacheConfig, EngineMetrics, VllmSnapshot
 from exporter.core.views import GpuMemoryView, TargetInfo
 from exporter.errors import UsageError
+from exporter.sizing import predictor as predictor_module
+from exporter.sizing.model import size_deployment
 from exporter.sizing.predictor import ModelPredictor
 from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
@@ -95,6 +98,46 @@ def test_tensor_parallelism_follows_the_number_of_gpus_vllm_sees() -> None:
     prediction = predictor.predict(snapshot(cache), info, (h100(0), h100(1)))
     assert prediction.bytes_per_token == 65_536
     assert prediction.info["tensor_parallel"] == "2"
+
+
+def test_the_same_inputs_give_the_last_prediction_and_any_change_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A running vLLM's facts are fixed: the sizing runs again only when an input changed."""
+    sized: list[object] = []
+    real = size_deployment
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        sized.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predictor_module, "size_deployment", counting)
+    predictor = ModelPredictor(model_roots=(CONFIGS,))
+    info = TargetInfo("llama", str(CONFIGS / "llama-3.1-8b-instruct"), 8192, "0.19.0")
+    predictor.load(info)
+    cache = CacheConfig(gpu_memory_utilization=0.9, block_size=16)
+    first = predictor.predict(snapshot(cache), info, (h100(),))
+    again = predictor.predict(
+        snapshot(CacheConfig(gpu_memory_utilization=0.9, block_size=16)), info, (h100(),)
+    )
+    assert again is first
+    assert len(sized) == 1
+    changed = [
+        predictor.predict(
+            snapshot(CacheConfig(gpu_memory_utilization=0.8, block_size=16)), info, (h100(),)
+        ),
+        predictor.predict(snapshot(cache), info, (h100(0), h100(1))),
+        predictor.predict(
+            snapshot(cache), dataclasses.replace(info, max_model_len=4096), (h100(),)
+        ),
+    ]
+    assert len(sized) == 4
+    assert changed[0].kv_budget_bytes != first.kv_budget_bytes
+    assert changed[1].info["tensor_parallel"] == "2"
+    tiny = TargetInfo("tiny", str(CONFIGS / "tiny-llama"), 512, "0.19.0")
+    predictor.load(tiny)  # a rediscovery finding another model: predicted again
+    predictor.predict(snapshot(cache), tiny, (h100(),))
+    assert len(sized) == 5
 
 
 def test_a_hub_id_missing_from_the_cache_falls_back_to_the_catalogue(tmp_path: Path) -> None:
