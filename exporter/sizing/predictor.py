@@ -65,6 +65,22 @@ def _state_settings(cache: CacheConfig | None) -> dict[str, Any]:
     return settings
 
 
+def _sized_facts(cache: CacheConfig | None) -> tuple[object, ...] | None:
+    """What the prediction reads of a cache config: a few values, not its labels.
+
+    They are kept with the last prediction: a target's whole ``cache_config_info`` never is.
+    """
+    if cache is None:
+        return None
+    return (
+        cache.kv_cache_memory_bytes,
+        cache.gpu_memory_utilization,
+        cache.cache_dtype,
+        cache.block_size,
+        tuple(sorted(_state_settings(cache).items())),
+    )
+
+
 #: Families vLLM exports only when a memory claimant the labels do not size is on: LoRA
 #: (``vllm:lora_requests_info``, declared when ``lora_config`` is set: vllm/v1/metrics/loggers.py;
 #: it says ``max_lora`` but not the rank, so the buffers cannot be sized) and speculative decoding
@@ -213,7 +229,7 @@ class ModelPredictor:
         memory = self._gpu_memory_bytes or cuda_total_bytes(gpus)
         claimants = tuple(unaccounted_claimants(snapshot))
         gpu_name = gpus[0].name if gpus else None
-        inputs = (loaded, cache, memory, len(gpus), gpu_name, info, claimants)
+        inputs = (loaded, _sized_facts(cache), memory, len(gpus), gpu_name, info, claimants)
         last = self._last
         if last is not None and last[0] == inputs:
             return last[1]
