@@ -115,6 +115,31 @@ def test_qwen3_next_is_a_hybrid_of_12_attention_and_36_gated_delta_net_layers() 
     assert (arch.state.num_heads, arch.state.num_k_heads) == (32, 16)
 
 
+@pytest.mark.parametrize(
+    ("name", "linear_bytes"), [("Qwen/Qwen3-235B-A22B", 2), ("Qwen/Qwen3-235B-A22B-FP8", 1)]
+)
+def test_qwen3_235b_a22b_is_sized_from_its_config_in_bf16_and_fp8(
+    name: str, linear_bytes: int
+) -> None:
+    """94 layers of 4 KV heads of 128: 192,512 bytes a token, 48,128 at TP 4; weights by hand.
+
+    Parameters: embedding and head 2 x 151,936 x 4,096; per layer the attention (q and o 4,096
+    x 8,192, k and v 4,096 x 512), 128 experts of 3 x 4,096 x 1,536 and the router 4,096 x
+    128. FP8 stores the decoder's linears in one byte, the embedding and head in two.
+    """
+    entry = find_model(name)
+    assert entry is not None
+    head = 2 * 151_936 * 4_096
+    layer = 2 * 4_096 * 8_192 + 2 * 4_096 * 512 + 128 * 3 * 4_096 * 1_536 + 4_096 * 128
+    weights = head * 2 + 94 * layer * linear_bytes
+    deployment = Deployment(
+        gpu_memory_bytes=int(79.19 * GIB), tensor_parallel=4, max_model_len=40_960
+    )
+    result = require_sized(size_deployment(entry.arch(), deployment=deployment))
+    assert result.bytes_per_token == 94 * 1 * 128 * 2 * 2
+    assert result.weights_bytes == pytest.approx(weights / 4, rel=0.001)
+
+
 # --- hybrid entries: Nemotron-H, Falcon-H1, Granite-4.0-H, LFM2 and Jamba -------------------------
 #
 # Each row is worked by hand from the fields the entry cites (exporter/data/models.json), the way
