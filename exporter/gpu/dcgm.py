@@ -215,6 +215,10 @@ def read_dcgm_samples(samples: Iterable[DcgmSample]) -> DcgmAnswer:
         if fields is None:
             profile = labels.get("GPU_I_PROFILE") or None if key[2] is not None else None
             fields = devices[key] = _Fields(labels.get("modelName", ""), profile)
+        pod = _pod_of(labels)  # whatever the value: the pod learns why its GPU is unread
+        if pod is not None:
+            pod_mapped = True
+            fields.pods.add(pod)
         if not math.isfinite(value) or not 0 <= value <= MAX_MIB:
             # This device alone is unreadable (an unsupported field's sentinel, say): the
             # answer's other GPUs, other pods' and other targets' in fleet mode, still count.
@@ -224,10 +228,6 @@ def read_dcgm_samples(samples: Iterable[DcgmSample]) -> DcgmAnswer:
                 )
             continue
         fields.mib.setdefault(sample.family, value)  # a copy per pod (time-slicing): same value
-        pod = _pod_of(labels)
-        if pod is not None:
-            pod_mapped = True
-            fields.pods.add(pod)
     if not any(FB_USED in f.mib or FB_FREE in f.mib for f in devices.values()):
         unreadable = next((f.unreadable for f in devices.values() if f.unreadable), None)
         if unreadable is not None:

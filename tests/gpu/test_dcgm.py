@@ -437,6 +437,22 @@ def test_an_unreadable_value_costs_only_its_gpu() -> None:
     assert f"line 3: {FB_USED} of GPU 5 is" in str(failure)
 
 
+def test_a_pod_whose_only_gpu_is_unreadable_is_told_why_not_that_it_is_elsewhere() -> None:
+    """The pod's GPU reads only sentinels: parse_error naming the line, not pod_not_found."""
+    ours = ',namespace="inference",pod="llama-70b-5c8d-qw7zt"'
+    payload = (
+        gpu_line(FB_USED, SENTINEL, extra=ours)
+        + gpu_line(FB_FREE, SENTINEL, extra=ours)
+        + gpu_line(FB_USED, "1", gpu="5", uuid=GPU5)
+        + gpu_line(FB_FREE, "2", gpu="5", uuid=GPU5)
+    ).encode()
+    views, failure = DcgmGpuSource(lambda: payload, pod=VLLM_POD, discover=no_process).read(0.9)
+    assert views == ()
+    assert failure is not None
+    assert failure.reason == DcgmReason.PARSE_ERROR
+    assert f"line 1: {FB_USED} of GPU 0 is" in str(failure)
+
+
 def test_a_gpu_listed_once_per_pod_counts_once() -> None:
     """Time-slicing: dcgm-exporter repeats a shared GPU's series per pod; one device, both pods."""
     payload = "".join(
