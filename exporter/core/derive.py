@@ -607,11 +607,24 @@ def _histogram_window(
             if part is not None:
                 parts.append(part)
         previous, pending_reset = current, False
-    return merge_buckets(parts)
+    return _countable(merge_buckets(parts))
 
 
 def _lifetime(histogram: Histogram | None) -> BucketCounts | None:
-    return histogram_increase(None, histogram) if histogram is not None else None
+    return _countable(histogram_increase(None, histogram)) if histogram is not None else None
+
+
+def _countable(counts: BucketCounts | None) -> BucketCounts | None:
+    """``counts`` if its counts and sum are numbers within ``MAX_KV_TOKENS``, else None.
+
+    A histogram saying 1e308 requests, or a sum of 1e155 tokens (whose square is infinite),
+    is no vLLM's: its figures would be infinite or NaN, so it counts as no traffic at all.
+    """
+    if counts is None:
+        return None
+    if all(_known(n) is not None for n in counts.counts) and _known(counts.sum) is not None:
+        return counts
+    return None
 
 
 def sequences_that_fit(tokens: float, context: float, block_size: int) -> float:
@@ -620,20 +633,40 @@ def sequences_that_fit(tokens: float, context: float, block_size: int) -> float:
     return float(math.floor(max(tokens, 0.0) / per_sequence))
 
 
+#: Most tokens, or blocks, a KV cache figure is believed at: 2**53, past which floats no longer
+#: hold every whole number (rounding to blocks means nothing there). No KV cache comes near;
+#: a ``cache_config_info`` saying more (``num_gpu_blocks="1e308"``) is unknown, not infinite.
+MAX_KV_TOKENS = 2.0**53
+
+
+def _known(value: float | None) -> float | None:
+    """``value`` as a float when it is a number within ``MAX_KV_TOKENS``; else None (unknown)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the largest float
+        return None
+    return number if math.isfinite(number) and abs(number) <= MAX_KV_TOKENS else None
+
+
 def _capacity(engine: EngineMetrics, engine_count: int) -> tuple[float | None, float | None]:
-    """(capacity tokens, blocks) of one engine from ``cache_config_info``."""
+    """(capacity tokens, blocks) of one engine from ``cache_config_info``.
+
+    Figures past ``MAX_KV_TOKENS`` (or their product) are unknown: never infinite.
+    """
     config = engine.cache_config
     if config is None:
         return None, None
-    blocks = (
-        config.num_gpu_blocks / engine_count
-        if config.num_gpu_blocks is not None and engine_count > 0
-        else None
-    )
+    count = _known(config.num_gpu_blocks)
+    blocks = count / engine_count if count is not None and engine_count > 0 else None
     if config.kv_cache_size_tokens is not None:
-        return float(config.kv_cache_size_tokens), blocks
-    if blocks is not None and config.block_size is not None:
-        return blocks * config.block_size, blocks
+        # vLLM's own figure, when it gives one; one past MAX_KV_TOKENS is unknown (the blocks
+        # of an answer that impossible are no better).
+        return _known(config.kv_cache_size_tokens), blocks
+    block_size = _known(config.block_size)
+    if blocks is not None and block_size is not None:
+        return _known(blocks * block_size), blocks
     return None, blocks
 
 
@@ -677,13 +710,15 @@ def _kv_state(
 ) -> _KvState:
     capacity, blocks = _capacity(engine, engine_count)
     block_size = engine.cache_config.block_size if engine.cache_config else None
+    if block_size is not None and (block_size <= 0 or _known(block_size) is None):
+        block_size = None  # no block of 0, or 1e308, tokens: rounding to it means nothing
     usable = used = free = None
     if capacity is not None:
-        usable = capacity * (blocks - 1) / blocks if blocks and blocks > 1 else capacity
-    elif predicted_capacity_tokens is not None:
+        usable = capacity * ((blocks - 1) / blocks) if blocks and blocks > 1 else capacity
+    else:
         # No capacity from vLLM (e.g. V1 0.8.x labels num_gpu_blocks "None"): the prediction
         # stands in for the headroom arithmetic; the actual-capacity gauges stay absent.
-        usable = predicted_capacity_tokens
+        usable = _known(predicted_capacity_tokens)
     if usable is not None and engine.kv_cache_usage_ratio is not None:
         granule = float(block_size or 1)
         usage = min(max(engine.kv_cache_usage_ratio, 0.0), 1.0)
@@ -740,8 +775,8 @@ def _intervals(
             continue
         if previous is not None or pending_reset:
             before = previous or (None, None)
-            prompt = histogram_increase(before[0], current[0], reset=pending_reset)
-            output = histogram_increase(before[1], current[1], reset=pending_reset)
+            prompt = _countable(histogram_increase(before[0], current[0], reset=pending_reset))
+            output = _countable(histogram_increase(before[1], current[1], reset=pending_reset))
             if prompt is not None and output is not None and (prompt.total or output.total):
                 base = since if previous is not None else i - 1
                 out.append((base, IntervalCounts(prompt, output)))
@@ -1280,10 +1315,13 @@ def derive_target(
     ``predicted_capacity_tokens`` is the sizing model's per-engine capacity in vLLM's own terms
     (``None`` when the prediction is unavailable); ``running_limit`` the scheduler's
     ``max_num_seqs`` of each engine, where known; ``previous`` the figures of the poll before,
-    whose context figures may stand for ``windows.context_refresh_seconds``.
+    whose context figures may stand for ``windows.context_refresh_seconds``. A
+    ``max_model_len`` that is not a positive number within ``MAX_KV_TOKENS`` is unknown.
     """
     if not samples:
         return TargetDerived(engines=())
+    if max_model_len is not None and (max_model_len <= 0 or _known(max_model_len) is None):
+        max_model_len = None
     contexts = {e.engine: e.context for e in previous.engines} if previous is not None else {}
     admission = _admission_rate(samples, windows.rate_seconds)
     room = _admission_room(samples[-1].snapshot, running_limit, admission.per_second)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from exporter.core.derive import ContextEstimate, RestartBaseline, TargetDerived
     from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
+    from exporter.core.views import TargetInfo
 
 # CPython 3.11, 64-bit: sizes of the objects a sample is made of.
 _FLOAT: Final = 24
@@ -133,15 +134,20 @@ def state_bytes(
     held: TargetDerived | None = None,
     *,
     gpus: int = 0,
+    info: TargetInfo | None = None,
 ) -> int:
     """Estimated bytes a target holds between polls besides its window's samples.
 
     ``baseline``: its restart baseline; ``previous``: what the next derivation reads of the
     last one; ``held``: the figures held for scrapes (the sidecar's; None in fleet mode);
-    ``gpus``: the GPUs its view shows. Engine names and model names are counted where the
-    figures are (they are the window's objects while its window holds samples).
+    ``gpus``: the GPUs its view shows; ``info``: what ``/v1/models`` and ``/version`` said (its
+    strings are the target's own, each up to the client's cap). Engine names and model names
+    are counted where the figures are (they are the window's objects while its window holds
+    samples).
     """
     total = _POLLER + _GPU * gpus
+    if info is not None:
+        total += _info_bytes(info)
     if baseline is not None:
         total += _BASELINE + _BASELINE_ENGINE * len(baseline.engines)
         total += sum(text_bytes(name) for name in baseline.engines)
@@ -168,3 +174,9 @@ def state_bytes(
 
 def _context_bytes(context: ContextEstimate | None) -> int:
     return _CONTEXT if context is not None else 0
+
+
+def _info_bytes(info: TargetInfo) -> int:
+    """The strings of a TargetInfo (its object is counted in the poller's share)."""
+    texts = (info.model_id, info.model_root, info.vllm_version)
+    return sum(text_bytes(text) for text in texts if text is not None)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from exporter.core.reasons import DcgmReason
 from exporter.errors import SourceError
 from exporter.gpu.model import GpuReading, IndexSelector, MemoryApi, UuidSelector
+from exporter.vllm.promtext import MAX_LINE_CHARS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,6 +57,10 @@ MAX_MIB: Final = 16 * 1024 * 1024
 #: twice over (a GPU shared by time-slicing is listed once per pod with dcgm-exporter's
 #: ``--kubernetes-virtual-gpus``).
 MAX_SAMPLES: Final = 4 * 64 * 7 * 2
+
+#: Longest UUID label believed (``GPU-`` and 36 characters; old MIG forms a few more): it is
+#: exported as the ``uuid`` label.
+MAX_UUID_CHARS: Final = 96
 
 #: Label names, current and old (dcgm-exporter's ``--use-old-namespace`` renames both).
 _UUID_LABELS: Final = ("UUID", "uuid")
@@ -168,6 +173,9 @@ class DcgmAnswer:
 
     devices: tuple[DcgmDevice, ...]
     pod_mapped: bool
+    #: Memory lines skipped unread for their length (the parser's ``too_long``): a pod's GPU
+    #: may be among them, so a failed pick says so rather than "not found".
+    too_long: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,22 +207,36 @@ class DcgmSample(Protocol):
         ...
 
 
-def read_dcgm_samples(samples: Iterable[DcgmSample]) -> DcgmAnswer:
+def read_dcgm_samples(samples: Iterable[DcgmSample], *, too_long: int = 0) -> DcgmAnswer:
     """The devices of an answer's memory samples. Raises :class:`SourceError`.
 
     ``samples`` are those of :data:`FAMILIES` only, at most :data:`MAX_SAMPLES` of them (the
-    parser stops there).
+    parser stops there); ``too_long``: the memory lines the parser skipped for their length.
+
+    Devices are told apart as they are exported, by ``gpu`` and :attr:`DcgmDevice.label_uuid`:
+    two that would export the same labels (a whole GPU labelled ``UUID="GPU-a/gi1"`` and MIG
+    instance 1 of ``GPU-a``) are one device, unreadable, whatever their order: never two
+    series of one name and labels, which Prometheus would refuse with the whole scrape.
     """
-    devices: dict[tuple[int, str, str | None], _Fields] = {}
+    devices: dict[tuple[int, str], _Fields] = {}
     pod_mapped = False
     for sample in samples:
         labels = sample.labels
-        key = _device_key(labels, sample.family, sample.lineno)
+        gpu, uuid, instance = _device_key(labels, sample.family, sample.lineno)
+        key = (gpu, uuid if instance is None else f"{uuid}/gi{instance}")
         value = sample.value
         fields = devices.get(key)
         if fields is None:
-            profile = labels.get("GPU_I_PROFILE") or None if key[2] is not None else None
-            fields = devices[key] = _Fields(labels.get("modelName", ""), profile)
+            profile = labels.get("GPU_I_PROFILE") or None if instance is not None else None
+            fields = devices[key] = _Fields(
+                labels.get("modelName", ""), profile, uuid, instance, sample.lineno
+            )
+        elif (fields.uuid, fields.instance) != (uuid, instance) and fields.unreadable is None:
+            first, second = sorted((_named(fields.uuid, fields.instance), _named(uuid, instance)))
+            fields.unreadable = (
+                f"lines {fields.lineno} and {sample.lineno} name GPU {gpu} {key[1]} both as "
+                f"{first} and as {second}: not dcgm-exporter's labels"
+            )
         pod = _pod_of(labels)  # whatever the value: the pod learns why its GPU is unread
         if pod is not None:
             pod_mapped = True
@@ -236,8 +258,21 @@ def read_dcgm_samples(samples: Iterable[DcgmSample]) -> DcgmAnswer:
             f"no {FB_USED} or {FB_FREE} series: not dcgm-exporter, or its counters file "
             "leaves the memory fields out"
         )
+        if too_long:
+            raise SourceError(DcgmReason.PARSE_ERROR, _too_long_message(too_long, "dcgm-exporter"))
         raise SourceError(DcgmReason.NOT_DCGM, msg)
-    return DcgmAnswer(tuple(f.device(key) for key, f in devices.items()), pod_mapped)
+    return DcgmAnswer(tuple(f.device(key[0]) for key, f in devices.items()), pod_mapped, too_long)
+
+
+def _too_long_message(count: int, where: str) -> str:
+    return (
+        f"{where}: {count} memory line(s) longer than {MAX_LINE_CHARS} characters were skipped "
+        "unread (no dcgm-exporter label is that long)"
+    )
+
+
+def _named(uuid: str, instance: str | None) -> str:
+    return f"whole GPU {uuid}" if instance is None else f"MIG instance {instance} of {uuid}"
 
 
 @dataclass(slots=True)
@@ -246,18 +281,23 @@ class _Fields:
 
     model: str
     profile: str | None
+    uuid: str
+    instance: str | None
+    #: The line of its first sample.
+    lineno: int
     mib: dict[str, float] = field(default_factory=dict)
     pods: set[PodIdentity] = field(default_factory=set)
-    #: The first memory value that cannot be a GPU's (the device is then not complete).
+    #: The first memory value that cannot be a GPU's, or why its labels are not one device's
+    #: (the device is then not complete).
     unreadable: str | None = None
 
-    def device(self, key: tuple[int, str, str | None]) -> DcgmDevice:
+    def device(self, gpu: int) -> DcgmDevice:
         mib = {} if self.unreadable is not None else self.mib
         return DcgmDevice(
-            gpu=key[0],
-            uuid=key[1],
+            gpu=gpu,
+            uuid=self.uuid,
             model_name=self.model,
-            instance=key[2],
+            instance=self.instance,
             profile=self.profile,
             used_mib=mib.get(FB_USED),
             free_mib=mib.get(FB_FREE),
@@ -275,6 +315,18 @@ def _device_key(labels: Mapping[str, str], family: str, lineno: int) -> tuple[in
         msg = f"line {lineno}: {family} has no gpu index or UUID label"
         raise SourceError(DcgmReason.MISSING_FIELDS, msg)
     instance = labels.get("GPU_I_ID") or None
+    # Both become the exported uuid label: bounded, as no GPU's are longer.
+    if len(uuid) > MAX_UUID_CHARS:
+        msg = (
+            f"line {lineno}: {family} has a UUID of {len(uuid)} characters (more than "
+            f"{MAX_UUID_CHARS}): no GPU's"
+        )
+        raise SourceError(DcgmReason.PARSE_ERROR, msg)
+    if instance is not None and not (
+        instance.isascii() and instance.isdigit() and len(instance) <= 3
+    ):
+        msg = f"line {lineno}: {family} has a GPU_I_ID of {instance[:20]!r}: no MIG instance ID"
+        raise SourceError(DcgmReason.PARSE_ERROR, msg)
     return (int(gpu), uuid, instance)
 
 
@@ -384,7 +436,41 @@ def pick_devices(
     ``explicit`` (the ``gpus`` setting) wins; then ``pod`` through dcgm-exporter's pod mapping;
     then ``discovered()``: vLLM's GPUs from its environment, and a line saying how they were
     found (called only when needed: it scans ``/proc``).
+
+    Where the answer had memory lines too long to read, a failure to find or complete the
+    pod's GPUs is a ``parse_error`` that says so: they may be among those lines.
     """
+    picked, failure = _pick(
+        answer, explicit=explicit, pod=pod, discovered=discovered, where=where, fixes=fixes
+    )
+    if failure is not None and answer.too_long and failure.reason in _MAYBE_SKIPPED:
+        failure = SourceError(
+            DcgmReason.PARSE_ERROR,
+            f"{_too_long_message(answer.too_long, where)}, and then: {failure}",
+        )
+    return picked, failure
+
+
+#: Failures a skipped line may explain (the pod's GPU, its pod label or a field was on it).
+_MAYBE_SKIPPED: Final = frozenset(
+    {
+        DcgmReason.POD_NOT_FOUND,
+        DcgmReason.NO_POD_MAPPING,
+        DcgmReason.GPUS_NOT_FOUND,
+        DcgmReason.MISSING_FIELDS,
+    }
+)
+
+
+def _pick(
+    answer: DcgmAnswer,
+    *,
+    explicit: Sequence[GpuSelector],
+    pod: PodIdentity | None,
+    discovered: Callable[[], tuple[tuple[GpuSelector, ...], str]] | None,
+    where: str,
+    fixes: PickFixes,
+) -> tuple[tuple[DcgmDevice, ...], SourceError | None]:
     if explicit:
         return _pick_explicit(answer, explicit, pod, where)
     if pod is not None:

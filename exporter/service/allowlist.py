@@ -15,9 +15,16 @@ Entries (pure parsing and matching; name resolution is the caller's I/O):
   under the suffix (``*.`` matches one or more labels).
 - any of the above with ``:PORT`` (IPv6 in brackets, ``[::1]:8000``): only that port.
 
-Some addresses are never probed, whatever the allowlist says: link-local ones (the cloud
-metadata service at ``169.254.169.254`` among them), multicast, unspecified and broadcast.
-Only ``http`` and ``https`` URLs are probed.
+Some addresses are never probed, whatever the allowlist says (targets and dcgm URLs alike):
+link-local ones (the cloud metadata service at ``169.254.169.254`` among them), multicast,
+unspecified and broadcast; the cloud metadata services that answer on unique-local IPv6
+addresses instead, which ``fd00::/8`` entries would otherwise admit: AWS's instance metadata
+service at ``fd00:ec2::254`` (and its EKS Pod Identity agent at ``fd00:ec2::23``), Google
+Cloud's metadata server at ``fd20:ce::254`` (IPv6-only VMs) and Oracle Cloud's at
+``fd00:c1::a9fe:a9fe``; and IPv6 forms of a forbidden IPv4 address: IPv4-mapped
+(``::ffff:169.254.169.254``), the well-known NAT64 prefix ``64:ff9b::/96`` (RFC 6052) and the
+local-use NAT64 prefix ``64:ff9b:1::/48`` (RFC 8215), read at every place RFC 6052 lets a
+network of that prefix embed the address. Only ``http`` and ``https`` URLs are probed.
 """
 
 from __future__ import annotations
@@ -119,32 +126,71 @@ def parse_allowlist(entries: Iterable[str]) -> tuple[AllowEntry, ...]:
 
 #: The well-known NAT64 prefix (RFC 6052): ``64:ff9b::a9fe:a9fe`` reaches ``169.254.169.254``.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: The local-use NAT64 prefix (RFC 8215): a network picks a prefix of 48 to 96 bits within it,
+#: and the IPv4 address sits where RFC 6052 puts it for that length (bits 64 to 71 are skipped).
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+#: Where the IPv4 address is in a NAT64 address, by the prefix lengths possible within
+#: ``64:ff9b:1::/48``: the bit offsets (from the right) of its parts, high part first.
+_NAT64_LOCAL_PLACES = (
+    ((64, 16), (40, 16)),  # /48: bits 48-63, then 72-87
+    ((64, 8), (32, 24)),  # /56: bits 56-63, then 72-95
+    ((24, 32),),  # /64: bits 72-103
+    ((0, 32),),  # /96: the last 32 bits
+)
+#: Cloud metadata services on unique-local IPv6 addresses (not link-local, so Python's
+#: ``is_link_local`` misses them): AWS's (IMDS, EKS Pod Identity), Google Cloud's, Oracle's.
+_METADATA_V6 = frozenset(
+    ipaddress.IPv6Address(text)
+    for text in ("fd00:ec2::254", "fd00:ec2::23", "fd20:ce::254", "fd00:c1::a9fe:a9fe")
+)
 
 
 def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address reaches: IPv4-mapped (``::ffff:a.b.c.d``) or NAT64."""
+    found = embedded_ipv4s(address)
+    return found[0] if found else None
+
+
+def embedded_ipv4s(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
+    """Every IPv4 address an IPv6 address may reach (IPv4-mapped, NAT64); none for others.
+
+    One for IPv4-mapped and ``64:ff9b::/96`` addresses; for ``64:ff9b:1::/48`` one for each
+    prefix length its network may use (the address does not say which), but none in
+    ``0.0.0.0/8``: the zero bits of another layout read so.
+    """
     if isinstance(address, ipaddress.IPv4Address):
-        return None
+        return ()
     if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
+        return (address.ipv4_mapped,)
     if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
-    return None
+        return (ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF),)
+    if address in _NAT64_LOCAL:
+        value = int(address)
+        found = []
+        for places in _NAT64_LOCAL_PLACES:
+            number = 0
+            for shift, bits in places:
+                number = (number << bits) | ((value >> shift) & ((1 << bits) - 1))
+            # 0.0.0.0/8 is what the zero bits of another layout read as; no NAT64 reaches it.
+            if number >> 24:
+                found.append(ipaddress.IPv4Address(number))
+        return tuple(dict.fromkeys(found))
+    return ()
 
 
 def never_probed(address: IPAddress) -> bool:
     """Addresses refused whatever the allowlist says (metadata services, multicast...).
 
     IPv6 forms of an IPv4 address (``[::ffff:169.254.169.254]``, NAT64) are judged by the IPv4
-    address they reach: Python's ``is_link_local`` does not look inside them.
+    addresses they may reach: Python's ``is_link_local`` does not look inside them.
     """
-    inner = embedded_ipv4(address)
-    if inner is not None and never_probed(inner):
+    if any(never_probed(inner) for inner in embedded_ipv4s(address)):
         return True
     return (
         address.is_link_local
         or address.is_multicast
         or address.is_unspecified
+        or address in _METADATA_V6
         or (
             isinstance(address, ipaddress.IPv4Address)
             and address == ipaddress.IPv4Address("255.255.255.255")

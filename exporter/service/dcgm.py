@@ -71,7 +71,7 @@ def parse_dcgm_metrics(payload: bytes | str) -> DcgmAnswer:
     if exposition.overflow:
         msg = f"more than {MAX_SAMPLES} memory series: not one node's dcgm-exporter"
         raise SourceError(DcgmReason.TOO_LARGE, msg)
-    return read_dcgm_samples(exposition.samples)
+    return read_dcgm_samples(exposition.samples, too_long=exposition.too_long)
 
 
 def answer_views(

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from exporter.core.ceiling import RunningLimit
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
-    from exporter.vllm.client import VllmClient
+    from exporter.vllm.client import ModelsInfo, VllmClient
     from exporter.vllm.launch import LaunchFlags
 
 log = structlog.get_logger(__name__)
@@ -269,7 +269,13 @@ class TargetPoller:
         held = view if self._settings.hold_figures else replace(view, derived=None)
         self._view = held
         self._window.hold_state(
-            state_bytes(self._last_snapshot, self._previous, held.derived, gpus=len(held.gpus))
+            state_bytes(
+                self._last_snapshot,
+                self._previous,
+                held.derived,
+                gpus=len(held.gpus),
+                info=self._info,
+            )
         )
         return view
 
@@ -279,10 +285,17 @@ class TargetPoller:
         return self._ready
 
     def _record(
-        self, source: str, started: float, error: SourceError | None, *, logged: bool = True
+        self,
+        source: str,
+        started: float,
+        error: SourceError | None,
+        *,
+        logged: bool = True,
+        duration: float | None = None,
     ) -> None:
+        """Record a read of ``source``; ``duration``: its seconds, if not since ``started``."""
         health = self._health.setdefault(source, _Health())
-        health.duration_seconds = self._clock() - started
+        health.duration_seconds = self._clock() - started if duration is None else duration
         if error is None:
             if not health.up and health.last_reason is not None and logged:
                 log.info("source_recovered", source=source, target=self.target)
@@ -304,6 +317,7 @@ class TargetPoller:
     async def _discover(self) -> None:
         """Re-read ``/v1/models`` and ``/version``, then let the predictor load the model."""
         started = self._clock()
+        models: ModelsInfo | None
         try:
             models = await self._client.fetch_models()
         except SourceError as exc:
@@ -311,6 +325,13 @@ class TargetPoller:
             models = None
         else:
             self._record("vllm_models", started, None)
+            if models.ignored:
+                log.warning(
+                    "models_fields_ignored",
+                    target=self.target,
+                    ignored=list(models.ignored),
+                    hint="values no vLLM gives are treated as absent",
+                )
         started = self._clock()
         try:
             version = await self._client.fetch_version()
@@ -528,7 +549,9 @@ class TargetPoller:
                     f"been consistent for {self._settings.counter_reset_seconds:g}s",
                 ),
             )
-        self._record("vllm_metrics", started, None)
+        # Recorded up only once the whole poll succeeded (below): a poll that crashes later
+        # must not log the source recovered, then failed, at every poll.
+        read_seconds = self._clock() - started
 
         sample = next_sample(self._window.latest, now, snapshot, wall=self._wall())
         if sample.restarted:
@@ -560,6 +583,7 @@ class TargetPoller:
             previous=self._previous,
         )
         self._previous = carried(derived)
+        self._record("vllm_metrics", started, None, duration=read_seconds)
         view = TargetView(
             target=self.target,
             derived=derived,

@@ -27,12 +27,13 @@ from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
 from exporter.core.reasons import AnswerRefusal, HttpReason
 from exporter.errors import SourceError
+from exporter.vllm.metrics import CardinalityLimits
 
 if TYPE_CHECKING:
     import ipaddress
@@ -80,6 +81,17 @@ class _Attempt:
     extensions: dict[str, Any]
 
 
+#: Longest model id, model root or vLLM version kept from ``/v1/models`` and ``/version``: the
+#: label values' cap of the ``/metrics`` parser. vLLM's are model names or paths (a few hundred
+#: characters at most) and versions like ``0.11.1rc2.dev13+g1234abc.cu128``. A longer value is
+#: not vLLM's: it is dropped as absent (never cut short into a false value), for it would be held
+#: by every target and exported as a label.
+MAX_FACT_CHARS: Final = CardinalityLimits().max_label_value_chars
+#: Largest ``max_model_len`` believed (2**31 - 1 tokens; the longest contexts served are about
+#: ten million): a larger number, like a 4,000-digit one, is not a context length.
+MAX_MODEL_LEN: Final = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class ModelsInfo:
     """What ``/v1/models`` says about the first served model."""
@@ -87,6 +99,8 @@ class ModelsInfo:
     model_id: str
     root: str | None
     max_model_len: int | None
+    #: Fields present but not believed (treated as absent), each with why: for the log.
+    ignored: tuple[str, ...] = ()
 
 
 def connection_refused(exc: BaseException) -> bool:
@@ -394,6 +408,10 @@ class VllmClient:
             return json.loads(body)
         except ValueError:
             raise SourceError("invalid_response", f"{path} did not answer JSON") from None
+        except RecursionError:  # "[[[[...": nested deeper than the decoder recurses
+            raise SourceError(
+                "invalid_response", f"{path} answered JSON nested too deep to be vLLM's"
+            ) from None
 
     async def fetch_models(self) -> ModelsInfo:
         """The first model ``/v1/models`` lists: its id, root path or hub id, max_model_len."""
@@ -406,11 +424,22 @@ class VllmClient:
         version = document.get("version") if isinstance(document, dict) else None
         if not isinstance(version, str) or not version:
             raise SourceError("invalid_response", "/version has no 'version' string")
+        if len(version) > MAX_FACT_CHARS:
+            raise SourceError(
+                "invalid_response",
+                f"/version's 'version' is {len(version)} characters, more than "
+                f"{MAX_FACT_CHARS}: not a vLLM version, ignored",
+            )
         return version
 
 
 def parse_models(document: object) -> ModelsInfo:
-    """Read vLLM's ``/v1/models`` answer (pure); SourceError ``invalid_response`` if odd."""
+    """Read vLLM's ``/v1/models`` answer (pure); SourceError ``invalid_response`` if odd.
+
+    A root longer than :data:`MAX_FACT_CHARS`, or a ``max_model_len`` that is not a whole number
+    from 1 to :data:`MAX_MODEL_LEN`, is treated as absent and named in ``ignored``; an id that
+    long is no id (``invalid_response``).
+    """
     data = document.get("data") if isinstance(document, dict) else None
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         raise SourceError("invalid_response", "/v1/models lists no model")
@@ -418,10 +447,29 @@ def parse_models(document: object) -> ModelsInfo:
     model_id = first.get("id")
     if not isinstance(model_id, str):
         raise SourceError("invalid_response", "/v1/models: the model has no id")
+    if len(model_id) > MAX_FACT_CHARS:
+        raise SourceError(
+            "invalid_response",
+            f"/v1/models: the model's id is {len(model_id)} characters, more than "
+            f"{MAX_FACT_CHARS}: not a model name, ignored",
+        )
+    ignored: list[str] = []
     root = first.get("root")
+    if isinstance(root, str) and len(root) > MAX_FACT_CHARS:
+        ignored.append(f"root ({len(root)} characters, more than {MAX_FACT_CHARS})")
+        root = None
     max_len = first.get("max_model_len")
+    if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > MAX_MODEL_LEN:
+        # Its length, not its digits: a 4,000-digit number is not to be written out.
+        ignored.append(f"max_model_len (over {MAX_MODEL_LEN}: {max_len.bit_length()} bits)")
+        max_len = None
     return ModelsInfo(
         model_id=model_id,
         root=root if isinstance(root, str) and root else None,
-        max_model_len=max_len if isinstance(max_len, int) and max_len > 0 else None,
+        max_model_len=(
+            max_len
+            if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 0
+            else None
+        ),
+        ignored=tuple(ignored),
     )

@@ -19,6 +19,7 @@ from exporter.core.derive import (
 )
 from exporter.core.footprint import sample_bytes, state_bytes
 from exporter.core.reasons import AdmissionReason
+from exporter.core.views import TargetInfo
 from exporter.testing import heavy
 from exporter.testing.fakevllm import VllmState, render_metrics
 from exporter.vllm import families as vllm_families
@@ -141,3 +142,20 @@ def test_the_state_estimate_is_near_what_a_target_holds_between_polls(
     kept = list(zip(baselines, carries, held, strict=True))[1:]
     estimate = sum(state_bytes(*state) - state_bytes(None, None) for state in kept)
     assert 0.8 * traced <= estimate <= 1.5 * traced, f"estimated {estimate} bytes, held {traced}"
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        TargetInfo(model_id="m" * 512),
+        TargetInfo(model_root="/r" * 256),
+        TargetInfo(vllm_version="v" * 512),
+        TargetInfo("m" * 512, "/r" * 256, 4096, "v" * 512),
+    ],
+    ids=["id", "root", "version", "all"],
+)
+def test_what_a_target_says_of_itself_is_counted_in_its_state(info: TargetInfo) -> None:
+    """/v1/models's and /version's strings are the target's, counted in what it holds."""
+    texts = [t for t in (info.model_id, info.model_root, info.vllm_version) if t is not None]
+    grown = state_bytes(None, None, info=info) - state_bytes(None, None)
+    assert grown >= sum(len(t) for t in texts)

@@ -479,3 +479,95 @@ def test_a_reading_uses_fb_total_when_a_counters_file_adds_it() -> None:
     """FB_TOTAL, when exported, is the total (not used + free + reserved)."""
     device = DcgmDevice(0, GPU2, used_mib=10, free_mib=20, reserved_mib=5, total_mib=36)
     assert device.reading().total_bytes == 36 * MIB
+
+
+# --- hostile answers: devices exported alike, labels no GPU has, lines too long ---------------
+
+
+def _dev(uuid: str, used: int, extra: str = "", model: str = "NVIDIA H100 80GB HBM3") -> str:
+    labels = f'gpu="0",UUID="{uuid}",modelName="{model}",pod="vllm-0",namespace="ns"{extra}'
+    return "".join(
+        f"{family}{{{labels}}} {value}\n"
+        for family, value in ((FB_USED, used), (FB_FREE, 1000), ("DCGM_FI_DEV_FB_RESERVED", 500))
+    )
+
+
+_WHOLE = _dev("GPU-aaaa/gi1", 70000)
+_MIG = _dev("GPU-aaaa", 9000, ',GPU_I_ID="1",GPU_I_PROFILE="1g.10gb"')
+_POD = PodIdentity("vllm-0", "ns")
+
+
+@pytest.mark.parametrize("text", [_WHOLE + _MIG, _MIG + _WHOLE], ids=["whole-first", "mig-first"])
+def test_devices_exported_with_the_same_labels_are_one_unreadable_device(text: str) -> None:
+    """Whole GPU "GPU-aaaa/gi1" and MIG instance 1 of GPU-aaaa: never two series of one name."""
+    parsed = parse_dcgm_metrics(text)
+    assert len(parsed.devices) == 1
+    (device,) = parsed.devices
+    assert (device.gpu, device.label_uuid) == (0, "GPU-aaaa/gi1")
+    assert not device.complete
+    picked, failure = pick_devices(parsed, pod=_POD)
+    assert picked == ()
+    assert failure is not None
+    assert failure.reason == DcgmReason.PARSE_ERROR
+    assert "both as MIG instance 1 of GPU-aaaa and as whole GPU GPU-aaaa/gi1" in str(failure)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (_dev("GPU-" + "a" * 4096, 1), "UUID of 4100 characters"),
+        (_dev("GPU-aaaa", 1, ',GPU_I_ID="' + "1" * 2000 + '"'), "GPU_I_ID of '1111"),
+        (_dev("GPU-aaaa", 1, ',GPU_I_ID="x"'), "GPU_I_ID of 'x'"),
+    ],
+    ids=["uuid-4k", "instance-2000-digits", "instance-not-a-number"],
+)
+def test_a_label_exported_as_uuid_must_be_one_a_gpu_has(text: str, words: str) -> None:
+    """UUID and GPU_I_ID become the uuid label: past a GPU's, a parse_error, never a label."""
+    with pytest.raises(SourceError) as caught:
+        parse_dcgm_metrics(text)
+    assert caught.value.reason == DcgmReason.PARSE_ERROR
+    assert words in str(caught.value)
+    assert len(str(caught.value)) < 200
+
+
+_LONG_MODEL = "X" * 70_000  # a line past the parser's 64 KiB
+_LONG_USED = _dev("GPU-aaaa", 70000, model=_LONG_MODEL).split("\n")[0] + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "was"),
+    [
+        (_dev("GPU-aaaa", 70000, model=_LONG_MODEL), "not_dcgm"),
+        (
+            _dev("GPU-aaaa", 70000, model=_LONG_MODEL)
+            + _dev("GPU-bbbb", 1).replace('pod="vllm-0"', 'pod="other"'),
+            "pod_not_found",
+        ),
+        (
+            _LONG_USED + "".join(_dev("GPU-aaaa", 70000).splitlines(keepends=True)[1:]),
+            "missing_fields",
+        ),
+    ],
+    ids=["all-lines", "pod-lines", "pod-fb-used-line"],
+)
+def test_lines_too_long_to_read_are_named_as_the_reason(text: str, was: str) -> None:
+    """A 70 kB modelName line is skipped: the failure says so (it ``was`` another reason)."""
+    try:
+        parsed = parse_dcgm_metrics(text)
+    except SourceError as exc:
+        failure: SourceError | None = exc
+    else:
+        _, failure = pick_devices(parsed, pod=_POD)
+    assert failure is not None
+    assert failure.reason == DcgmReason.PARSE_ERROR, was
+    assert "longer than 65536 characters were skipped unread" in str(failure)
+
+
+def test_a_skipped_line_does_not_spoil_a_pick_that_found_the_pods_gpus() -> None:
+    """Another pod's over-long line: this pod's GPU still reads."""
+    text = _dev("GPU-aaaa", 70000) + _dev("GPU-bbbb", 1, model=_LONG_MODEL).replace(
+        'pod="vllm-0"', 'pod="other"'
+    )
+    picked, failure = pick_devices(parse_dcgm_metrics(text), pod=_POD)
+    assert failure is None
+    assert [d.uuid for d in picked] == ["GPU-aaaa"]

@@ -213,3 +213,42 @@ def test_an_endpoint_other_than_a_plain_http_url_is_rejected_naming_why(
     """What a probe parameter may not be: another scheme, credentials, a query, an odd path."""
     with pytest.raises(AllowlistError, match=problem):
         parse_endpoint(url)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://[fd00:ec2::254]:80",  # AWS instance metadata service (IPv6 endpoint)
+        "http://[fd00:ec2:0:0::254]:80",  # the same, spelt longer
+        "http://[fd00:ec2::23]:80",  # AWS EKS Pod Identity agent
+        "http://[fd20:ce::254]:80",  # Google Cloud metadata server (IPv6-only VMs)
+        "http://[fd00:c1::a9fe:a9fe]:80",  # Oracle Cloud instance metadata
+        "http://[64:ff9b:1::a9fe:a9fe]:80",  # local-use NAT64 (RFC 8215), /96: 169.254.169.254
+        "http://[64:ff9b:1:a9fe:a9:fe00::]:80",  # local-use NAT64, /48 layout
+        "http://[64:ff9b:1:a9:fe:a9fe::]:80",  # local-use NAT64, /64 layout
+        "http://[64:ff9b:1::e000:1]:80",  # local-use NAT64 of multicast 224.0.0.1
+    ],
+)
+def test_ipv6_cloud_metadata_addresses_are_never_probed(target: str) -> None:
+    """Unique-local metadata endpoints and local-use NAT64 forms: refused even by ::/0."""
+    allow = parse_allowlist(["0.0.0.0/0", "::/0", "fd00::/8"])
+    assert is_allowed(parse_target(target), allow) == (False, "forbidden_address")
+    endpoint = parse_endpoint(f"{target}/metrics")  # a dcgm URL is checked alike
+    assert is_allowed(endpoint, allow) == (False, "forbidden_address")
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["http://[fd00:ec2::1]:8000", "http://[64:ff9b:1::a00:5]:8000", "http://[fd20:ce::1]:8000"],
+)
+def test_neighbours_of_the_metadata_addresses_stay_probeable(target: str) -> None:
+    """A vLLM at another ULA address, or behind local-use NAT64 at 10.0.0.5, is allowed."""
+    allow = parse_allowlist(["::/0"])
+    assert is_allowed(parse_target(target), allow) == (True, "allowed")
+
+
+def test_a_name_resolving_to_an_ipv6_metadata_address_is_refused() -> None:
+    """A friendly name pointing at fd00:ec2::254 is refused like the address itself."""
+    allow = parse_allowlist(["*.example"])
+    target = parse_target("http://metadata.example:80")
+    assert is_allowed(target, allow, [ip("fd00:ec2::254")]) == (False, "forbidden_address")

@@ -309,9 +309,9 @@ def test_the_answers_held_are_bounded_in_bytes_the_oldest_forgotten_first() -> N
 
 
 def test_an_answer_too_big_to_hold_is_too_large_and_holds_nothing_of_it() -> None:
-    """64 GPUs with 4 KB UUIDs: counted past the bound, it is too_large, not held."""
+    """64 GPUs with 4 KB model names: counted past the bound, it is too_large, not held."""
     lines = [
-        f'{field}{{gpu="{n}",UUID="GPU-{"f" * 4096}{n}",pod="p",namespace="n"}} 1'
+        f'{field}{{gpu="{n}",UUID="GPU-{n}",modelName="{"f" * 4096}{n}",pod="p",namespace="n"}} 1'
         for n in range(64)
         for field in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
     ]

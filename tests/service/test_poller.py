@@ -486,3 +486,44 @@ def test_invalid_flags_are_warned_about() -> None:
     warned = [e for e in logs if e["event"] == "launch_flags_invalid"]
     assert warned
     assert warned[0]["flags"] == {"--max-num-seqs": "abc"}
+
+
+@pytest.mark.parametrize("error", [OverflowError, RecursionError, ValueError])
+def test_a_poll_crashing_after_metrics_logs_one_failure_not_a_recovery_per_poll(
+    monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+) -> None:
+    """/metrics answers, the derivation crashes: one source_failed, never source_recovered."""
+
+    def crash(*_args: object, **_kwargs: object) -> None:
+        raise error("boom")
+
+    monkeypatch.setattr("exporter.service.poller.derive_target", crash)
+    with capture_logs() as logs:
+        poller = poll(fake_vllm(), Clock(), times=4)
+    events = [(e["event"], e.get("reason")) for e in logs if e["event"].startswith("source_")]
+    assert events == [("source_failed", "internal_error")]
+    assert poller.view.sources["vllm_metrics"].errors == {"internal_error": 4}
+    assert not poller.view.sources["vllm_metrics"].up
+
+
+@pytest.mark.parametrize(
+    ("state", "info"),
+    [
+        (VllmState(root="/r" * 300), TargetInfo("tiny", None, 512, "0.32.0")),
+        (VllmState(model="m" * 513), TargetInfo(None, None, None, "0.32.0")),
+        (VllmState(version="0" * 100_000), TargetInfo("tiny", "/models/tiny", 512, None)),
+    ],
+    ids=["long-root", "long-id", "long-version"],
+)
+def test_facts_past_the_cap_are_not_kept_and_the_rest_is(
+    state: VllmState, info: TargetInfo
+) -> None:
+    """A 600-character root, a 513-character id, a 100 kB version: absent, the poll goes on."""
+    fake = FakeVllm(state=state, payload=AFTER_LOAD, listen=False)
+    with capture_logs() as logs:
+        poller = poll(fake, Clock(), times=2)
+    assert poller.view.info == info
+    assert poller.view.derived is not None
+    assert poller.view.sources["vllm_metrics"].up
+    if info.model_root is None and info.model_id is not None:
+        assert [e["event"] for e in logs if e["event"] == "models_fields_ignored"]

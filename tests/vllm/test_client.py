@@ -834,3 +834,65 @@ def test_clients_sharing_a_budget_cut_a_stalled_big_answer_for_a_healthy_one() -
     assert isinstance(big_result, SourceError)
     assert big_result.reason == HttpReason.TOO_LARGE
     assert "cut to make room" in str(big_result)
+
+
+# --- hostile /v1/models and /version answers -------------------------------------------------
+
+
+LONG = "x" * 513  # one past the cap of every fact (CardinalityLimits.max_label_value_chars)
+
+
+@pytest.mark.parametrize(
+    ("model", "root", "max_len", "ignored"),
+    [
+        ({"root": LONG}, None, 512, "root (513 characters, more than 512)"),
+        ({"root": "r" * 512}, "r" * 512, 512, None),
+        ({"max_model_len": 10**4000}, "/m", None, "max_model_len (over 2147483647: 13288 bits)"),
+        ({"max_model_len": 2**31}, "/m", None, "max_model_len (over 2147483647: 32 bits)"),
+        ({"max_model_len": 2**31 - 1}, "/m", 2**31 - 1, None),
+        ({"max_model_len": True}, "/m", None, None),
+    ],
+    ids=["root-too-long", "root-at-cap", "len-4000-digits", "len-2**31", "len-at-cap", "len-bool"],
+)
+def test_a_models_field_no_vllm_gives_is_absent_never_cut_short(
+    model: dict[str, object], root: str | None, max_len: int | None, ignored: str | None
+) -> None:
+    """A root past the cap, or a max_model_len that is no context length, is absent (named)."""
+    document = {"data": [{"id": "m", "root": "/m", "max_model_len": 512, **model}]}
+    info = parse_models(document)
+    assert (info.model_id, info.root, info.max_model_len) == ("m", root, max_len)
+    assert info.ignored == ((ignored,) if ignored else ())
+
+
+@pytest.mark.parametrize(
+    ("what", "body"),
+    [
+        ("fetch_models", {"data": [{"id": LONG, "root": "/m"}]}),
+        ("fetch_version", {"version": LONG}),
+        ("fetch_version", {"version": "0." * 450_000}),
+    ],
+    ids=["model-id", "version", "version-900kB"],
+)
+def test_an_id_or_version_past_the_cap_is_an_invalid_response(what: str, body: object) -> None:
+    """A 513-character id or version is not vLLM's: invalid_response, saying its length."""
+    with pytest.raises(SourceError) as caught:
+        fetch(answering(200, json.dumps(body).encode()), what)
+    assert caught.value.reason == "invalid_response"
+    assert "characters, more than 512" in str(caught.value)
+    assert len(str(caught.value)) < 200
+
+
+def test_a_version_at_the_cap_is_kept() -> None:
+    """512 characters is within the cap: kept whole."""
+    body = json.dumps({"version": "v" * 512}).encode()
+    assert fetch(answering(200, body), "fetch_version") == "v" * 512
+
+
+@pytest.mark.parametrize("what", ["fetch_models", "fetch_version"])
+@pytest.mark.parametrize("body", [b"[" * 5000, b'{"a":' * 5000, b"[" * 100_000])
+def test_json_nested_past_the_decoder_is_an_invalid_response(what: str, body: bytes) -> None:
+    """`[[[[...`: the decoder's RecursionError is invalid_response, not a crashed poll."""
+    with pytest.raises(SourceError) as caught:
+        fetch(answering(200, body), what)
+    assert caught.value.reason == "invalid_response"
+    assert "nested too deep" in str(caught.value)
