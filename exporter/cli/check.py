@@ -7,10 +7,12 @@ sizing model predicts. ``--json`` prints one object with stable keys (``docs/cli
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import AdmissionReason, Limit, MaxNumSeqsSource, PredictionState
 from exporter.core.views import PredictionView, TargetInfo
 from exporter.errors import ParseError, SourceError, UsageError
+from exporter.service.allowlist import AllowlistError, check_url
 from exporter.service.metricdefs import Row, check_values
 from exporter.sizing.catalog import find_gpu
 from exporter.sizing.limits import LimitInputs, resolve_running_limit
@@ -30,10 +33,10 @@ from exporter.sizing.predictor import ModelPredictor
 from exporter.vllm.client import VllmClient
 from exporter.vllm.coverage import missing_families, unusable_reason
 from exporter.vllm.metrics import parse_vllm_metrics
-from exporter.vllm.version import guess_vllm_version
+from exporter.vllm.version import guess_vllm_version, parse_vllm_version
 
 if TYPE_CHECKING:
-    import argparse
+    from collections.abc import Callable
 
     from exporter.core.derive import EngineDerived
     from exporter.core.snapshot import EngineMetrics, VllmSnapshot
@@ -51,34 +54,95 @@ DESCRIPTION = (
 )
 
 
+#: The largest ``--gpu-mem-gib`` taken: no GPU holds a PiB (nor may a byte count overflow).
+MAX_GPU_MEM_GIB = 1024.0 * 1024.0
+#: The longest ``--timeout``: a day (a longer wait is a typo, and timers refuse huge values).
+MAX_TIMEOUT_S = 86_400.0
+#: The largest whole number a flag takes: 2**53, the last one a float holds exactly.
+MAX_WHOLE = 2**53
+
+
+def _whole(lowest: int, hint: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lowest`` to 2**53; ``hint`` ends its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lowest <= value <= MAX_WHOLE:
+            msg = f"must be a whole number from {lowest} to 2**53, not {text[:40]!r}{hint}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
+
+
+def _finite(highest: float, unit: str) -> Callable[[str], float]:
+    """An argparse type: a number above 0 and at most ``highest`` (no NaN, no infinity)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0.0 < value <= highest:  # false for NaN too
+            msg = f"must be a number of {unit} above 0, at most {highest:,.0f}, not {text[:40]!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
+
+
+def _version(text: str) -> str:
+    """An argparse type: a vLLM version ``plan`` would read (MAJOR.MINOR[.PATCH])."""
+    try:
+        parse_vllm_version(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``check``."""
+    """The flags of ``check``; every number is checked as it is read (one line when bad)."""
+    positive, count = _whole(1), _whole(0, " (leave it out for no cap)")
     parser.add_argument("source", metavar="URL|FILE", help="vLLM base URL, or a /metrics file")
     parser.add_argument("--model", help="model directory, config.json, cached HF id or name")
     parser.add_argument("--hf-home", help="Hugging Face cache root")
     parser.add_argument("--gpu", help="GPU name from the catalogue (e.g. H100), for the prediction")
-    parser.add_argument("--gpu-mem-gib", type=float, help="CUDA-visible memory of one GPU in GiB")
-    parser.add_argument("--tp", type=int, help="vLLM --tensor-parallel-size (default 1)")
-    parser.add_argument("--pp", type=int, help="vLLM --pipeline-parallel-size (default 1)")
-    parser.add_argument("--max-model-len", type=int, help="vLLM --max-model-len (files only)")
-    parser.add_argument("--vllm-version", help="vLLM version (files only; URLs ask /version)")
+    parser.add_argument(
+        "--gpu-mem-gib",
+        type=_finite(MAX_GPU_MEM_GIB, "GiB"),
+        help="CUDA-visible memory of one GPU in GiB",
+    )
+    parser.add_argument("--tp", type=positive, help="vLLM --tensor-parallel-size (default 1)")
+    parser.add_argument("--pp", type=positive, help="vLLM --pipeline-parallel-size (default 1)")
+    parser.add_argument(
+        "--max-model-len", type=positive, help="vLLM --max-model-len (URLs: overrides /v1/models)"
+    )
+    parser.add_argument(
+        "--vllm-version", type=_version, help="vLLM version (files only; URLs ask /version)"
+    )
     parser.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=positive,
         help="vLLM --max-num-seqs (default: vLLM's default for its version and GPU)",
     )
     parser.add_argument(
         "--max-num-queued-reqs",
-        type=int,
+        type=count,
         help="vLLM --max-num-queued-reqs (0.32+; default: no cap)",
     )
     parser.add_argument(
         "--max-num-queued-tokens",
-        type=int,
+        type=count,
         help="vLLM --max-num-queued-tokens (0.32+; default: no cap)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds per HTTP request, or to read FILE (5)"
+        "--timeout",
+        type=_finite(MAX_TIMEOUT_S, "seconds"),
+        default=5.0,
+        help="seconds per HTTP request, or to read FILE (5)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -343,6 +407,9 @@ def render(report: CheckReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+_LIKE = "http://127.0.0.1:8000"
+
+
 def _is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
@@ -384,8 +451,15 @@ def _read_source(args: argparse.Namespace) -> tuple[VllmSnapshot, TargetInfo, li
     source: str = args.source
     notes: list[str] = []
     if _is_url(source):
-        payload, info, notes = asyncio.run(_fetch(source.rstrip("/"), args.timeout))
-        if args.max_model_len:
+        try:
+            url = check_url(source)
+        except AllowlistError as exc:
+            raise UsageError(f"URL {shown(source[:200])!r}: {exc}") from None
+        except ValueError as exc:  # urlsplit's own: "Invalid IPv6 URL"
+            msg = f"URL {shown(source[:200])!r} cannot be read ({exc}): give one like {_LIKE}"
+            raise UsageError(msg) from None
+        payload, info, notes = asyncio.run(_fetch(url, args.timeout))
+        if args.max_model_len is not None:
             info = TargetInfo(info.model_id, info.model_root, args.max_model_len, info.vllm_version)
     else:
         payload = _read_file(Path(source), args.timeout)
@@ -408,11 +482,7 @@ def _predict(
         return PredictionView(
             state="model_not_found", message="give --model to compare with a prediction"
         )
-    gpu_bytes = None
-    if args.gpu:
-        gpu_bytes = find_gpu(args.gpu).memory_bytes
-    elif args.gpu_mem_gib:
-        gpu_bytes = int(args.gpu_mem_gib * GIB)
+    gpu_bytes = find_gpu(args.gpu).memory_bytes if args.gpu else _gpu_mem_bytes(args)
     predictor = ModelPredictor(
         model=args.model,
         hf_home=Path(args.hf_home) if args.hf_home else None,
@@ -423,23 +493,28 @@ def _predict(
     failure = predictor.load(info)
     if failure is not None:
         notes.append(f"model: {failure}")
-    return predictor.predict(snapshot, info, ())
+    view = predictor.predict(snapshot, info, ())
+    if view.state == PredictionState.NO_GPU_MEMORY:
+        # The predictor's words are the sidecar's (NVML, its setting): check reads flags.
+        return replace(view, message=NO_GPU_MEMORY)
+    return view
+
+
+#: ``check``'s own words for a prediction without GPU memory (it reads no NVML).
+NO_GPU_MEMORY = "give --gpu NAME (the catalogue) or --gpu-mem-gib to size the KV cache"
+
+
+def _gpu_mem_bytes(args: argparse.Namespace) -> int | None:
+    """``--gpu-mem-gib`` in bytes (finite and in range: checked as the flag was read)."""
+    return None if args.gpu_mem_gib is None else int(args.gpu_mem_gib * GIB)
 
 
 def _running_limit(
     args: argparse.Namespace, snapshot: VllmSnapshot, info: TargetInfo
 ) -> RunningLimit:
     """``--max-num-seqs``, else vLLM's default for the version and GPU the flags give."""
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        raise UsageError("--max-num-seqs must be at least 1")
-    for flag, value in (
-        ("--max-num-queued-reqs", args.max_num_queued_reqs),
-        ("--max-num-queued-tokens", args.max_num_queued_tokens),
-    ):
-        if value is not None and value < 0:
-            raise UsageError(f"{flag} must be 0 or more (leave it out for no cap)")
     gpu = find_gpu(args.gpu) if args.gpu else None
-    memory = gpu.memory_bytes if gpu else int(args.gpu_mem_gib * GIB) if args.gpu_mem_gib else None
+    memory = gpu.memory_bytes if gpu else _gpu_mem_bytes(args)
     cache = next((e.cache_config for e in snapshot.engines.values() if e.cache_config), None)
     return resolve_running_limit(
         LimitInputs(

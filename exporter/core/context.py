@@ -196,6 +196,13 @@ _PAIR_BUDGET = 8192
 #: ... but each may pair this many (4 x 4).
 _MIN_PAIRS = 16
 
+#: The longest request believed, in tokens (2**40, a trillion): no model comes near. Bucket
+#: bounds and sums past it are no vLLM's, and their squares could overflow into NaN.
+_LONGEST = 2.0**40
+#: The most requests a window is believed to hold (2**53, past which a float cannot count by
+#: ones): no vLLM finishes that many.
+_MOST_REQUESTS = 2.0**53
+
 _T = TypeVar("_T")
 
 #: A bucket as whole-token values: (lowest, highest); highest is inf for an open bucket.
@@ -228,9 +235,14 @@ class ContextQuantiles:
 
 
 def _key(lower: float, upper: float, cap: float | None) -> _Key:
-    """Whole-token range of the bucket ``(lower, upper]``; the open bucket ends at ``cap``."""
-    lowest = math.floor(lower) + 1.0 if lower > 0 else 0.0
+    """Whole-token range of the bucket ``(lower, upper]``; the open bucket ends at ``cap``.
+
+    Bounds past ``_LONGEST`` (no vLLM's) are taken as ``_LONGEST``: figures stay finite.
+    """
+    lowest = min(math.floor(lower) + 1.0, _LONGEST) if lower > 0 else 0.0
     highest = upper if cap is None else min(upper, cap)
+    if math.isfinite(highest):
+        highest = min(highest, _LONGEST)
     return (lowest, max(highest, lowest))
 
 
@@ -243,12 +255,21 @@ class _Side:
     sum: float = 0.0
 
     def add(self, buckets: BucketCounts, cap: float | None, merged: Mapping[_Key, _Key]) -> None:
-        """Add an interval's bucket deltas, each bucket counted as the one ``merged`` names."""
+        """Add an interval's bucket deltas, each bucket counted as the one ``merged`` names.
+
+        The interval's sum is taken within what its buckets allow (each observation within its
+        bucket, an open one at most ``_LONGEST``): a sum the buckets contradict (vLLM's
+        ``_sum`` and buckets read at different moments, or not vLLM's) would place requests
+        outside their buckets, or make figures infinite.
+        """
+        low = high = 0.0
         for bucket, count in _occupied(buckets, cap):
             key = merged.get(bucket, bucket)
             self.counts[key] = self.counts.get(key, 0.0) + count
             self.total += count
-        self.sum += buckets.sum
+            low += count * bucket[0]
+            high += count * (bucket[1] if math.isfinite(bucket[1]) else _LONGEST)
+        self.sum += min(max(buckets.sum, low), high)
 
     @property
     def pure(self) -> _Key | None:
@@ -1139,7 +1160,9 @@ def estimate_context_quantiles(
     ``intervals`` are consecutive poll intervals, each with both histograms' bucket deltas over
     it (see the module docstring for the method, its bias and when it is exact). ``quantiles``
     are within ``[0, 1]``. Values are capped at ``max_model_len`` when known. ``None`` when no
-    request finished (either histogram counted nothing).
+    request finished (either histogram counted nothing), or more than any vLLM finishes
+    (2**53). Figures are finite whatever finite values come in: sums are taken within what
+    their buckets allow, bounds and lengths at most ``_LONGEST``.
     """
     for q in quantiles:
         if not 0.0 <= q <= 1.0:
@@ -1150,11 +1173,13 @@ def estimate_context_quantiles(
     output_count = math.fsum(i.generation.total for i in intervals)
     if prompt_count <= 0 or output_count <= 0:
         return None
-    mean = (
-        math.fsum(i.prompt.sum for i in intervals) / prompt_count
-        + math.fsum(i.generation.sum for i in intervals) / output_count
-    )
+    if max(prompt_count, output_count) > _MOST_REQUESTS:
+        return None  # no vLLM's count: past it, squares of sums could overflow into NaN
     groups = _groups(intervals, cap)
+    mean = (  # the sums as the groups hold them: within what the buckets allow
+        math.fsum(g.prompt.sum for g in groups) / prompt_count
+        + math.fsum(g.generation.sum for g in groups) / output_count
+    )
     pools = _components(groups, cap)
     spread = not _one_pair(groups)
     found = _quantiles(pools, quantiles, spread=spread) if pools else {}

@@ -24,7 +24,9 @@ Pure: text in, plain data out. The rules (DESIGN section 4, and the real capture
   ``_sum``, with a bad ``le`` or with decreasing buckets is malformed: :class:`ParseError`.
 - Cardinality is capped (:class:`CardinalityLimits`): past a cap, samples are dropped and counted
   in :attr:`~exporter.core.snapshot.VllmSnapshot.dropped`, never kept without bound.
-- Impossible values (NaN, infinities, negative counts, a usage outside 0 to 1), label values
+- Impossible values (NaN, infinities, negative counts, a usage outside 0 to 1, a histogram
+  ``_sum`` its buckets contradict or a count past 2**53, a ``cache_config_info`` number vLLM
+  cannot write: a block of 0 tokens, -1 blocks, a utilization of 2), label values
   longer than vLLM writes and a second series where vLLM writes one (another ``model_name``
   for the same engine) are dropped and counted by reason; a series written twice is a
   :class:`ParseError`, as Prometheus refuses such a scrape.
@@ -618,7 +620,12 @@ def _freeze(
         if pieces.overflow or pieces.rejected:
             dropped[pieces.rejected or DropReason.TOO_MANY_SERIES] += _sample_count(pieces)
             continue
-        histograms[target] = _histogram(family, engine, pieces)
+        histogram = _histogram(family, engine, pieces)
+        reason = _impossible(histogram)
+        if reason is not None:
+            dropped[reason] += _sample_count(pieces)
+            continue
+        histograms[target] = histogram
     cache_config = None
     if parts.cache_config is not None:
         cache_config = _cache_config(parts.cache_config, limits, dropped)
@@ -694,6 +701,38 @@ def _histogram(family: str, engine: str, pieces: _HistogramParts) -> Histogram:
     )
 
 
+#: Relative room for a float ``_sum``'s rounding (a sum of a billion observations is off by
+#: far less) when it is compared with what the buckets allow.
+_SUM_ROUNDING: Final = 1e-9
+
+
+def _impossible(histogram: Histogram) -> str | None:
+    """Why a whole, cumulative histogram cannot be true (a DropReason), or None when it can.
+
+    Its count must be a whole number a float can still count (at most 2**53), and its ``_sum``
+    within what its buckets allow: at least each bucket's lower bound times its observations
+    (``le`` bounds are upper bounds, the counts cumulative), and at most the count times the
+    largest finite bound when the ``+Inf`` bucket holds nothing beyond it. One pass over the
+    buckets, once per histogram per payload.
+    """
+    bounds, cumulative, total = histogram.bounds, histogram.cumulative, histogram.sum
+    if histogram.count > _LARGEST or cumulative[-1] > _LARGEST:
+        return DropReason.OUT_OF_RANGE
+    lowest = 0.0
+    below = lower = 0.0
+    for bound, at_or_below in zip(bounds, cumulative, strict=True):
+        if lower > 0.0:
+            lowest += (at_or_below - below) * lower
+        below, lower = at_or_below, bound
+    if total < lowest * (1.0 - _SUM_ROUNDING):
+        return DropReason.OUT_OF_RANGE
+    if len(bounds) > 1 and cumulative[-1] <= cumulative[-2]:  # nothing beyond the last bound
+        highest = max(histogram.count, cumulative[-1]) * bounds[-2]
+        if total > highest * (1.0 + _SUM_ROUNDING) and bounds[-2] >= 0.0:
+            return DropReason.OUT_OF_RANGE
+    return None
+
+
 def _histogram_error(family: str, engine: str, pieces: _HistogramParts, problem: str) -> ParseError:
     return ParseError(
         f"line {pieces.first_line}: malformed histogram {family} of engine {engine!r} (first "
@@ -716,19 +755,54 @@ def _cache_config(
     dropped[DropReason.LABEL_TOO_LONG] += len(names) - len(kept)
     dropped[DropReason.TOO_MANY_SERIES] += max(0, len(kept) - limits.max_cache_config_labels)
     kept = kept[: limits.max_cache_config_labels]
+    ints = {name: _int_label(sample, name) for name in _CACHE_INTS}
+    floats = {name: _float_label(sample, name) for name in _CACHE_FLOATS}
+    for values in (ints, floats):
+        for name, value in values.items():
+            if value is not None and not _CACHE_RANGES[name](value):
+                values[name] = None  # impossible: absent, and counted
+                dropped[DropReason.OUT_OF_RANGE] += 1
     return CacheConfig(
-        num_gpu_blocks=_int_label(sample, "num_gpu_blocks"),
-        block_size=_int_label(sample, "block_size"),
-        kv_cache_size_tokens=_int_label(sample, "kv_cache_size_tokens"),
-        kv_cache_max_concurrency=_float_label(sample, "kv_cache_max_concurrency"),
-        gpu_memory_utilization=_float_label(sample, "gpu_memory_utilization"),
-        kv_cache_memory_bytes=_int_label(sample, "kv_cache_memory_bytes"),
+        num_gpu_blocks=ints["num_gpu_blocks"],
+        block_size=ints["block_size"],
+        kv_cache_size_tokens=ints["kv_cache_size_tokens"],
+        kv_cache_max_concurrency=floats["kv_cache_max_concurrency"],
+        gpu_memory_utilization=floats["gpu_memory_utilization"],
+        kv_cache_memory_bytes=ints["kv_cache_memory_bytes"],
         cache_dtype=_str_label(sample, "cache_dtype"),
         enable_prefix_caching=_bool_label(sample, "enable_prefix_caching"),
-        sliding_window=_int_label(sample, "sliding_window"),
-        simple_cpu_offload_num_blocks=_int_label(sample, "simple_cpu_offload_num_blocks"),
+        sliding_window=ints["sliding_window"],
+        simple_cpu_offload_num_blocks=ints["simple_cpu_offload_num_blocks"],
         labels={name: labels[name] for name in kept},
     )
+
+
+#: The largest count or size taken from a label: 2**53, the last whole number a float holds
+#: exactly (a block count or a byte count past it is no GPU's).
+_LARGEST: Final = float(2**53)
+#: What each numeric ``cache_config_info`` label can be in vLLM; another value is dropped
+#: (absent, counted ``out_of_range``). A block holds at least one token; the counts vLLM
+#: writes are never negative; ``gpu_memory_utilization`` is a share of the GPU, above 0 and at
+#: most 1 (vLLM refuses other values at start).
+_CACHE_RANGES: Final[Mapping[str, Callable[[float], bool]]] = {
+    "num_gpu_blocks": lambda v: 1 <= v <= _LARGEST,
+    "block_size": lambda v: 1 <= v <= _LARGEST,
+    "kv_cache_size_tokens": lambda v: 1 <= v <= _LARGEST,
+    "kv_cache_memory_bytes": lambda v: 1 <= v <= _LARGEST,
+    "sliding_window": lambda v: 1 <= v <= _LARGEST,
+    "simple_cpu_offload_num_blocks": lambda v: 0 <= v <= _LARGEST,
+    "kv_cache_max_concurrency": lambda v: 0 <= v <= _LARGEST,
+    "gpu_memory_utilization": lambda v: 0 < v <= 1,
+}
+_CACHE_INTS: Final = (
+    "num_gpu_blocks",
+    "block_size",
+    "kv_cache_size_tokens",
+    "kv_cache_memory_bytes",
+    "sliding_window",
+    "simple_cpu_offload_num_blocks",
+)
+_CACHE_FLOATS: Final = ("kv_cache_max_concurrency", "gpu_memory_utilization")
 
 
 def _str_label(sample: TextSample, name: str) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -407,22 +408,190 @@ def test_a_refusal_reason_of_a_later_vllm_is_shown_without_a_guessed_flag(
     assert "--tenant" not in out
 
 
-def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """--max-num-queued-reqs -1: one line naming the flag and the fix, exit 2."""
-    capture = str(CAPTURES / "vllm-0.33.0-reconstructed.prom")
-    assert main(["check", capture, "--max-num-queued-reqs", "-1"]) == 2
+def _refused_flag(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run check with a bad flag: exit 2 and one line on stderr, which is returned."""
+    with pytest.raises(SystemExit) as exited:
+        main(["check", *argv])
+    assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "--max-num-queued-reqs must be 0 or more" in err
+    assert err.count("\n") == 1
     assert "Traceback" not in err
+    return err
 
 
-def test_a_bad_max_num_seqs_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """--max-num-seqs 0: one line naming the flag, exit 2."""
-    capture = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
-    assert main(["check", capture, "--max-num-seqs", "0"]) == 2
+AFTER_LOAD = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-model-len", "-5"),
+        ("--max-model-len", "0"),
+        ("--max-model-len", "1.5"),
+        ("--max-model-len", "1e400"),
+        ("--gpu-mem-gib", "nan"),
+        ("--gpu-mem-gib", "inf"),
+        ("--gpu-mem-gib", "-80"),
+        ("--gpu-mem-gib", "0"),
+        ("--gpu-mem-gib", "1e300"),
+        ("--timeout", "nan"),
+        ("--timeout", "inf"),
+        ("--timeout", "-1"),
+        ("--timeout", "0"),
+        ("--timeout", "1e300"),
+        ("--max-num-seqs", "0"),
+        ("--max-num-seqs", "-3"),
+        ("--max-num-queued-reqs", "-1"),
+        ("--max-num-queued-tokens", "-1"),
+        ("--max-num-queued-tokens", "1e3"),
+        ("--tp", "-1"),
+        ("--tp", "0"),
+        ("--pp", "0"),
+        ("--pp", "two"),
+        ("--vllm-version", "banana"),
+        ("--vllm-version", "latest"),
+    ],
+)
+@pytest.mark.parametrize("source", ["file", "url"])
+def test_a_bad_number_flag_is_one_line_naming_the_flag(
+    flag: str, value: str, source: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every number check takes is checked as read: one line naming the flag, exit 2.
+
+    Whether the source is a file or a URL: never the target blamed for the flag, never a figure.
+    """
+    target = AFTER_LOAD if source == "file" else "http://127.0.0.1:9"
+    err = _refused_flag(capsys, target, "--model", str(TINY), "--gpu", "h100", flag, value)
+    assert f"argument {flag}: " in err
+    assert repr(value) in err
+    assert "is vLLM running" not in err
+
+
+def test_a_negative_queue_cap_says_how_to_have_none(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-num-queued-reqs -1: the fix is to leave the flag out."""
+    err = _refused_flag(capsys, AFTER_LOAD, "--max-num-queued-reqs", "-1")
+    assert "from 0 to 2**53, not '-1' (leave it out for no cap)" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-model-len", "512"), ("--gpu-mem-gib", "80"), ("--timeout", "0.5"), ("--tp", "1")],
+)
+def test_good_number_flags_are_taken(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same flags with sane values run as before."""
+    assert main(["check", AFTER_LOAD, flag, value]) == 0
+    capsys.readouterr()
+
+
+def test_max_model_len_caps_the_context_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-model-len is used (not read as a truth value): the context caps at it."""
+    result = run_json(capsys, AFTER_LOAD, "--max-model-len", "300")
+    assert result["max_model_len"] == 300
+    assert result["engines"][0]["context_tokens"]["p95"] <= 300
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:99999", "the port must be a number from 1 to 65535"),
+        ("http://127.0.0.1:-1", "the port must be a number from 1 to 65535"),
+        ("http://127.0.0.1:0", "the port must be a number from 1 to 65535"),
+        ("http://127.0.0.1:80x", "the port must be a number from 1 to 65535"),
+        ("http://:8000", "has no host"),
+        ("http://", "has no host"),
+        ("http://[::1", "cannot be read"),
+        ("http://127.0.0.1:8000/?x=1", "must be a base URL"),
+    ],
+)
+def test_a_bad_url_is_refused_up_front_in_one_line(
+    url: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL no request can be sent to: one line naming the URL and what is wrong, exit 2."""
+    assert main(["check", url]) == 2
     err = capsys.readouterr().err
-    assert "--max-num-seqs" in err
-    assert "Traceback" not in err
+    assert err.startswith(f"vllm-headroom: error: URL {url!r}")
+    assert problem in err
+    assert err.count("\n") == 1
+
+
+def test_without_gpu_memory_check_names_its_own_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --gpu and no exact KV budget: the fix is check's flags, not NVML or a setting."""
+    text = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    capture = _written(
+        tmp_path, text.replace('kv_cache_memory_bytes="1048576"', 'kv_cache_memory_bytes="None"')
+    )
+    prediction = run_json(capsys, capture, "--model", str(TINY))["prediction"]
+    assert prediction["state"] == "no_gpu_memory"
+    assert "--gpu" in prediction["message"]
+    assert "NVML" not in prediction["message"]
+    assert "gpu_memory_bytes" not in prediction["message"]
+    assert main(["check", capture, "--model", str(TINY)]) == 0
+    assert "prediction: unavailable (no_gpu_memory) give --gpu" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("total", ["1e200", "1e6", "0"])
+def test_a_token_sum_its_buckets_contradict_is_dropped_not_shown(
+    total: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """12 prompts in (100, 200] summing to 1e200, 1e6 or 0: dropped, counted, context n/a.
+
+    Before: a NaN traceback (1e200), a mean of 83,713 tokens (1e6).
+    """
+    text = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    line = 'vllm:request_prompt_tokens_sum{engine="0",model_name="tiny"} 1212.0'
+    capture = _written(tmp_path, text.replace(line, line.replace("1212.0", total)))
+    result = run_json(capsys, capture)
+    assert result["engines"][0]["context_tokens"] is None
+    assert result["dropped_samples"] == {"out_of_range": 12}
+    assert main(["check", capture]) == 0
+    out = capsys.readouterr().out
+    assert "context since start    n/a: no prompt token histogram in the payload" in out
+    assert "dropped: 12 samples of the payload (12 out_of_range)" in out
+
+
+@pytest.mark.parametrize(
+    ("label", "value", "shown"),
+    [
+        ("num_gpu_blocks", "-1", "(n/a of 128"),
+        ("block_size", "0", "(8 blocks of n/a"),
+        ("block_size", "-16", "(8 blocks of n/a"),
+        ("kv_cache_size_tokens", "-1", "KV capacity            1,024 tokens"),
+    ],
+)
+def test_an_impossible_cache_config_value_is_na_and_counted(
+    label: str, value: str, shown: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache_config_info value vLLM cannot write is n/a and on the dropped line.
+
+    The figures built on it are never negative.
+    """
+    text = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    capture = _written(tmp_path, re.sub(rf'\b{label}="[^"]*"', f'{label}="{value}"', text))
+    assert main(["check", capture]) == 0
+    out = capsys.readouterr().out
+    assert shown in out
+    assert "dropped: 1 sample of the payload (1 out_of_range)" in out
+    engine = run_json(capsys, capture)["engines"][0]
+    assert all(v is None or v >= 0 for v in engine.values() if isinstance(v, int | float))
+
+
+def test_an_impossible_gpu_memory_utilization_never_blames_an_unused_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpu_memory_utilization="2": dropped, and the prediction's words name no flag not given."""
+    text = (CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    text = text.replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="2"')
+    capture = _written(
+        tmp_path, text.replace('kv_cache_memory_bytes="1048576"', 'kv_cache_memory_bytes="None"')
+    )
+    result = run_json(capsys, capture, "--model", str(TINY), "--gpu", "h100")
+    assert result["dropped_samples"] == {"out_of_range": 1}
+    assert "--block-size" not in result["prediction"]["message"]
+    assert result["prediction"]["state"] == "ok"
 
 
 def test_kv_capacity_tokens_is_vllms_and_the_pool_is_apart(

@@ -461,3 +461,78 @@ def test_no_figure_is_within_the_goal_for_two_windows_the_histograms_cannot_tell
     estimate, _ = p95_and_truth(intervals(even), [p + o for g in even for p, o in g])
     assert truths[0] < estimate < truths[1] * 1.10
     assert estimate > 0.9 * truths[1]
+
+
+_HOSTILE_BOUNDS = (100.0, 200.0, 500.0, math.inf)
+
+
+def _counts(
+    counts: tuple[float, ...], total: float, bounds: tuple[float, ...] = _HOSTILE_BOUNDS
+) -> BucketCounts:
+    return BucketCounts(bounds, counts, total)
+
+
+@pytest.mark.parametrize(
+    "intervals",
+    [
+        pytest.param(
+            [IntervalCounts(_counts((0, 12, 0, 0), 1e200), _counts((0, 0, 12, 0), 4560))],
+            id="sum-1e200-in-a-closed-bucket",
+        ),
+        pytest.param(
+            [IntervalCounts(_counts((0, 0, 0, 3), 1e200), _counts((0, 0, 3, 0), 900))],
+            id="sum-1e200-in-the-open-bucket",
+        ),
+        pytest.param(
+            [
+                IntervalCounts(
+                    _counts((0, 3, 0, 0), 3e300, (1.0, 1e300, 1e301, math.inf)),
+                    _counts((0, 0, 3, 0), 900),
+                )
+            ],
+            id="bounds-1e300",
+        ),
+        pytest.param(
+            [IntervalCounts(_counts((0, 1e300, 0, 0), 1.5e302), _counts((0, 0, 1e300, 0), 3e302))],
+            id="counts-1e300",
+        ),
+        pytest.param(
+            [
+                IntervalCounts(_counts((0, k, 0, 1), 1e200), _counts((1, 0, k, 0), 300.0 * k))
+                for k in range(1, 30)
+            ],
+            id="many-groups-sums-1e200",
+        ),
+    ],
+)
+@pytest.mark.parametrize("max_model_len", [None, 512])
+def test_finite_inputs_never_make_a_figure_nan_or_infinite(
+    intervals: list[IntervalCounts], max_model_len: int | None
+) -> None:
+    """Whatever finite counts, bounds and sums come in: finite figures, or None; no exception."""
+    found = estimate_context_quantiles(intervals, (0.5, 0.95, 0.99), max_model_len=max_model_len)
+    if found is not None:
+        assert all(math.isfinite(x) for x in (*found.quantiles.values(), found.mean))
+        if max_model_len is not None:
+            assert max(*found.quantiles.values(), found.mean) <= max_model_len
+
+
+@pytest.mark.parametrize(
+    ("total", "mean"),
+    [
+        pytest.param(1e6, 200.0 + 380.0, id="above: each prompt at most 200"),
+        pytest.param(5.0, 101.0 + 380.0, id="below: each prompt at least 101"),
+    ],
+)
+def test_a_sum_its_buckets_contradict_is_taken_within_them(total: float, mean: float) -> None:
+    """12 prompts in (100, 200] said to sum to 1e6 or 5: taken within what the buckets allow.
+
+    The mean is the nearest the buckets allow (83,713 before), every figure within them.
+    """
+    found = estimate_context_quantiles(
+        [IntervalCounts(_counts((0, 12, 0, 0), total), _counts((0, 0, 12, 0), 12 * 380.0))],
+        (0.5, 0.95),
+    )
+    assert found is not None
+    assert found.mean == pytest.approx(mean)
+    assert all(101.0 + 201.0 <= x <= 200.0 + 500.0 for x in found.quantiles.values())

@@ -1377,3 +1377,123 @@ def test_a_restart_never_yields_a_rate_above_the_ceiling(
     rate = preemption_rate(samples)
     assert rate is not None
     assert rate <= COUNTER_CEILINGS_PER_SECOND[Counted.PREEMPTIONS] * (1 + 1e-9)
+
+
+def _prompts(n: int, total: float) -> Histogram:
+    """``n`` prompts in (100, 200], their ``_sum`` said to be ``total`` (true or not)."""
+    return replace(token_hist(7, n, 101.0), sum=total)
+
+
+@pytest.mark.parametrize(
+    "total",
+    [
+        pytest.param(1e200, id="square-overflows"),
+        pytest.param(2.0**53, id="largest-countable"),
+        pytest.param(1e6, id="far-above-the-bucket"),
+        pytest.param(1212.0 + 201.0, id="one-past-the-bucket"),
+        pytest.param(1212.0 + 5.0, id="below-the-bucket"),
+    ],
+)
+@pytest.mark.parametrize("max_model_len", [None, 512])
+def test_the_sidecar_survives_a_sum_its_buckets_contradict(
+    total: float, max_model_len: int | None
+) -> None:
+    """One prompt in (100, 200] over a poll, its sum growing by more or less: no exception.
+
+    The sidecar's poll must not fail (headroom_target_up stays 1), and no figure lies outside
+    what the buckets allow: the request's context is 101 to 200 prompt plus 380 output tokens.
+    """
+    before = engine(finished=12)
+    after = replace(
+        engine(finished=13),
+        prompt_tokens=_prompts(13, total),
+        generation_tokens=token_hist(8, 13, 380.0),
+    )
+    samples = chain(Sample(0.0, snap(before)), Sample(15.0, snap(after)))
+    (e,) = derive_target(samples, windows=WINDOWS, max_model_len=max_model_len).engines
+    if e.context is None:  # a sum past 2**53 is no vLLM's: no traffic, rather than NaN
+        assert total > 2.0**53
+        return
+    figures = [*e.context.quantiles.values(), e.context.mean]
+    assert all(math.isfinite(x) and 101.0 + 380.0 <= x <= 200.0 + 500.0 for x in figures)
+    assert e.context.mean <= 200.0 + 380.0
+
+
+@pytest.mark.parametrize("total", ["1e200", "1e6", "6001", "1199"])
+def test_a_payload_with_an_impossible_sum_derives_without_it(total: str) -> None:
+    """The sidecar's path from the payload: the parser drops the histogram, derive goes on."""
+    text = (paths.CAPTURES / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    line = 'vllm:request_prompt_tokens_sum{engine="0",model_name="tiny"} 1212.0'
+    assert line in text
+    snapshot = parse_vllm_metrics(text.replace(line, line.replace("1212.0", total)))
+    assert snapshot.dropped == {"out_of_range": 12}
+    samples = chain(Sample(0.0, snapshot), Sample(15.0, snapshot))
+    (e,) = derive_target(samples, windows=WINDOWS, max_model_len=512).engines
+    assert e.context is None
+    assert e.kv_capacity_tokens == 1024
+
+
+# --- impossible figures from a hostile target: unknown, never a crashed poll -----------------
+
+HUGE = int(1e308)
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        CacheConfig(num_gpu_blocks=HUGE, block_size=16),
+        CacheConfig(num_gpu_blocks=8, block_size=16, kv_cache_size_tokens=HUGE),
+        CacheConfig(num_gpu_blocks=HUGE, block_size=16, kv_cache_size_tokens=HUGE),
+        CacheConfig(num_gpu_blocks=8, block_size=HUGE),
+        CacheConfig(num_gpu_blocks=2**60, block_size=2**10),
+    ],
+    ids=["blocks-1e308", "tokens-1e308", "both-1e308", "block-size-1e308", "product-2**70"],
+)
+def test_a_kv_cache_past_any_gpu_is_unknown_not_a_crash(cache: CacheConfig) -> None:
+    """1e308 blocks or tokens (or a product past 2**53) is an unknown capacity, not infinite."""
+    samples = chain(
+        Sample(0.0, snap(engine(finished=0, usage=0.5, cache=cache))),
+        Sample(30.0, snap(engine(finished=12, usage=0.5, cache=cache))),
+    )
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.kv_capacity_tokens is None
+    for value in (e.kv_usable_tokens, e.kv_used_tokens, e.kv_free_tokens):
+        assert value is None
+    assert e.context is not None  # the traffic figures still stand
+
+
+@pytest.mark.parametrize("predicted", [math.inf, 1e308, math.nan])
+def test_a_prediction_past_any_gpu_stands_for_nothing(predicted: float) -> None:
+    """An infinite or 1e308-token predicted capacity is no usable pool."""
+    cache = CacheConfig(block_size=16)
+    samples = [Sample(0.0, snap(engine(usage=0.5, cache=cache)))]
+    (e,) = derive_target(samples, windows=WINDOWS, predicted_capacity_tokens=predicted).engines
+    assert e.kv_usable_tokens is None
+
+
+@pytest.mark.parametrize("max_model_len", [10**4000, 2**60, -5])
+def test_a_max_model_len_no_model_has_is_unknown(max_model_len: int) -> None:
+    """A 4,000-digit (or 2**60, or negative) max_model_len caps nothing, and crashes nothing."""
+    samples = chain(Sample(0.0, snap(engine(finished=0))), Sample(30.0, snap(engine(finished=12))))
+    (e,) = derive_target(samples, windows=WINDOWS, max_model_len=max_model_len).engines
+    assert e.context is not None
+    assert e.context.max_model_len is None
+    assert e.context.mean == pytest.approx(481.0)
+
+
+def _hostile_hist(kind: str, n: int) -> Histogram:
+    if kind == "count-1e308":
+        return Histogram(TOKEN_BOUNDS, (0.0,) * 9 + (1e308,), float(n), n * 101.0)
+    if kind == "sum-1e155":
+        return Histogram(TOKEN_BOUNDS, token_hist(7, n, 101.0).cumulative, float(n), 1e155)
+    return Histogram(TOKEN_BOUNDS, token_hist(7, n, 101.0).cumulative, float(n), math.inf)
+
+
+@pytest.mark.parametrize("kind", ["count-1e308", "sum-1e155", "sum-inf"])
+def test_a_token_histogram_no_vllm_writes_is_no_traffic(kind: str) -> None:
+    """Counts of 1e308, or a sum whose square is infinite: no context figures, no crash."""
+    hostile = replace(engine(finished=12), prompt_tokens=_hostile_hist(kind, 12))
+    samples = chain(Sample(0.0, snap(engine(finished=1))), Sample(30.0, snap(hostile)))
+    (e,) = derive_target(samples, windows=WINDOWS).engines
+    assert e.context is None
+    assert e.kv_capacity_tokens == 1024  # the rest of the engine's figures stand

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -714,7 +715,11 @@ def _deployments(draw: st.DrawFn) -> tuple[str, dict[str, dict[str, Any]]]:
         reasons = draw(st.lists(counts, min_size=1, max_size=4))
         steps = draw(st.lists(counts, min_size=len(_BOUNDS), max_size=len(_BOUNDS)))
         cumulative = [float(sum(steps[: i + 1])) for i in range(len(steps))]
-        total = draw(counts)
+        # A sum its buckets allow: each observation above its bucket's lower bound, and at
+        # most 100 each unless the +Inf bucket holds some (a sum outside is dropped).
+        lowest = sum(n * lower for n, lower in zip(steps, (0, 1, 5, 20, 100), strict=True))
+        span = 10**6 if steps[-1] else cumulative[-1] * 100 - lowest
+        total = lowest + draw(st.integers(0, int(span)))
         lines = [f"vllm:num_requests_running{{{labels}}} {running}"]
         lines.append(f"vllm:num_preemptions_total{{{labels}}} {preemptions}")
         lines += [
@@ -887,3 +892,96 @@ def test_a_second_offload_info_series_for_one_engine_is_dropped() -> None:
     snapshot = parse_vllm_metrics(text)
     assert snapshot.engines["0"].kv_offload_capacity_blocks == 32
     assert snapshot.dropped == {"unexpected_series": 1}
+
+
+def _after_load_with(pattern: str, replacement: str) -> str:
+    """The 0.32 after-load capture with one line changed (the pattern must match once)."""
+    text = _capture(AFTER_LOAD)
+    changed, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
+    assert count == 1, pattern
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("label", "value", "field"),
+    [
+        ("num_gpu_blocks", "-1", "num_gpu_blocks"),
+        ("num_gpu_blocks", "0", "num_gpu_blocks"),
+        ("num_gpu_blocks", "1e18", "num_gpu_blocks"),
+        ("block_size", "0", "block_size"),
+        ("block_size", "-16", "block_size"),
+        ("block_size", "1e18", "block_size"),
+        ("kv_cache_size_tokens", "-1", "kv_cache_size_tokens"),
+        ("kv_cache_size_tokens", "0", "kv_cache_size_tokens"),
+        ("kv_cache_size_tokens", "1e300", "kv_cache_size_tokens"),
+        ("gpu_memory_utilization", "2", "gpu_memory_utilization"),
+        ("gpu_memory_utilization", "0", "gpu_memory_utilization"),
+        ("gpu_memory_utilization", "-0.5", "gpu_memory_utilization"),
+        ("kv_cache_memory_bytes", "-1", "kv_cache_memory_bytes"),
+        ("kv_cache_max_concurrency", "-2.0", "kv_cache_max_concurrency"),
+        ("sliding_window", "-5", "sliding_window"),
+    ],
+)
+def test_an_impossible_cache_config_value_is_absent_and_counted(
+    label: str, value: str, field: str
+) -> None:
+    """A cache_config_info value vLLM cannot write is None, counted out_of_range; not a figure."""
+    text = _after_load_with(
+        rf'(vllm:cache_config_info\{{[^}}]*\b{label}=")[^"]*"', rf'\g<1>{value}"'
+    )
+    snapshot = parse_vllm_metrics(text)
+    config = snapshot.engines["0"].cache_config
+    assert config is not None
+    assert getattr(config, field) is None
+    assert snapshot.dropped == {"out_of_range": 1}
+    clean = parse_vllm_metrics(_capture(AFTER_LOAD)).engines["0"].cache_config
+    assert clean is not None
+    assert getattr(clean, field) is not None or field == "sliding_window"
+
+
+_PROMPT_SUM = r'^(vllm:request_prompt_tokens_sum\{engine="0",model_name="tiny"\}) .*$'
+_PROMPT_COUNT = r'^(vllm:request_prompt_tokens_count\{engine="0",model_name="tiny"\}) .*$'
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value"),
+    [
+        pytest.param(_PROMPT_SUM, "1e200", id="sum-far-above-count-x-largest-bound"),
+        pytest.param(_PROMPT_SUM, "1e6", id="sum-above-count-x-largest-bound"),
+        pytest.param(_PROMPT_SUM, "6001", id="sum-just-above-12-x-500"),
+        pytest.param(_PROMPT_SUM, "1199", id="sum-below-12-x-lower-bound-100"),
+        pytest.param(_PROMPT_SUM, "0", id="sum-zero-with-observations-over-100"),
+    ],
+)
+def test_a_histogram_sum_its_buckets_contradict_is_dropped_and_counted(
+    pattern: str, value: str
+) -> None:
+    """12 prompts, all in (100, 200]: a sum outside 1,200 to 6,000 (12 x 500) cannot be true."""
+    snapshot = parse_vllm_metrics(_after_load_with(pattern, rf"\g<1> {value}"))
+    engine = snapshot.engines["0"]
+    assert engine.prompt_tokens is None
+    assert engine.generation_tokens is not None
+    assert snapshot.dropped == {"out_of_range": 12}  # 10 buckets, _count and _sum
+
+
+@pytest.mark.parametrize("value", ["1200", "1212", "6000"])
+def test_a_histogram_sum_within_what_its_buckets_allow_is_kept(value: str) -> None:
+    """At the bounds the buckets allow (12 x 100 to 12 x 500), the sum is read as it is."""
+    snapshot = parse_vllm_metrics(_after_load_with(_PROMPT_SUM, rf"\g<1> {value}"))
+    prompt = snapshot.engines["0"].prompt_tokens
+    assert prompt is not None
+    assert prompt.sum == float(value)
+    assert snapshot.dropped == {}
+
+
+def test_a_histogram_count_past_what_a_float_counts_is_dropped() -> None:
+    """A count above 2**53 is no vLLM's (a float no longer counts by ones there)."""
+    text = _capture(AFTER_LOAD).replace(
+        'vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="tiny"} 12.0',
+        'vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="tiny"} 1e300',
+    )
+    text = re.sub(_PROMPT_COUNT, r"\g<1> 1e300", text, flags=re.MULTILINE)
+    text = re.sub(_PROMPT_SUM, r"\g<1> 1e303", text, flags=re.MULTILINE)
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.engines["0"].prompt_tokens is None
+    assert snapshot.dropped == {"out_of_range": 12}
