@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Final, Protocol
 from exporter.core.reasons import DcgmReason
 from exporter.errors import SourceError
 from exporter.gpu.model import GpuReading, IndexSelector, MemoryApi, UuidSelector
-from exporter.vllm.promtext import MAX_LINE_CHARS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -266,8 +265,8 @@ def read_dcgm_samples(samples: Iterable[DcgmSample], *, too_long: int = 0) -> Dc
 
 def _too_long_message(count: int, where: str) -> str:
     return (
-        f"{where}: {count} memory line(s) longer than {MAX_LINE_CHARS} characters were skipped "
-        "unread (no dcgm-exporter label is that long)"
+        f"{where}: {count} memory line(s) were skipped unread for their length (over 64 Ki "
+        "characters: no dcgm-exporter label is that long)"
     )
 
 

@@ -27,6 +27,7 @@ from exporter.gpu.memory import DEFAULT_RESERVED_BYTES
 from exporter.gpu.model import IndexSelector, MemoryApi, UuidSelector
 from exporter.gpu.visibility import GpuVisibility
 from exporter.service.dcgm import DcgmGpuSource, parse_dcgm_metrics
+from exporter.vllm.promtext import MAX_LINE_CHARS
 from tests.dcgm import (
     DCGM,
     GPU2,
@@ -560,7 +561,8 @@ def test_lines_too_long_to_read_are_named_as_the_reason(text: str, was: str) -> 
         _, failure = pick_devices(parsed, pod=_POD)
     assert failure is not None
     assert failure.reason == DcgmReason.PARSE_ERROR, was
-    assert "longer than 65536 characters were skipped unread" in str(failure)
+    assert "were skipped unread for their length (over 64 Ki characters" in str(failure)
+    assert MAX_LINE_CHARS == 64 * 1024  # the figure the message names
 
 
 def test_a_skipped_line_does_not_spoil_a_pick_that_found_the_pods_gpus() -> None:
