@@ -861,8 +861,11 @@ def test_the_sidecar_never_gates_vllms_readiness(
         # Its own Deployment and Service, no vLLM in the pod: readiness is its own business.
         assert [c["name"] for c in spec["containers"]] == ["vllm-headroom"]
         assert exporter["readinessProbe"]["httpGet"]["path"] == "/-/healthy"
+        assert exporter["args"] == ["serve"]
     else:
         assert "readinessProbe" not in exporter
+        # Nor does it exit on a bad setting: a container backing off is unready, and so the pod.
+        assert exporter["args"] == ["serve", "--on-start-error=wait"]
     if shape == "vllm":
         # The kubelet pulls and starts containers in order: vLLM never waits for the sidecar.
         assert [c["name"] for c in spec["containers"]] == ["vllm", "vllm-headroom"]

@@ -396,6 +396,10 @@ def test_the_sidecar_is_the_charts_in_the_owners_own_spec(
     for key in ("image", "args", "ports", "volumeMounts", "securityContext", "livenessProbe"):
         assert sidecar[key] == reference[key], f"{key}: {hint}"
     assert env_of(reference).items() <= env_of(sidecar).items(), hint
+    derived = {e["name"]: e["valueFrom"] for e in reference.get("env", []) if "valueFrom" in e}
+    given = {e["name"]: e.get("valueFrom") for e in sidecar.get("env", [])}
+    for name, source in derived.items():  # the memory limit, the pod's name, the node's IP...
+        assert given.get(name) == source, f"{name}: {hint}"
     assert "readinessProbe" not in sidecar
     assert "startupProbe" not in sidecar
     for kind in ("requests", "limits"):
@@ -831,8 +835,10 @@ def test_llm_d_gives_the_sidecar_no_gpu_and_no_secret(
     sidecar = container(pod, SIDECAR)
     for kind in ("requests", "limits"):
         assert sidecar["resources"][kind]["nvidia.com/gpu"] == "0"
-    # No secret: the only values from elsewhere are gpu.source=dcgm's downward-API fields.
-    assert all(set(e["valueFrom"]) == {"fieldRef"} for e in sidecar["env"] if "valueFrom" in e)
+    # No secret: the only values from elsewhere are the downward API's (gpu.source=dcgm's pod
+    # fields, the container's own memory limit).
+    downward = ({"fieldRef"}, {"resourceFieldRef"})
+    assert all(set(e["valueFrom"]) in downward for e in sidecar["env"] if "valueFrom" in e)
     assert sidecar["command"] == ["vllm-headroom"]
 
 

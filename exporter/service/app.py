@@ -46,6 +46,7 @@ from exporter.service.httpserver import (
     ExporterServer,
     HeadroomApp,
     ProbeAnswer,
+    StartErrorApp,
     landing_page,
     tls_context,
 )
@@ -59,7 +60,7 @@ from exporter.vllm.client import ResponseBudget, VllmClient
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from pathlib import Path
 
     from prometheus_client.core import Metric
@@ -418,6 +419,54 @@ async def serve(
             if fleet is not None:
                 fleet.close()
             log.info("stopped")
+    return 0
+
+
+#: Seconds between the repeats of the error while ``serve --on-start-error wait`` waits: a log
+#: tail shows it however long ago the container started.
+START_ERROR_REPEAT_SECONDS = 600.0
+
+
+def wait_after_start_error(
+    message: str,
+    *,
+    addresses: Sequence[tuple[str, int]],
+    stop: threading.Event | None = None,
+) -> int:
+    """Answer with the start-up error (:class:`StartErrorApp`) until SIGTERM/SIGINT; return 0.
+
+    For a sidecar: exiting would take vLLM's pod out of its Service while the container backs
+    off. It listens on the first of ``addresses`` it can have (the error may be the address
+    asked for); with none, it waits without listening (the liveness probe then decides).
+    ``stop`` ends the wait (tests; signals set it in the main thread).
+    """
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+        signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    server: ExporterServer | None = None
+    for address in addresses:
+        try:
+            server = ExporterServer(address, StartErrorApp(message))
+        except OSError as exc:
+            log.warning("start_failed_cannot_listen", address=address[0], port=address[1], why=exc)
+        else:
+            break
+    thread = None
+    if server is not None:
+        thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+        thread.start()
+    url = server_url(server) if server is not None else None
+    log.error("start_failed_waiting", error=message, url=url, fix="correct the setting, restart")
+    try:
+        while not stop.wait(START_ERROR_REPEAT_SECONDS):
+            log.error("start_failed_waiting", error=message, url=url)
+    finally:
+        if server is not None and thread is not None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=2)
     return 0
 
 

@@ -266,6 +266,32 @@ class HeadroomApp:
         return _exposition(answer.registry, environ, start_response, answer.render_openmetrics)
 
 
+class StartErrorApp:
+    """What ``serve --on-start-error wait`` answers after a start-up error, until it is stopped.
+
+    Beside vLLM in its pod, an exporter that exits is restarted with a growing back-off, and a
+    container in back-off makes the whole pod unready: vLLM leaves its Service for a typo in a
+    monitoring setting. Waiting keeps the pod ready and shows the error where an operator looks:
+    every path but ``/-/healthy`` answers 503 with it (Prometheus's ``up`` for the exporter is 0,
+    so VllmHeadroomTargetDown or VllmHeadroomExporterAbsent fires), and ``/-/healthy`` answers
+    200, as a liveness probe restarting the container would not mend a setting.
+    """
+
+    def __init__(self, message: str) -> None:
+        self._text = f"vllm-headroom did not start: {message}\n"
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Answer one request: 200 on ``/-/healthy``, else 503 naming the error."""
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):
+            return _text(start_response, "405 Method Not Allowed", "Use GET.\n", allow=True)
+        if environ.get("PATH_INFO") == "/-/healthy":
+            body = _text(start_response, "200 OK", "Alive, not started: see /metrics.\n")
+        else:
+            body = _text(start_response, "503 Service Unavailable", self._text)
+        return [] if method == "HEAD" else body
+
+
 def _exposition(
     registry: Collector,
     environ: Environ,
@@ -473,7 +499,7 @@ class ExporterServer(ThreadingWSGIServer):
     def __init__(
         self,
         address: tuple[str, int],
-        app: HeadroomApp,
+        app: HeadroomApp | StartErrorApp,
         *,
         tls: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,

@@ -774,7 +774,10 @@ def render_configuration_markdown() -> str:
         "file per setting, named like its variable, e.g. `HEADROOM_BEARER_TOKEN`), then defaults.",
         "Lists are comma-separated in variables; `HEADROOM_MODEL_OVERRIDES` is JSON. A bad value",
         "stops the exporter with one line naming the setting, its variable and the problem, and",
-        "exit code 2. Whatever the setting, a value may hold at most"
+        "exit code 2; with `serve --on-start-error wait` (the Helm chart's sidecar) it is printed,",
+        "then answered with 503 on every path but `/-/healthy` until the process is stopped:",
+        "beside vLLM, a container that exits backs off, and vLLM's pod is unready meanwhile.",
+        "Whatever the setting, a value may hold at most"
         f" {MAX_VALUE_CHARS // 1024} KiB ({MAX_PATH_CHARS:,} characters for a path,"
         f" {MAX_LIST_CHARS // 1024} KiB for a list or JSON) nested at most {MAX_VALUE_DEPTH}",
         "brackets deep; `.env` and secret files must be regular UTF-8 files of at most"

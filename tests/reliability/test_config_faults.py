@@ -9,6 +9,8 @@ a sample also through the real ``vllm-headroom serve`` process.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 import exporter.cli.serve
@@ -465,3 +468,71 @@ def test_sighup_during_start_up_is_ignored_as_after_it(tmp_path: Path) -> None:
         if process.stdout is not None:
             process.stdout.close()
     assert code == 0
+
+
+# ------------------------------------------------------------- --on-start-error wait (the chart's)
+
+#: The process cases that still leave a port to listen on (a bad port falls back to the default).
+WAIT_CASES = [c for c in PROCESS_CASES if "HEADROOM_PORT" not in c[1]]
+
+
+@pytest.mark.parametrize("case", WAIT_CASES, ids=[case_id(c) for c in WAIT_CASES])
+def test_a_sidecar_told_to_wait_answers_its_error_instead_of_exiting(
+    case: tuple[str, dict[str, str], str], tmp_path: Path
+) -> None:
+    """--on-start-error wait: the one line, then 503 with it, /-/healthy 200, SIGTERM exits 0.
+
+    Beside vLLM an exiting container backs off, and the pod, vLLM included, is unready meanwhile.
+    """
+    setting, env, fragment = case
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--on-start-error", "wait"],
+        env={**clean, **BASE_ENV, **env, "HEADROOM_LOG_FORMAT": "json"},
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(30, process.kill)  # a read below cannot wait for ever
+    watchdog.start()
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert_one_line(first, names=(setting,), fragment=fragment)
+        waiting: dict[str, str] = {}
+        for _ in range(3):  # a warning first when the address asked for cannot be had
+            waiting = json.loads(process.stderr.readline())
+            if waiting["event"] == "start_failed_waiting":
+                break
+        assert waiting["event"] == "start_failed_waiting", waiting
+        assert fragment in waiting["error"]
+        port = int(waiting["url"].rsplit(":", 1)[1])
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert metrics.status_code == 503
+        assert fragment in metrics.text
+        assert metrics.text.startswith("vllm-headroom did not start: ")
+        healthy = httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=5)
+        assert healthy.status_code == 200
+        assert process.poll() is None, "it exited: the pod would lose vLLM's readiness"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "port"),
+    [("9000", 9000), ("0", 0), ("abc", 8742), ("70000", 8742), ("9" * 5000, 8742), ("", 8742)],
+)
+def test_waiting_listens_on_the_port_asked_for_when_it_reads_as_one(
+    given: str, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings did not load: the port is read as given, else the default the chart probes."""
+    monkeypatch.setenv("HEADROOM_PORT", given)
+    args = argparse.Namespace(port=None, listen_address=None)
+    assert exporter.cli.serve._raw_port(args) == port

@@ -168,7 +168,9 @@ none
 - name: vllm-headroom
   image: {{ include "vllm-headroom.exporterImage" . | quote }}
   imagePullPolicy: {{ .Values.exporter.image.pullPolicy }}
-  args: [serve]
+  # A start-up error (a bad setting) waits, answering 503 with it, instead of exiting: a
+  # container that exits backs off, and vLLM's whole pod is unready meanwhile.
+  args: [serve, --on-start-error=wait]
   ports:
     - name: headroom
       containerPort: {{ .Values.exporter.port | int }}
