@@ -962,6 +962,47 @@ def test_keda_scales_to_zero_only_with_a_wake_trigger_and_holds_on_no_data(helm:
     assert "> bool 0" not in keda_query(rendered(helm, KEDA))
 
 
+def _deployment_pod(name: str, template_hash: str = "5d8f9c7b6d", suffix: str = "x7k2p") -> str:
+    """The name Kubernetes gives a Deployment's pod: its ReplicaSet's, then 5 random characters.
+
+    The part before them is cut at 58 characters (``maxGeneratedNameLength`` of
+    k8s.io/apiserver's names.SimpleNameGenerator), the hash's dash first.
+    """
+    return f"{name}-{template_hash}-"[:58] + suffix
+
+
+#: Deployment names whose pods' names Kubernetes cuts: by nothing, the dash, part of the hash,
+#: all of it, and a name longer than the cut itself.
+LONG_DEPLOYMENTS = [
+    "llama",
+    "llama-3-1-70b-instruct-production-vllm-head",
+    "llama-3-1-70b-instruct-production-vllm-headroom",
+    "llama-3-1-70b-instruct-production-vllm-headroom-with-extra",
+    "a" * 60,
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", LONG_DEPLOYMENTS, ids=lambda n: f"{len(n)}-chars")
+def test_the_pods_of_a_long_named_deployment_are_still_counted(helm: Path, name: str) -> None:
+    """A pod name cut at 58 characters before its random end still matches the scaler's regex."""
+    manifests = rendered(
+        helm,
+        (
+            "--set shape=sidecar",
+            "--set sidecar.podSelector.app=vllm",
+            f"--set sidecar.workload.name={name}",
+            "--set autoscaling.kind=keda",
+        ),
+    )
+    (regex,) = set(re.findall(r'pod=~"([^"]+)"', keda_query(manifests)))
+    for template_hash in ("5d8f9c7b6d", "7c5ddbdf54", "6b9f8d"):
+        pod = _deployment_pod(name, template_hash)
+        assert len(pod) <= 63
+        assert re.fullmatch(regex, pod), (pod, regex)
+    assert not re.fullmatch(regex, f"{name}x-{'5d8f9c7b6d'}-x7k2p"[:63]), regex
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     ("kind", "api_version", "pods", "not_pods"),

@@ -2428,3 +2428,37 @@ def test_the_memory_limit_setting_is_the_container_s_own_limit(
         "containerName": "vllm-headroom",
         "resource": "limits.memory",
     }
+
+
+#: Release names Helm takes, and the base name of the objects they make (None: refused).
+RELEASE_NAMES = [
+    ("llama", "llama-vllm-headroom"),
+    ("llama3.1", "llama3-1-vllm-headroom"),  # a Service's name may not hold a dot
+    ("my.vllm-headroom.prod", "my-vllm-headroom-prod"),
+    ("1llama", None),  # nor start with a digit
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("release", "base"), RELEASE_NAMES)
+def test_every_object_name_is_one_kubernetes_takes(
+    helm: Path, release: str, base: str | None
+) -> None:
+    """Names from the release are DNS-1035 labels, or the render fails in one line naming why."""
+    done = _helm_run(
+        helm, "template", release, str(CHART), "--namespace", NAMESPACE, "--set", "vllm.model=x/y"
+    )
+    if base is None:
+        assert done.returncode != 0
+        assert "not a DNS-1035 label" in done.stderr
+        assert "fullnameOverride" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    manifests = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    label = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+    for manifest in manifests:
+        name = manifest["metadata"]["name"]
+        assert len(name) <= 63, name
+        assert label.fullmatch(name), (manifest["kind"], name)
+    services = [m["metadata"]["name"] for m in manifests if m["kind"] == "Service"]
+    assert base in services

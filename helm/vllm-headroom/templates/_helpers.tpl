@@ -7,17 +7,28 @@ Names, labels, images and the render-time checks of values that the schema canno
 {{- end -}}
 
 {{/* The release's base name: <release>-vllm-headroom, or the release alone when it says so. */}}
+{{/*
+The objects' base name. Helm takes release names with dots ("llama3.1"), which Service names
+may not hold: they become dashes. What is left must be a DNS-1035 label (a Service's name), or
+the render fails naming the fix, rather than the API server refusing the install half-way.
+*/}}
 {{- define "vllm-headroom.fullname" -}}
+{{- $full := "" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- $full = .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
-{{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- $release := .Release.Name | replace "." "-" -}}
+{{- if contains $name $release -}}
+{{- $full = $release | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- $full = printf "%s-%s" $release $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) -}}
+{{- fail (printf "the objects' name %q is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter), as a Service's name must be: install under a release name that starts with a letter, or set fullnameOverride" $full) -}}
+{{- end -}}
+{{- $full -}}
 {{- end -}}
 
 {{/* A name derived from the fullname with a suffix, still within 63 characters. */}}
@@ -436,7 +447,13 @@ pods' names). Shape vllm: the chart's Deployment; shape sidecar: sidecar.workloa
 {{- if eq .Values.shape "sidecar" -}}
 {{- $w = pick .Values.sidecar.workload "apiVersion" "kind" "name" -}}
 {{- end -}}
-{{- $pods := printf "%s-[a-z0-9]+-[a-z0-9]+" $w.name -}}
+{{- /* A Deployment's pod is <name>-<template hash>-<5 random>, but Kubernetes cuts the part before
+the random one at 58 characters: a long name loses the hash's end and its dash, or more. */ -}}
+{{- $base := printf "%s-" $w.name -}}
+{{- $pods := printf "%s[a-z0-9]{1,10}-?[a-z0-9]{5}" $base -}}
+{{- if ge (len $base) 58 -}}
+{{- $pods = printf "%s[a-z0-9]{5}" (trunc 58 $base) -}}
+{{- end -}}
 {{- if eq $w.kind "StatefulSet" -}}
 {{- $pods = printf "%s-[0-9]+" $w.name -}}
 {{- else if eq $w.kind "LeaderWorkerSet" -}}
