@@ -8,10 +8,12 @@ utilization up and down a step, TP x2, the next larger GPU, other ``--max-model-
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.core.reasons import Limit
 from exporter.errors import ModelConfigError, ModelNotFoundError, UsageError
@@ -29,6 +31,7 @@ from exporter.sizing.model import (
     ModelArch,
     SizingResult,
     SpeculativeDecoding,
+    param_split,
     require_sized,
     size_deployment,
 )
@@ -36,14 +39,40 @@ from exporter.sizing.overhead import GIB
 from exporter.sizing.plan import ceiling_rows, what_ifs, what_it_needs
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
 
-if TYPE_CHECKING:
-    import argparse
-
-
 GB = 10**9
 DEFAULT_CONTEXTS = (2000, 8000)
 _SHAPE_FLAGS = ("layers", "kv_heads", "head_dim", "params_b")
 
+
+#: Largest amount a GiB/GB flag takes (1 EiB): far past any GPU, small enough to stay exact.
+MAX_GIB = 2.0**30
+
+
+def _amount(*, zero_ok: bool) -> Any:
+    """An argparse type: a finite number, positive (or 0 too where 0 means none), at most 1 EiB.
+
+    ``float()`` alone takes ``nan``, ``inf`` and ``1e400``; those are refused here, in one line.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        low_ok = value >= 0 if zero_ok else value > 0
+        if not (math.isfinite(value) and low_ok and value <= MAX_GIB):
+            least = "0 or more" if zero_ok else "more than 0"
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number {least} and at most {MAX_GIB:,.0f}"
+            )
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+_POSITIVE = _amount(zero_ok=False)
+_NON_NEGATIVE = _amount(zero_ok=True)
 
 NAME = "plan"
 HELP = "size a deployment: KV bytes per token, budget, blocks, sequences, what-ifs"
@@ -59,19 +88,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--head-dim", type=int, help="head dimension")
     model.add_argument("--heads", type=int, help="attention heads (default: the KV heads)")
     model.add_argument("--hidden-size", type=int, help="hidden size (default: heads x head_dim)")
-    model.add_argument("--params-b", type=float, help="parameters in billions (all experts)")
+    model.add_argument("--params-b", type=_POSITIVE, help="parameters in billions (all experts)")
     model.add_argument("--vocab-size", type=int, help="vocabulary size (drives the sampler)")
     model.add_argument("--kv-lora-rank", type=int, help="MLA latent rank (DeepSeek: 512)")
     model.add_argument("--qk-rope-head-dim", type=int, help="MLA RoPE dimension (DeepSeek: 64)")
     model.add_argument("--quant", help="weight format: fp8, int8, w8a8, awq, gptq, mxfp4...")
     weights = model.add_mutually_exclusive_group()
-    weights.add_argument("--weights-gib", type=float, help="known checkpoint size, GiB (total)")
-    weights.add_argument("--weights-gb", type=float, help="known checkpoint size, GB (total)")
+    weights.add_argument("--weights-gib", type=_POSITIVE, help="known checkpoint size, GiB (total)")
+    weights.add_argument("--weights-gb", type=_POSITIVE, help="known checkpoint size, GB (total)")
     hardware = parser.add_argument_group("hardware and vLLM settings")
     memory = hardware.add_mutually_exclusive_group()
     memory.add_argument("--gpu", help="catalogue GPU name (vllm-headroom plan --list-gpus)")
-    memory.add_argument("--gpu-mem-gib", type=float, help="CUDA-visible memory per GPU, GiB")
-    memory.add_argument("--gpu-mem-gb", type=float, help="memory per GPU in GB (10^9 bytes)")
+    memory.add_argument("--gpu-mem-gib", type=_POSITIVE, help="CUDA-visible memory per GPU, GiB")
+    memory.add_argument("--gpu-mem-gb", type=_POSITIVE, help="memory per GPU in GB (10^9 bytes)")
     hardware.add_argument("--gpu-util", type=float, help="--gpu-memory-utilization")
     hardware.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     hardware.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
@@ -79,6 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hardware.add_argument("--kv-dtype", default="auto", help="--kv-cache-dtype (auto, fp8...)")
     hardware.add_argument("--block-size", type=int, help="--block-size (default 16)")
     hardware.add_argument("--max-model-len", type=int, help="--max-model-len")
+    hardware.add_argument(
+        "--allow-long-max-model-len",
+        action="store_true",
+        help="size a --max-model-len past the model's own limit, as vLLM with "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 serves it",
+    )
     hardware.add_argument("--kv-cache-memory-bytes", type=int, help="exact KV budget per GPU")
     hardware.add_argument(
         "--max-num-seqs",
@@ -113,8 +148,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_claimant_arguments(parser)
     overhead = hardware.add_mutually_exclusive_group()
-    overhead.add_argument("--overhead-gib", type=float, help="overhead per GPU, GiB (override)")
-    overhead.add_argument("--overhead-gb", type=float, help="overhead per GPU, GB (override)")
+    overhead.add_argument(
+        "--overhead-gib", type=_NON_NEGATIVE, help="overhead per GPU, GiB (override)"
+    )
+    overhead.add_argument(
+        "--overhead-gb", type=_NON_NEGATIVE, help="overhead per GPU, GB (override)"
+    )
     hardware.add_argument("--vllm-version", help=f"vLLM version (default {LATEST_KNOWN})")
     hardware.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     question = parser.add_argument_group("questions and output")
@@ -202,13 +241,16 @@ def _explicit_arch(args: argparse.Namespace) -> ModelArch:
     )
 
 
-def _found_model(name: str) -> FoundModel:
-    """``name`` (catalogue name or model directory) found, or the one-line error saying why not."""
+def _found_model(name: str, *, weights_given: bool = False) -> FoundModel:
+    """``name`` (catalogue name or model directory) found, or the one-line error saying why not.
+
+    An unreadable checkpoint is an error unless the weights were given (``--weights-gib``).
+    """
     try:
         found = find_model_arch(name)
     except ModelNotFoundError:
         raise unknown_model_error(name) from None
-    if found.weights_error is not None:
+    if found.weights_error is not None and not weights_given:
         raise ModelConfigError(found.weights_error)
     return found
 
@@ -217,10 +259,13 @@ def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
     """The architecture from ``--model`` or the explicit flags, and known weights if any."""
     shape_given = [flag for flag in (*_SHAPE_FLAGS, "kv_lora_rank") if getattr(args, flag)]
     if args.model is None:
-        return _explicit_arch(args), None
+        arch = _explicit_arch(args)
+        _check_params(arch)
+        return arch, None
     if any(flag not in {"params_b", "kv_lora_rank"} for flag in shape_given):
         raise UsageError("give --model or the explicit shape (--layers...), not both")
-    found = _found_model(args.model)
+    weights_given = args.weights_gib is not None or args.weights_gb is not None
+    found = _found_model(args.model, weights_given=weights_given)
     arch, weights = found.arch, found.weights_bytes
     if args.kv_lora_rank is not None and arch.mla is None:
         raise UsageError(
@@ -230,7 +275,19 @@ def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
         arch = replace(arch, params=round(args.params_b * 1e9))
     if args.vocab_size is not None:
         arch = replace(arch, vocab_size=args.vocab_size)
+    _check_params(arch)
     return arch, weights
+
+
+def _check_params(arch: ModelArch) -> None:
+    """Refuse a ``--params-b`` below the model's own embeddings: the weights would be wrong."""
+    split, _ = param_split(arch)
+    embeddings = split.embedding + split.lm_head
+    if arch.params is not None and arch.params < embeddings:
+        raise UsageError(
+            f"--params-b {arch.params / 1e9:g} is less than {arch.name}'s embeddings alone "
+            f"({embeddings / 1e9:.3g}B parameters): give the whole parameter count in billions"
+        )
 
 
 def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -> Deployment:
@@ -344,9 +401,30 @@ def _check_scheduler_flags(args: argparse.Namespace) -> None:
         raise UsageError("--max-num-queued-reqs must be 0 or more (leave it out for no cap)")
 
 
+def _check_context(arch: ModelArch, args: argparse.Namespace) -> None:
+    """Refuse a ``--max-model-len`` past the model's limit, as vLLM does without its override."""
+    limit = arch.context_limit
+    if args.max_model_len is None or limit is None or args.max_model_len <= limit:
+        return
+    if args.allow_long_max_model_len:
+        return
+    raise UsageError(
+        f"--max-model-len {args.max_model_len:,} exceeds {arch.name}'s context length "
+        f"{limit:,}: vLLM refuses it unless started with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; give "
+        f"--max-model-len {limit:,} or less, or add --allow-long-max-model-len if you set that"
+    )
+
+
 def _check_fits(result: SizingResult) -> None:
     if result.fits:
         return
+    overhead = result.overhead
+    if result.scheduler.max_num_seqs_given and overhead.activation_bytes > result.usable_bytes / 2:
+        raise UsageError(
+            f"{result.model} does not fit: --max-num-seqs {result.max_num_seqs:,} makes vLLM's "
+            f"sampler warm-up alone take {overhead.activation_bytes / GIB:,.2f} GiB of the "
+            f"{result.usable_bytes / GIB:,.2f} GiB usable; lower --max-num-seqs"
+        )
     raise UsageError(
         f"{result.model} does not fit: weights {result.weights_bytes / GIB:.2f} GiB + "
         + (f"LoRA {result.lora_bytes / GIB:.2f} GiB + " if result.lora is not None else "")
@@ -636,6 +714,7 @@ def run(args: argparse.Namespace) -> int:
     if any(t < 1 for t in contexts):
         raise UsageError("--context-tokens must be at least 1")
     arch, known_weights = resolve_arch(args)
+    _check_context(arch, args)
     deployment = resolve_deployment(args, known_weights=known_weights)
     result = require_sized(size_deployment(arch, deployment=deployment))
     _check_fits(result)

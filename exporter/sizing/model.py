@@ -223,6 +223,8 @@ class ModelArch:
     #: Weight format from ``quantization_config`` (``fp8``, ``awq``...), None if unquantized.
     quantization: str | None = None
     max_position_embeddings: int | None = None
+    #: The longer context rope scaling gives (vLLM's derived max_model_len), if it gives one.
+    rope_scaled_len: int | None = None
     declined: str | None = None
     #: The Mamba / linear-attention layers of a hybrid model (None for pure attention models).
     #: ``layer_kinds`` then lists only the attention layers' kinds (``attention_layers`` of them).
@@ -244,6 +246,13 @@ class ModelArch:
         if self.layer_kinds:
             return self.layer_kinds
         return _all_full(self.num_layers)
+
+    @property
+    def context_limit(self) -> int | None:
+        """The longest ``--max-model-len`` vLLM takes without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
+        if self.max_position_embeddings is None:
+            return None
+        return max(self.max_position_embeddings, self.rope_scaled_len or 0)
 
     @property
     def attention_kind(self) -> str:
@@ -1027,6 +1036,29 @@ def estimate_params(arch: ModelArch) -> int:
     return embedding + heads_out + dense + experts
 
 
+def _check_weights_cover_embeddings(
+    arch: ModelArch, split: ParamSplit, known_total_bytes: int | None, *, dtype_size: int
+) -> None:
+    """Refuse a weights figure smaller than the model's embeddings alone: it cannot be right.
+
+    Every format keeps embeddings and LM head in 16 bits (or the checkpoint's dtype, if that is
+    smaller), so a checkpoint below them is a truncated download, git-lfs pointer files, or a
+    mistyped override; sizing on it would put the freed gigabytes into the KV cache.
+    """
+    vocab_params = split.embedding + split.lm_head
+    try:
+        size = min(dtype_size, dtype_bytes(arch.dtype))
+    except UsageError:
+        size = dtype_size
+    floor = vocab_params * size
+    if known_total_bytes is not None and known_total_bytes < floor:
+        raise UsageError(
+            f"{arch.name}: a weights figure of {known_total_bytes:,} bytes is smaller than the "
+            f"model's embeddings alone ({floor / 2**30:,.2f} GiB): a checkpoint cloned without "
+            "git-lfs or downloaded in part (run `git lfs pull`), or a wrong weights override"
+        )
+
+
 def stage_weights_bytes(
     arch: ModelArch,
     *,
@@ -1045,6 +1077,7 @@ def stage_weights_bytes(
     size = dtype_bytes(model_dtype)
     embedding = split.embedding * size
     lm_head = split.lm_head * size
+    _check_weights_cover_embeddings(arch, split, known_total_bytes, dtype_size=size)
     if known_total_bytes is not None:
         total, estimated = float(known_total_bytes), False
     else:

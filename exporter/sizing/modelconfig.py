@@ -20,7 +20,9 @@ variants (DeepSeek V4's ``compress_ratios``, shared indexers) being declined.
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,20 +73,70 @@ _STATE_REASON = (
 )
 
 
-def _int(config: Mapping[str, Any], key: str, *, source: str) -> int:
+#: Largest value a config.json size field may hold: beyond every real dimension (context lengths
+#: reach about 10^7) and small enough that the products the sizing forms stay finite floats.
+MAX_CONFIG_INT = 2**40
+#: Most decoder layers a config may declare: real models have a few hundred at most, and the
+#: per-layer lists are built from this number.
+MAX_LAYERS = 100_000
+
+
+class _BadField(ValueError):
+    """A config field that holds no usable integer; :func:`parse_model_config` adds the model."""
+
+
+def _shown(value: object) -> str:
+    """A value as a message shows it: short, and never a 5,000-digit number."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _config_int(
+    config: Mapping[str, Any],
+    key: str,
+    *,
+    minimum: int = 1,
+    maximum: int = MAX_CONFIG_INT,
+    label: str | None = None,
+) -> int | None:
+    """The one reader of integer fields: None when absent or null, else a checked integer.
+
+    Integral floats (``32.0``) count, as some writers emit them; booleans, strings, fractions,
+    NaN, infinities and values outside ``minimum..maximum`` are errors, never truncated or
+    taken as absent (a bad ``num_key_value_heads`` read as missing would size the model as MHA).
+    """
     value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ModelConfigError(
-            f"{source}: config.json field {key!r} is missing or not a positive number"
+    if value is None:
+        return None
+    whole = (
+        isinstance(value, int)
+        or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    ) and not isinstance(value, bool)
+    if not whole or not minimum <= value <= maximum:
+        raise _BadField(
+            f"field {label or key!r} is {_shown(value)}, not a whole number from {minimum} "
+            f"to {maximum:,}; fix it in config.json"
         )
     return int(value)
 
 
-def _opt_int(config: Mapping[str, Any], key: str) -> int | None:
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return None
-    return int(value)
+def _int(config: Mapping[str, Any], key: str, *, source: str, maximum: int = MAX_CONFIG_INT) -> int:
+    """A required positive integer field."""
+    value = _config_int(config, key, maximum=maximum)
+    if value is None:
+        raise ModelConfigError(f"{source}: config.json field {key!r} is missing")
+    return value
+
+
+def _opt_int(config: Mapping[str, Any], key: str, *, minimum: int = 1) -> int | None:
+    """An optional integer field; with ``minimum=0`` a 0 means absent (a window of 0: none)."""
+    return _config_int(config, key, minimum=minimum) or None
+
+
+def _layers(config: Mapping[str, Any]) -> int | None:
+    return _config_int(config, "num_hidden_layers", maximum=MAX_LAYERS)
 
 
 def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,7 +174,28 @@ def _quantization(config: Mapping[str, Any]) -> str | None:
         return "nvfp4" if "FP4" in str(quant.get("quant_algo", "")).upper() else "fp8"
     if method == "bitsandbytes":
         return "int8" if quant.get("load_in_8bit") else "int4"
+    if method in {"gptq", "awq"}:
+        return _gptq_awq_format(quant, method)
     return method or None
+
+
+#: GPTQ's weight widths (``quantization_config.bits``) and their weight formats.
+_GPTQ_BITS = {2: "gptq_2bit", 3: "gptq_3bit", 4: "gptq", 8: "gptq_8bit"}
+
+
+def _gptq_awq_format(quant: Mapping[str, Any], method: str) -> str:
+    """GPTQ's format by its ``bits``; AWQ's, whose vLLM kernels take 4-bit weights only."""
+    key = "w_bit" if method == "awq" and "bits" not in quant else "bits"
+    bits = _config_int(quant, key, maximum=64, label=f"quantization_config.{key}")
+    if bits is None:
+        return method
+    known = (4,) if method == "awq" else tuple(_GPTQ_BITS)
+    if bits not in known:
+        raise _BadField(
+            f"quantization_config.{key} is {bits}: vLLM's {method.upper()} kernels take "
+            f"{', '.join(map(str, known))}-bit weights, so this checkpoint cannot be served"
+        )
+    return _GPTQ_BITS[bits] if method == "gptq" else method
 
 
 def _listed_kinds(layer_types: list[Any], num_layers: int, *, source: str) -> list[LayerKind]:
@@ -150,7 +223,7 @@ def _listed_kinds(layer_types: list[Any], num_layers: int, *, source: str) -> li
 def _patterned_kinds(config: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
     """Per-layer kinds of models that describe their pattern instead of listing it."""
     model_type = str(config.get("model_type", ""))
-    window = _opt_int(config, "sliding_window")
+    window = _opt_int(config, "sliding_window", minimum=0)
     if model_type == "gemma2" and window:
         # Gemma 2 alternates, starting with a sliding-window layer.
         return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
@@ -160,7 +233,9 @@ def _patterned_kinds(config: Mapping[str, Any], num_layers: int) -> list[LayerKi
         )
         pattern = pattern or (6 if model_type.startswith("gemma3") else 4)
         return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
-    if model_type in {"llama4", "llama4_text"} and _opt_int(config, "attention_chunk_size"):
+    if model_type in {"llama4", "llama4_text"} and _opt_int(
+        config, "attention_chunk_size", minimum=0
+    ):
         no_rope = config.get("no_rope_layers")
         if isinstance(no_rope, list) and len(no_rope) >= num_layers:
             # 1 = this layer uses RoPE = chunked local attention; 0 = global NoPE layer.
@@ -170,8 +245,8 @@ def _patterned_kinds(config: Mapping[str, Any], num_layers: int) -> list[LayerKi
     if window and config.get("use_sliding_window", True) is not False:
         # Mistral v0.1 style: every layer windowed. Qwen2 windows only the layers from
         # max_window_layers on (and only when use_sliding_window is true).
-        first = _opt_int(config, "max_window_layers") if "use_sliding_window" in config else None
-        start = first if first is not None else 0
+        first = _config_int(config, "max_window_layers", minimum=0, maximum=MAX_LAYERS)
+        start = first if first is not None and "use_sliding_window" in config else 0
         return ["sliding" if i >= start else "full" for i in range(num_layers)]
     return ["full"] * num_layers
 
@@ -185,8 +260,8 @@ def _layer_kinds(
         kinds = _listed_kinds(layer_types, num_layers, source=source)
     else:
         kinds = _patterned_kinds(config, num_layers)
-    window = _opt_int(config, "sliding_window") if "sliding" in kinds else None
-    chunk = _opt_int(config, "attention_chunk_size") if "chunked" in kinds else None
+    window = _opt_int(config, "sliding_window", minimum=0) if "sliding" in kinds else None
+    chunk = _opt_int(config, "attention_chunk_size", minimum=0) if "chunked" in kinds else None
     if all(kind == "full" for kind in kinds):
         return (), None, None
     if "sliding" in kinds and window is None:
@@ -233,7 +308,7 @@ def _jamba_pattern(config: Mapping[str, Any]) -> list[str] | None:
     if isinstance(listed, list):
         return [str(t) for t in listed]
     # transformers' JambaConfig.layers_block_type: attention where i % period == offset.
-    layers = _opt_int(config, "num_hidden_layers") or 0
+    layers = _layers(config) or 0
     period = _opt_int(config, "attn_layer_period") or 8
     offset = config.get("attn_layer_offset", 4)
     if not isinstance(offset, int) or isinstance(offset, bool):
@@ -242,13 +317,13 @@ def _jamba_pattern(config: Mapping[str, Any]) -> list[str] | None:
 
 
 def _lfm2_pattern(config: Mapping[str, Any]) -> list[str]:
-    layers = _opt_int(config, "num_hidden_layers") or 0
+    layers = _layers(config) or 0
     attn = config.get("full_attn_idxs") or []
     return ["full_attention" if i in attn else "conv" for i in range(layers)]
 
 
 def _qwen3_next_pattern(config: Mapping[str, Any]) -> list[str]:
-    layers = _opt_int(config, "num_hidden_layers") or 0
+    layers = _layers(config) or 0
     interval = _opt_int(config, "full_attention_interval") or 4
     return [
         "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
@@ -312,7 +387,11 @@ def _state_layers(
             ssm_dtype_default=str(ssm) if isinstance(ssm, str) and ssm != "auto" else "float32",
         )
     expand = config.get("mamba_expand", 2)
-    if not isinstance(expand, int | float) or isinstance(expand, bool) or expand <= 0:
+    if (
+        not isinstance(expand, int | float)
+        or isinstance(expand, bool)
+        or not 0 < expand <= MAX_LAYERS
+    ):
         raise ModelConfigError(f"{source}: config.json field 'mamba_expand' is not a number")
     intermediate = int(expand * hidden)
     if model_type == "jamba":
@@ -346,7 +425,7 @@ def _hybrid(config: Mapping[str, Any], *, source: str) -> tuple[int, int, StateL
         return None
     pattern = _layer_pattern(config, model_type)
     if pattern is None:  # Falcon-H1: attention and Mamba2 side by side in every layer
-        layers = _int(config, "num_hidden_layers", source=source)
+        layers = _int(config, "num_hidden_layers", source=source, maximum=MAX_LAYERS)
         return layers, layers, _state_layers(config, model_type, layers, source=source)
     names = [name.lower() for name in pattern]
     unknown = sorted(
@@ -428,15 +507,19 @@ def parse_model_config(
     """Normalise one parsed ``config.json`` mapping into a :class:`ModelArch`."""
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"{name}: config.json must hold a JSON object")
+    try:
+        return _parse(config, name=name, params=params)
+    except _BadField as bad:
+        raise ModelConfigError(f"{name}: config.json {bad}") from None
+
+
+def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> ModelArch:
     text = _text_config(config)
     declined = _declined(text) or _declined(config)
-    num_layers = _opt_int(text, "num_hidden_layers") or 0
+    num_layers = _layers(text) or 0
     if not num_layers and _hybrid(text, source=name) is None:
-        num_layers = _int(text, "num_hidden_layers", source=name)
-    heads = _int(text, "num_attention_heads", source=name)
-    hidden = _int(text, "hidden_size", source=name)
-    kv_heads = _opt_int(text, "num_key_value_heads") or heads
-    head_dim = _opt_int(text, "head_dim") or hidden // heads
+        num_layers = _int(text, "num_hidden_layers", source=name, maximum=MAX_LAYERS)
+    heads, hidden, kv_heads, head_dim = _attention_shape(text, name=name)
     mla = None
     rank = _opt_int(text, "kv_lora_rank")
     if rank is not None:
@@ -465,7 +548,7 @@ def parse_model_config(
         head_dim=head_dim,
         hidden_size=hidden,
         vocab_size=_opt_int(text, "vocab_size"),
-        intermediate_size=_opt_int(text, "intermediate_size"),
+        intermediate_size=_opt_int(text, "intermediate_size", minimum=0),
         params=params,
         dtype=dtype.removeprefix("torch."),
         mla=mla,
@@ -476,6 +559,7 @@ def parse_model_config(
         moe=_moe(text, num_layers),
         quantization=_quantization(text),
         max_position_embeddings=_opt_int(text, "max_position_embeddings"),
+        rope_scaled_len=_rope_scaled_len(text),
         declined=declined,
         state=state,
         attention_layers=attention_layers,
@@ -490,12 +574,56 @@ def parse_model_config(
     )
 
 
-def _count(config: Mapping[str, Any], key: str) -> int | None:
-    """A non-negative integer field (0 included), or None when absent or not a count."""
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+def _attention_shape(config: Mapping[str, Any], *, name: str) -> tuple[int, int, int, int]:
+    """Attention heads, hidden size, KV heads and head size, each checked against the others.
+
+    A missing ``num_key_value_heads`` means MHA; one that does not divide the heads is an error
+    (vLLM refuses such a model), and so is a derived head size of 0.
+    """
+    heads = _int(config, "num_attention_heads", source=name)
+    hidden = _int(config, "hidden_size", source=name)
+    kv_heads = _opt_int(config, "num_key_value_heads") or heads
+    if kv_heads > heads or heads % kv_heads:
+        raise ModelConfigError(
+            f"{name}: config.json num_key_value_heads {kv_heads} does not divide "
+            f"num_attention_heads {heads}; fix it in config.json"
+        )
+    head_dim = _opt_int(config, "head_dim") or hidden // heads
+    if head_dim == 0:
+        raise ModelConfigError(
+            f"{name}: config.json has no head_dim and hidden_size {hidden} / "
+            f"num_attention_heads {heads} rounds to 0; give head_dim in config.json"
+        )
+    return heads, hidden, kv_heads, head_dim
+
+
+#: Rope types whose ``factor`` vLLM does not apply to the context length it derives.
+_UNSCALED_ROPE = {"su", "longrope", "llama3", "default", "mrope"}
+
+
+def _rope_scaled_len(config: Mapping[str, Any]) -> int | None:
+    """The context length rope scaling gives, as vLLM derives it, or None when it gives none.
+
+    vLLM multiplies ``max_position_embeddings`` (YaRN: ``original_max_position_embeddings``)
+    by ``factor`` for most rope types; a ``--max-model-len`` up to it needs no override.
+    """
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    if not isinstance(rope, Mapping) or "gemma3" in str(config.get("model_type", "")):
         return None
-    return value
+    kind = str(rope.get("rope_type") or rope.get("type") or "default")
+    factor = rope.get("factor")
+    if kind in _UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
+        return None
+    if not 1 < factor <= MAX_LAYERS:
+        return None
+    base = _opt_int(rope, "original_max_position_embeddings") if kind == "yarn" else None
+    base = base or _opt_int(config, "max_position_embeddings")
+    return int(base * factor) if base is not None else None
+
+
+def _count(config: Mapping[str, Any], key: str) -> int | None:
+    """A non-negative integer field (0 included), or None when absent."""
+    return _config_int(config, key, minimum=0, maximum=MAX_LAYERS)
 
 
 def _architecture(config: Mapping[str, Any]) -> str | None:
@@ -508,14 +636,16 @@ def _architecture(config: Mapping[str, Any]) -> str | None:
 
 def _moe(config: Mapping[str, Any], num_layers: int) -> MoeSpec | None:
     experts = (
-        _opt_int(config, "num_local_experts")
-        or _opt_int(config, "n_routed_experts")
-        or _opt_int(config, "num_experts")
+        _opt_int(config, "num_local_experts", minimum=0)
+        or _opt_int(config, "n_routed_experts", minimum=0)
+        or _opt_int(config, "num_experts", minimum=0)
     )
     if experts is None or experts < 2:
         return None
     per_token = _opt_int(config, "num_experts_per_tok") or _opt_int(config, "top_k") or 1
-    size = _opt_int(config, "moe_intermediate_size") or _opt_int(config, "intermediate_size")
+    size = _opt_int(config, "moe_intermediate_size", minimum=0) or _opt_int(
+        config, "intermediate_size", minimum=0
+    )
     return MoeSpec(
         num_experts=experts,
         experts_per_token=per_token,
@@ -541,7 +671,7 @@ def _moe_layer_count(config: Mapping[str, Any], num_layers: int) -> int:
     layers = range(num_layers)
     period = _opt_int(config, "expert_layer_period")
     if period is not None:
-        offset = (_opt_int(config, "expert_layer_offset") or 0) % period
+        offset = (_opt_int(config, "expert_layer_offset", minimum=0) or 0) % period
         return sum(1 for i in layers if i % period == offset)
     step = _opt_int(config, "interleave_moe_layer_step") or _opt_int(config, "decoder_sparse_step")
     if step is not None:
@@ -550,7 +680,7 @@ def _moe_layer_count(config: Mapping[str, Any], num_layers: int) -> int:
             {i for i in dense_only if isinstance(i, int)} if isinstance(dense_only, list) else set()
         )
         return sum(1 for i in layers if (i + 1) % step == 0 and i not in skipped)
-    dense = _opt_int(config, "first_k_dense_replace") or 0
+    dense = _opt_int(config, "first_k_dense_replace", minimum=0) or 0
     freq = _opt_int(config, "moe_layer_freq") or 1
     return sum(1 for i in layers if i >= dense and i % freq == 0)
 
@@ -599,12 +729,23 @@ def find_cached_config(model_id: str, *, cache: Path) -> Path | None:
     return candidates[-1] if candidates else None
 
 
-def _read_json(path: Path, *, max_bytes: int, allowed: Sequence[Path] | None = None) -> Any:
+#: What a config.json read error adds; a safetensors index's says what to do with it instead.
+_CONFIG_HINT = "is it a model's config.json?"
+_INDEX_HINT = "re-download it, or delete it to sum the *.safetensors file sizes instead"
+
+
+def _read_json(
+    path: Path,
+    *,
+    max_bytes: int,
+    allowed: Sequence[Path] | None = None,
+    hint: str = _CONFIG_HINT,
+) -> Any:
     """One model JSON file: a regular file of at most ``max_bytes``, inside ``allowed`` if given.
 
     With ``allowed`` (a path a target named), symbolic links are resolved first and the real
     file must still be inside an allowed directory; the last component is then opened without
-    following links. Whatever the file holds, the error is one line.
+    following links. Whatever the file holds, the error is one line ending in ``hint``.
     """
     target: Path | str = path
     if allowed is not None:
@@ -622,11 +763,14 @@ def _read_json(path: Path, *, max_bytes: int, allowed: Sequence[Path] | None = N
         )
         return json.loads(raw.decode("utf-8"))
     except FileReadError as exc:
-        raise ModelConfigError(f"{exc}; is it a model's config.json?") from None
+        raise ModelConfigError(f"{exc}; {hint}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"{path} is not valid JSON ({exc}); is it a config.json?") from None
+        raise ModelConfigError(f"{path} is not valid JSON ({exc}); {hint}") from None
+    except ValueError:
+        # Python refuses to read an integer of more than 4,300 digits.
+        raise ModelConfigError(f"{path} holds a number thousands of digits long; {hint}") from None
     except RecursionError:
-        raise ModelConfigError(f"{path} nests JSON too deeply; is it a config.json?") from None
+        raise ModelConfigError(f"{path} nests JSON too deeply; {hint}") from None
 
 
 def resolve_config_path(
@@ -653,7 +797,7 @@ def _config_path(source: str | Path, hf_home: Path | None, *, local: bool) -> Pa
     if local and path.is_dir():
         config = path / "config.json"
         if not config.is_file():
-            raise ModelConfigError(f"{path} has no config.json; point --model at a model directory")
+            raise ModelConfigError(_no_config_file(config))
         return config
     if local and path.is_file():
         return path
@@ -668,6 +812,21 @@ def _config_path(source: str | Path, hf_home: Path | None, *, local: bool) -> Pa
             "downloaded: download it first, point --model at its directory, or use a catalogue name"
         )
     raise ModelNotFoundError(f"no model directory or config.json at {text!r}")
+
+
+def _no_config_file(config: Path) -> str:
+    """Why a directory's ``config.json`` is not a file to read, in words that are true."""
+    try:
+        mode = config.stat().st_mode
+    except FileNotFoundError:
+        if config.is_symlink():
+            return f"{config} is a symbolic link to nothing; point it at the model's config.json"
+        return f"{config.parent} has no config.json; point --model at a model directory"
+    except OSError as exc:
+        # A symbolic-link loop (ELOOP), a permission problem on the way...
+        return f"cannot read {config}: {exc.strerror or exc}; make it the model's config.json"
+    what = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+    return f"{config} is {what}; make it the model's config.json"
 
 
 def load_model_arch(source: str | Path, *, hf_home: Path | None = None) -> ModelArch:
@@ -700,14 +859,62 @@ def model_weights_bytes(model_dir: Path, *, allowed: Sequence[Path] | None = Non
         return None
 
 
+#: Largest checkpoint believed (1 PB): a bigger ``total_size`` is a corrupt index.
+MAX_WEIGHTS_BYTES = 2**50
+#: How a git-lfs pointer file starts: what a clone without git-lfs leaves instead of weights.
+LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
+#: Pointer files are about 130 bytes; only files this small are opened to look.
+_LFS_POINTER_MAX_BYTES = 1024
+
+
 def _weights_bytes(model_dir: Path, allowed: Sequence[Path] | None) -> int | None:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        data = _read_json(index, max_bytes=MAX_INDEX_BYTES, allowed=allowed)
-        total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
-        if isinstance(total, int | float) and not isinstance(total, bool) and total > 0:
-            return int(total)
-    files = sorted(model_dir.glob("*.safetensors"))
+        data = _read_json(index, max_bytes=MAX_INDEX_BYTES, allowed=allowed, hint=_INDEX_HINT)
+        total = _index_total(data, index=index)
+        if total is not None:
+            return total
+    files = sorted(f for f in model_dir.glob("*.safetensors") if f.is_file())
     if not files:
         return None
+    pointers = [file.name for file in files if _is_lfs_pointer(file, allowed)]
+    if pointers:
+        raise ModelConfigError(
+            f"{model_dir}: {len(pointers)} of {len(files)} *.safetensors files ({pointers[0]}...) "
+            "are git-lfs pointer files, not weights (cloned without git-lfs, or an incomplete "
+            "download): run `git lfs pull` there, or give --weights-gib"
+        )
     return sum(file.stat().st_size for file in files)
+
+
+def _index_total(data: Any, *, index: Path) -> int | None:
+    """``metadata.total_size`` of a safetensors index, None when it gives none; checked."""
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(metadata, dict | None):
+        raise ModelConfigError(
+            f"{index} is not a safetensors index (it needs a JSON object with a 'metadata' "
+            f"object); {_INDEX_HINT}"
+        )
+    try:
+        return _config_int(
+            metadata or {}, "total_size", maximum=MAX_WEIGHTS_BYTES, label="metadata.total_size"
+        )
+    except _BadField as bad:
+        message = str(bad).replace("; fix it in config.json", "")
+        raise ModelConfigError(f"{index}: {message}; {_INDEX_HINT}") from None
+
+
+def _is_lfs_pointer(file: Path, allowed: Sequence[Path] | None) -> bool:
+    """Whether ``file`` is a small git-lfs pointer file (a file unreadable here is not one)."""
+    if file.stat().st_size > _LFS_POINTER_MAX_BYTES:
+        return False
+    target = within(file, allowed) if allowed is not None else file
+    if target is None:
+        return False
+    try:
+        head = read_bounded(
+            target, max_bytes=_LFS_POINTER_MAX_BYTES, timeout_s=READ_TIMEOUT_S, regular_only=True
+        )
+    except FileReadError:
+        return False
+    return head.startswith(LFS_POINTER_PREFIX)

@@ -60,7 +60,7 @@ def what_ifs(
         )
     # Never past the model's own context length: vLLM refuses a longer --max-model-len (unless
     # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, for models whose positions allow it).
-    longest = arch.max_position_embeddings
+    longest = arch.context_limit
     for factor, label in ((0.5, "half"), (2, "double")):
         length = int(result.max_model_len * factor)
         if length >= 1 and (longest is None or length <= longest):

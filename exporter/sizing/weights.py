@@ -24,9 +24,17 @@ DTYPE_BYTES: dict[str, int] = {
     "bf16": 2,
 }
 
-# Group-wise 4-bit formats (AWQ, GPTQ, compressed-tensors w4a16) store one fp16 scale and one
-# packed 4-bit zero point per group of 128 weights: 0.5 + (2 + 0.5) / 128 bytes per weight.
-_INT4_GROUP_BYTES = 0.5 + 2.5 / 128
+
+def _group_bytes(bits: int) -> float:
+    """Bytes per weight of a group-wise format (4 bits: 0.5 + (2 + 0.5) / 128).
+
+    The packed values, plus one fp16 scale and one packed zero point per group of 128 weights.
+    """
+    return bits / 8 + (2 + bits / 8) / 128
+
+
+# Group-wise 4-bit formats (AWQ, GPTQ, compressed-tensors w4a16).
+_INT4_GROUP_BYTES = _group_bytes(4)
 # MXFP4 (gpt-oss experts): 4-bit values plus one 8-bit shared exponent per block of 32.
 _MXFP4_BYTES = 0.5 + 1 / 32
 
@@ -51,6 +59,10 @@ _FORMATS: dict[str, WeightFormat] = {
     "w8a8": WeightFormat("w8a8", 1.0),
     "awq": WeightFormat("awq", _INT4_GROUP_BYTES),
     "gptq": WeightFormat("gptq", _INT4_GROUP_BYTES),
+    # GPTQ's other widths (quantization_config.bits); vLLM's GPTQ kernels take 2, 3, 4 and 8.
+    "gptq_2bit": WeightFormat("gptq_2bit", _group_bytes(2)),
+    "gptq_3bit": WeightFormat("gptq_3bit", _group_bytes(3)),
+    "gptq_8bit": WeightFormat("gptq_8bit", _group_bytes(8)),
     "int4": WeightFormat("int4", _INT4_GROUP_BYTES),
     "w4a16": WeightFormat("w4a16", _INT4_GROUP_BYTES),
     "nvfp4": WeightFormat("nvfp4", 0.5 + 1 / 16),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from exporter.cli.main import main
 from tests import paths
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CONFIGS = paths.CONFIGS
 WORKED = [
@@ -598,3 +601,87 @@ def test_plan_declines_a_v4_style_config_in_one_line(
     assert err.count("\n") == 1
     assert "compress_ratios" in err
     assert "Traceback" not in err
+
+
+_NOT_AMOUNTS = ["nan", "inf", "-inf", "1e400", "-5", "x", "1e30"]
+
+
+@pytest.mark.parametrize("value", [*_NOT_AMOUNTS, "0"])
+@pytest.mark.parametrize(
+    ("flag", "rest"),
+    [
+        ("--gpu-mem-gib", ["--model", "llama-3.1-8b"]),
+        ("--gpu-mem-gb", ["--model", "llama-3.1-8b"]),
+        ("--weights-gib", ["--model", "llama-3.1-8b", "--gpu", "h100"]),
+        ("--weights-gb", ["--model", "llama-3.1-8b", "--gpu", "h100"]),
+        ("--params-b", ["--model", "llama-3.1-8b", "--gpu", "h100"]),
+        ("--params-b", ["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--gpu", "h100"]),
+    ],
+)
+def test_amount_flags_take_finite_positive_numbers(
+    capsys: pytest.CaptureFixture[str], flag: str, rest: list[str], value: str
+) -> None:
+    """NaN, infinities, 1e400, negatives, 0 and absurd sizes: one line naming the flag, exit 2."""
+    with pytest.raises(SystemExit) as caught:
+        main(["plan", *rest, f"{flag}={value}"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {value!r} is not a number" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", _NOT_AMOUNTS)
+@pytest.mark.parametrize("flag", ["--overhead-gib", "--overhead-gb"])
+def test_overhead_flags_take_finite_non_negative_numbers(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    """The overhead override may be 0, never NaN, infinite or negative."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100", f"{flag}={value}"])
+    assert f"argument {flag}: {value!r} is not a number 0 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--weights-gib", "1"], "smaller than the model's embeddings alone"),
+        (["--params-b", "0.1"], "less than llama-3.1-8b's embeddings alone"),
+        (["--max-model-len", "1000000"], "exceeds llama-3.1-8b's context length 131,072"),
+        (["--max-num-seqs", "100000000000000000000"], "lower --max-num-seqs"),
+        (["--max-num-seqs", "10000000"], "lower --max-num-seqs"),
+    ],
+)
+def test_impossible_plans_are_one_true_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Weights or params below the embeddings, a context past the model's, a huge max-num-seqs."""
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert "raise --tp" not in err
+
+
+def test_a_long_context_needs_the_opt_in(capsys: pytest.CaptureFixture[str]) -> None:
+    """Past the model's length the plan says VLLM_ALLOW_LONG_MAX_MODEL_LEN; the flag sizes it."""
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "262144"]
+    assert main(argv) == 2
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in capsys.readouterr().err
+    out = run_json(capsys, *argv, "--allow-long-max-model-len")
+    assert out["max_model_len"] == 262144
+
+
+def test_a_git_lfs_pointer_checkout_is_refused_unless_weights_are_given(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Pointer files instead of weights: `git lfs pull` or --weights-gib, never 1.96 GiB."""
+    (tmp_path / "config.json").write_text(
+        (CONFIGS / "llama-3.1-8b-instruct" / "config.json").read_text()
+    )
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 4976698672\n"
+    (tmp_path / "model-00001-of-00004.safetensors").write_text(pointer)
+    argv = ["plan", "--model", str(tmp_path), "--gpu", "h100"]
+    assert main(argv) == 2
+    assert "git lfs pull" in capsys.readouterr().err
+    out = run_json(capsys, *argv, "--weights-gib", "15")
+    assert out["weights_bytes"] == 15 * 2**30

@@ -107,7 +107,7 @@ def test_deepseek_v3_mla_bytes_and_tp_invariance() -> None:
     result = sized(model, deployment)
     assert result.bytes_per_token == 61 * 576 * 2
     for tp in (1, 2, 4, 16):
-        other = sized(model, replace(deployment, tensor_parallel=tp, weights_bytes=GIB))
+        other = sized(model, replace(deployment, tensor_parallel=tp, weights_bytes=4 * GIB))
         assert other.bytes_per_token == result.bytes_per_token
 
 
@@ -493,3 +493,15 @@ def test_multimodal_encoder_cache_is_named_not_sized() -> None:
     assert "processor" in note
     overridden = sized(gemma, replace(h100, overhead_bytes=4 * GIB)).assumptions
     assert not any(n.startswith("multimodal model") for n in overridden)
+
+
+@pytest.mark.parametrize("weights", [0, 130, 1000, GIB])
+def test_weights_below_the_embeddings_are_refused(weights: int) -> None:
+    """A checkpoint smaller than its own embeddings (git-lfs pointers, a cut download) is an error.
+
+    It was taken as given: the missing gigabytes went into the KV cache, silently.
+    """
+    with pytest.raises(UsageError, match=r"embeddings alone.*git lfs pull"):
+        size_deployment(
+            arch("llama-3.1-8b-instruct"), deployment=replace(LLAMA, weights_bytes=weights)
+        )

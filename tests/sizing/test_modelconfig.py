@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,215 @@ def test_hybrid_pattern_without_attention_is_an_error() -> None:
             },
             name="l",
         )
+
+
+# --- hostile values: one reader of integer fields -------------------------------------------------
+
+_LLAMA = json.loads((CONFIGS / "llama-3.1-8b-instruct" / "config.json").read_text())
+
+#: Every integer field, with the neighbours that make the sizing read it.
+_FIELDS: list[tuple[str, dict[str, object]]] = [
+    ("num_hidden_layers", {}),
+    ("num_attention_heads", {}),
+    ("num_key_value_heads", {}),
+    ("head_dim", {}),
+    ("hidden_size", {}),
+    ("vocab_size", {}),
+    ("intermediate_size", {}),
+    ("max_position_embeddings", {}),
+    ("kv_lora_rank", {"qk_rope_head_dim": 64}),
+    ("qk_rope_head_dim", {"kv_lora_rank": 512}),
+    ("num_local_experts", {"num_experts_per_tok": 2}),
+    ("first_k_dense_replace", {"n_routed_experts": 8, "moe_intermediate_size": 64}),
+    ("sliding_window", {"layer_types": ["sliding_attention", "full_attention"] * 16}),
+    ("sliding_window_pattern", {"model_type": "gemma3_text", "sliding_window": 512}),
+    (
+        "max_window_layers",
+        {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 1024},
+    ),
+    ("num_nextn_predict_layers", {}),
+]
+#: What JSON can hold that is no count: Python's json reads NaN, Infinity and 1e400 (= inf).
+_NOT_COUNTS: list[object] = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    0.5,
+    32.5,
+    "8",
+    True,
+    [8],
+    -3,
+    1e308,
+    10**30,
+]
+
+
+@pytest.mark.parametrize("value", _NOT_COUNTS, ids=repr)
+@pytest.mark.parametrize(("field", "context"), _FIELDS, ids=[f for f, _ in _FIELDS])
+def test_an_integer_field_that_holds_no_count_is_one_clear_error(
+    field: str, context: dict[str, object], value: object
+) -> None:
+    """NaN, infinities, fractions, strings, booleans, negatives and absurd sizes name the field.
+
+    Never a traceback, a truncation (0.5 -> 0) or a silent default (a bad KV-head count read as
+    absent would size the model as MHA, four times the KV per token).
+    """
+    config = {**_LLAMA, **context, field: value}
+    with pytest.raises(ModelConfigError, match=rf"^hostile: config\.json field '{field}' is "):
+        parse_model_config(config, name="hostile")
+
+
+@pytest.mark.parametrize("field", ["num_key_value_heads", "head_dim", "max_position_embeddings"])
+def test_a_zero_count_is_an_error_not_absent(field: str) -> None:
+    """0 KV heads is not "no num_key_value_heads" (MHA), nor a 0 head size or context length."""
+    with pytest.raises(ModelConfigError, match=f"'{field}' is 0"):
+        parse_model_config({**_LLAMA, field: 0}, name="zero")
+
+
+def test_integer_fields_inside_text_config_are_checked_too() -> None:
+    """A vision-language model's text_config goes through the same reader."""
+    config = {"vision_config": {}, "text_config": {**_LLAMA, "num_key_value_heads": float("nan")}}
+    with pytest.raises(ModelConfigError, match="'num_key_value_heads' is nan"):
+        parse_model_config(config, name="vlm")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_size": 16, "head_dim": None}, "rounds to 0; give head_dim"),
+        ({"num_key_value_heads": 5}, "num_key_value_heads 5 does not divide"),
+        ({"num_key_value_heads": 64}, "num_key_value_heads 64 does not divide"),
+    ],
+)
+def test_attention_shapes_vllm_cannot_build_are_refused(
+    change: dict[str, object], message: str
+) -> None:
+    """A derived head size of 0, or KV heads that do not divide the heads, are errors."""
+    with pytest.raises(ModelConfigError, match=message):
+        parse_model_config({**_LLAMA, **change}, name="shape")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '"num_hidden_layers": NaN',
+        '"num_hidden_layers": Infinity',
+        '"num_hidden_layers": 1e400',
+        '"num_hidden_layers": ' + "9" * 5000,
+    ],
+    ids=["NaN", "Infinity", "1e400", "5000-digits"],
+)
+def test_hostile_numbers_in_a_config_file_are_one_line(tmp_path: Path, raw: str) -> None:
+    """What json.loads lets through from a file ends as a ModelConfigError naming the file."""
+    text = json.dumps(_LLAMA).replace('"num_hidden_layers": 32', raw)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ModelConfigError, match=str(tmp_path)) as caught:
+        load_model_arch(tmp_path)
+    assert "\n" not in str(caught.value)
+    assert "set_int_max_str_digits" not in str(caught.value)
+
+
+def test_integral_floats_are_counts() -> None:
+    """Some writers emit 32.0: an integral float is read as the integer."""
+    arch = parse_model_config({**_LLAMA, "num_hidden_layers": 32.0, "head_dim": 128.0}, name="f")
+    assert (arch.num_layers, arch.head_dim) == (32, 128)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "loop", "dangling", "directory"])
+def test_a_config_json_that_is_not_a_file_is_named_truly(tmp_path: Path, kind: str) -> None:
+    """A FIFO, a symlink loop, a dangling link or a directory is never "has no config.json"."""
+    config = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "loop":
+        config.symlink_to(config)
+    elif kind == "dangling":
+        config.symlink_to(tmp_path / "absent.json")
+    else:
+        config.mkdir()
+    with pytest.raises(ModelConfigError) as caught:
+        load_model_arch(tmp_path)
+    assert "has no config.json" not in str(caught.value)
+    assert str(config) in str(caught.value)
+
+
+# --- the safetensors index and the checkpoint files ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ('{"metadata": [1]}', "is not a safetensors index"),
+        ('{"metadata": "x"}', "is not a safetensors index"),
+        ("[1, 2]", "is not a safetensors index"),
+        ('{"metadata": {"total_size": Infinity}}', "'metadata.total_size' is inf"),
+        ('{"metadata": {"total_size": 1e400}}', "'metadata.total_size' is inf"),
+        ('{"metadata": {"total_size": NaN}}', "'metadata.total_size' is nan"),
+        ('{"metadata": {"total_size": -5}}', "'metadata.total_size' is -5"),
+        ('{"metadata": {"total_size": "16060522496"}}', "'metadata.total_size' is '16060"),
+        ('{"metadata": {"total_size": ' + "9" * 5000 + "}}", "thousands of digits"),
+        ("{corrupt", "is not valid JSON"),
+    ],
+)
+def test_a_bad_index_is_one_line_naming_the_file(tmp_path: Path, index: str, message: str) -> None:
+    """Whatever the index holds, the error names it and never asks whether it is a config.json."""
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ModelConfigError, match=message) as caught:
+        model_weights_bytes(tmp_path)
+    text = str(caught.value)
+    assert "model.safetensors.index.json" in text
+    assert "config.json" not in text.replace("model.safetensors.index.json", "")
+    assert "\n" not in text
+
+
+def test_git_lfs_pointer_files_are_not_weights(tmp_path: Path) -> None:
+    """A clone without git-lfs leaves ~130-byte pointers: refused, saying `git lfs pull`."""
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 4976698672\n"
+    for i in (1, 2):
+        (tmp_path / f"model-0000{i}-of-00002.safetensors").write_text(pointer)
+    with pytest.raises(ModelConfigError, match=r"git-lfs pointer files.*git lfs pull"):
+        model_weights_bytes(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("quant", "expected"),
+    [
+        ({"quant_method": "gptq", "bits": 4}, "gptq"),
+        ({"quant_method": "gptq", "bits": 8}, "gptq_8bit"),
+        ({"quant_method": "gptq", "bits": 3}, "gptq_3bit"),
+        ({"quant_method": "gptq", "bits": 2}, "gptq_2bit"),
+        ({"quant_method": "gptq"}, "gptq"),
+        ({"quant_method": "awq", "bits": 4}, "awq"),
+    ],
+)
+def test_gptq_width_comes_from_its_bits(quant: dict[str, object], expected: str) -> None:
+    """An 8-bit (or 3-bit) GPTQ checkpoint is not sized as 4-bit."""
+    arch = parse_model_config({**_LLAMA, "quantization_config": quant}, name="q")
+    assert arch.quantization == expected
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [
+        {"quant_method": "gptq", "bits": 5},
+        {"quant_method": "gptq", "bits": "x"},
+        {"quant_method": "gptq", "bits": float("nan")},
+        {"quant_method": "awq", "bits": 8},
+        {"quant_method": "awq", "w_bit": 3},
+    ],
+)
+def test_a_width_vllm_cannot_serve_is_refused(quant: dict[str, object]) -> None:
+    """A bits value vLLM's kernels do not take is one error naming quantization_config."""
+    with pytest.raises(ModelConfigError, match="quantization_config"):
+        parse_model_config({**_LLAMA, "quantization_config": quant}, name="q")
+
+
+def test_rope_scaling_extends_the_context_limit() -> None:
+    """YaRN's factor times its original length is a context vLLM accepts; llama3's is not."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    arch = parse_model_config(
+        {**_LLAMA, "max_position_embeddings": 32768, "rope_scaling": yarn}, name="yarn"
+    )
+    assert arch.context_limit == 131072
+    assert load_model_arch(CONFIGS / "llama-3.1-8b-instruct").context_limit == 131072
