@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from alerts.rules import HEADER, RECORDED, SCRAPED, render
+from alerts.rules import HEADER, NAMESPACE, RECORDED, SCRAPED, render
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -40,7 +40,9 @@ def generate() -> dict[Path, str]:
     """Path relative to the repository -> the text it must hold (pure)."""
     return {
         UNSCOPED: render(header=_GENERATED + "\n" + HEADER),
-        CHART_COPY: render(SCRAPED, RECORDED, header=_GENERATED + _MARKED + "\n" + HEADER),
+        CHART_COPY: render(
+            SCRAPED, RECORDED, NAMESPACE, header=_GENERATED + _MARKED + "\n" + HEADER
+        ),
     }
 
 

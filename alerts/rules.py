@@ -28,6 +28,9 @@ import yaml
 SCRAPED = "<scraped>"
 #: Marks the selector of a recorded series; the chart fills in headroom_release="<ns>/<name>".
 RECORDED = "<recorded>"
+#: Marks the ``namespace`` label of an alert whose expression keeps no target label (see
+#: ``Alert.release_namespace``); the chart fills in the release's namespace (unscoped: no label).
+NAMESPACE = "<namespace>"
 #: Where each alert's runbook lives: ``RUNBOOKS + <alert>.md``.
 RUNBOOKS = "https://github.com/vllm-headroom/vllm-headroom/blob/main/docs/runbooks/"
 
@@ -54,6 +57,10 @@ class Alert:
     dashboard_url: str
     keep_firing_for: str = ""
     comment: str = ""
+    #: Its expression aggregates every target label away (absent, count): in a release the chart
+    #: labels it with the release's namespace, by which Alertmanager routes (prometheus-operator's
+    #: AlertmanagerConfig matches only alerts of its own namespace).
+    release_namespace: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ GROUPS: tuple[Group, ...] = (
             Record("headroom:threshold:gpu_free_memory_min_bytes", "vector(536870912)"),
             Record("headroom:threshold:stale_seconds", "vector(120)"),
             Record("headroom:threshold:vllm_startup_seconds", "vector(1800)"),
+            Record("headroom:threshold:vllm_restarts_per_hour", "vector(3)"),
             Record("headroom:threshold:slo_ttft_seconds", "vector(2.5)"),
             Record(
                 "headroom:threshold:slo_ttft_objective",
@@ -984,7 +992,9 @@ GROUPS: tuple[Group, ...] = (
                     A sidecar whose vLLM has not answered once since the sidecar started, less than
                     vllm_startup_seconds ago (the chart sets it from vLLM's startup probe: periodSeconds x
                     failureThreshold), is waiting for a model to load, not failing. After the first answer,
-                    any outage counts from its start.
+                    any outage counts from its start. A vLLM that crash-loops answers between its crashes,
+                    and each answer would start the outage's `for` again: vllm_restarts_per_hour restarts
+                    seen within an hour (new start times) page as well, as one incident while they go on.
                 """,
                 expr="""
                     headroom_target_up{<scraped>} == 0
@@ -994,16 +1004,21 @@ GROUPS: tuple[Group, ...] = (
                       unless on (job, instance)
                         headroom_source_last_success_timestamp_seconds{<scraped>,source="vllm_metrics"}
                     )
+                    or on (job, instance)
+                      increase(headroom_target_restarts_total{<scraped>}[1h])
+                        >= scalar(headroom:threshold:vllm_restarts_per_hour{<recorded>})
                 """,
                 for_="15m",
                 severity="critical",
-                summary="The vllm-headroom exporter {{ $labels.instance }} cannot read its vLLM's /metrics.",
+                summary="The vllm-headroom exporter {{ $labels.instance }} cannot read its vLLM's /metrics, or its vLLM keeps restarting.",
                 description="""
                     vllm-headroom {{ $labels.instance }} (job {{ $labels.job }}) keeps failing to poll
-                    vLLM's /metrics: vLLM is down, crash looping, past its startup budget of
+                    vLLM's /metrics, or saw it restart at least
+                    {{ with printf "headroom:threshold:vllm_restarts_per_hour{headroom_release=%q}" $labels.headroom_release | query }}{{ . | first | value }}{{ end }}
+                    times within an hour: vLLM is down, crash looping, past its startup budget of
                     {{ with printf "headroom:threshold:vllm_startup_seconds{headroom_release=%q}" $labels.headroom_release | query }}{{ . | first | value | humanizeDuration }}{{ end }}
-                    without answering, or refusing the exporter. Its capacity gauges are withdrawn until
-                    vLLM answers again.
+                    without answering, or refusing the exporter. Its capacity gauges are withdrawn while
+                    vLLM does not answer.
                 """,
                 dashboard_url="/d/vllm-headroom-instance?var-job={{ $labels.job | urlquery }}&var-instance={{ $labels.instance | urlquery }}",
             ),
@@ -1158,6 +1173,7 @@ GROUPS: tuple[Group, ...] = (
                     or label_replace(absent(headroom:threshold:gpu_free_memory_min_bytes{<recorded>}) or count(headroom:threshold:gpu_free_memory_min_bytes{<recorded>}) > 1, "threshold", "gpu_free_memory_min_bytes", "", "")
                     or label_replace(absent(headroom:threshold:stale_seconds{<recorded>}) or count(headroom:threshold:stale_seconds{<recorded>}) > 1, "threshold", "stale_seconds", "", "")
                     or label_replace(absent(headroom:threshold:vllm_startup_seconds{<recorded>}) or count(headroom:threshold:vllm_startup_seconds{<recorded>}) > 1, "threshold", "vllm_startup_seconds", "", "")
+                    or label_replace(absent(headroom:threshold:vllm_restarts_per_hour{<recorded>}) or count(headroom:threshold:vllm_restarts_per_hour{<recorded>}) > 1, "threshold", "vllm_restarts_per_hour", "", "")
                     or label_replace(absent(headroom:threshold:slo_ttft_seconds{<recorded>}) or count(headroom:threshold:slo_ttft_seconds{<recorded>}) > 1, "threshold", "slo_ttft_seconds", "", "")
                     or label_replace(count(headroom:threshold:slo_ttft_objective{<recorded>}) > 1 or count(headroom:threshold:slo_ttft_objective{<recorded>} <= 0 or headroom:threshold:slo_ttft_objective{<recorded>} >= 1), "threshold", "slo_ttft_objective", "", "")
                     or label_replace(count(headroom:threshold:slo_error_objective{<recorded>}) > 1 or count(headroom:threshold:slo_error_objective{<recorded>} <= 0 or headroom:threshold:slo_error_objective{<recorded>} >= 1), "threshold", "slo_error_objective", "", "")
@@ -1195,6 +1211,7 @@ GROUPS: tuple[Group, ...] = (
                     vector(VALUE), in the rule file (or the Helm values that override it).
                 """,
                 dashboard_url="/d/vllm-headroom-fleet",
+                release_namespace=True,
             ),
         ),
     ),
@@ -1260,17 +1277,20 @@ def _scalar(key: str, text: str, indent: int, *, block: bool = False) -> list[st
     return [f"{pad}{key}: >-", *(f"{pad}  {line}".rstrip() for line in value.splitlines())]
 
 
-def _rule(rule: Record | Alert, scraped: str, recorded: str) -> list[str]:
+def _rule(rule: Record | Alert, scraped: str, recorded: str, namespace: str) -> list[str]:
     expr = fill(fill(_text(rule.expr), SCRAPED, scraped), RECORDED, recorded)
     if isinstance(rule, Record):
         return [f"      - record: {rule.record}", *_scalar("expr", expr, 8)]
     lines = [f"      - alert: {rule.alert}", *_scalar("expr", expr, 8), f"        for: {rule.for_}"]
     if rule.keep_firing_for:
         lines.append(f"        keep_firing_for: {rule.keep_firing_for}")
+    labels = [f"          severity: {rule.severity}"]
+    if rule.release_namespace and namespace:
+        labels.append(f'          namespace: "{namespace}"')
     return [
         *lines,
         "        labels:",
-        f"          severity: {rule.severity}",
+        *labels,
         "        annotations:",
         *_scalar("summary", rule.summary, 10, block=True),
         *_scalar("description", rule.description, 10, block=True),
@@ -1279,8 +1299,14 @@ def _rule(rule: Record | Alert, scraped: str, recorded: str) -> list[str]:
     ]
 
 
-def render(scraped: str = "", recorded: str = "", *, header: str = HEADER) -> str:
-    """The rule file with these matchers in place of the markers (none: unscoped; pure)."""
+def render(
+    scraped: str = "", recorded: str = "", namespace: str = "", *, header: str = HEADER
+) -> str:
+    """The rule file with these matchers in place of the markers (none: unscoped; pure).
+
+    ``namespace``: the value of the ``namespace`` label of alerts whose expression keeps none
+    (none: no such label).
+    """
     lines = _comment(header, 0)
     lines.append("groups:")
     for index, group in enumerate(GROUPS):
@@ -1293,5 +1319,5 @@ def render(scraped: str = "", recorded: str = "", *, header: str = HEADER) -> st
             if position and (rule.comment or isinstance(rule, Alert)):
                 lines.append("")
             lines += _comment(rule.comment, 6)
-            lines += _rule(rule, scraped, recorded)
+            lines += _rule(rule, scraped, recorded, namespace)
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ import jsonschema
 import pytest
 import yaml
 
+from alerts.rules import GROUPS, Alert
 from tests import paths
 from tests.promql import metric_names, with_matchers
 from tests.test_helm import (
@@ -112,6 +113,16 @@ def default_selector(release: str, namespace: str, values: Mapping[str, Any]) ->
     return f'namespace="{namespace}",job=~"{pattern}"'
 
 
+#: Alerts whose expression keeps no target label: scoped, the chart labels them with the
+#: release's namespace (AlertmanagerConfig routes only its own namespace's alerts).
+RELEASE_NAMESPACED = frozenset(
+    rule.alert
+    for group in GROUPS
+    for rule in group.rules
+    if isinstance(rule, Alert) and rule.release_namespace
+)
+
+
 def expected_groups(
     rules: Mapping[str, Any], values: Mapping[str, Any], release: str, namespace: str
 ) -> list[dict[str, Any]]:
@@ -146,6 +157,8 @@ def expected_groups(
                 if alert is None:
                     continue
                 rule = alert
+                if scoped and rule["alert"] in RELEASE_NAMESPACED:
+                    rule["labels"]["namespace"] = namespace
             else:
                 name = rule["record"].removeprefix(THRESHOLD_PREFIX)
                 if group["name"] == THRESHOLD_GROUP and name in thresholds:

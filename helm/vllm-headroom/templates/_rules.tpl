@@ -146,6 +146,15 @@ empty), as alerts/rules.py's fill does. Plain replace: no pattern touches the Pr
 {{- end -}}
 {{- $labels := deepCopy ($rule.labels | default dict) -}}
 {{- $labels = merge $labels (deepCopy $alertLabels) -}}
+{{- /* An alert whose expression keeps no target label: the release's namespace (Alertmanager
+routes by it), or, unscoped, no namespace label at all. */ -}}
+{{- if eq (toString (index $labels "namespace")) "<namespace>" -}}
+{{- if $scoped -}}
+{{- $_ := set $labels "namespace" $.Release.Namespace -}}
+{{- else -}}
+{{- $_ := unset $labels "namespace" -}}
+{{- end -}}
+{{- end -}}
 {{- if hasKey $knobs "severity" -}}
 {{- $_ := set $labels "severity" $knobs.severity -}}
 {{- end -}}
