@@ -14,9 +14,11 @@ sweep stops there and says why (exit 1).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -37,7 +39,7 @@ from exporter.sizing.limits import LimitInputs, resolve_running_limit
 from exporter.sweep.drivers import MAX_IN_FLIGHT, HttpxDriver, VllmBenchDriver, require_tokenizer
 from exporter.sweep.evaluate import Limits, busy_unknown, traffic_seen
 from exporter.sweep.figure import check_report_path, write_report
-from exporter.sweep.knee import shape_ceiling
+from exporter.sweep.knee import check_capacity, shape_ceiling
 from exporter.sweep.plan import Mode, SweepPlan, parse_levels
 from exporter.sweep.report import TargetFacts, progress_line, render, to_json
 from exporter.sweep.runner import SweepSetup, run_sweep
@@ -54,8 +56,6 @@ from exporter.vllm.coverage import unusable_reason
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
-    import argparse
-
     from exporter.core.snapshot import VllmSnapshot
     from exporter.sweep.runner import LoadDriver
     from exporter.sweep.shape import TrafficShape
@@ -81,6 +81,70 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: Exit code when no request of the baseline completed (nothing could be measured).
 EXIT_NOTHING_COMPLETED = 1
 CONFIRM_FLAG = "--i-know-this-sends-load"
+#: Waits before any request longer than this are announced on stderr (not a silent hang).
+ANNOUNCED_WAIT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """An argparse type: a finite number from ``low`` (excluded when ``above``) to ``high``.
+
+    NaN, infinities (``inf``, ``1e400``) and numbers out of range are refused by the parser in
+    one line: a NaN limit would turn its check off (``x >= nan`` is never true), an infinite
+    wait would hang before sending.
+    """
+
+    unit: str
+    low: float
+    high: float
+    example: str
+    above: bool = False
+
+    def accepts(self, value: float) -> bool:
+        """Whether ``value`` is in range (False for NaN and infinities)."""
+        low_ok = value > self.low if self.above else value >= self.low
+        return math.isfinite(value) and low_ok and value <= self.high
+
+    def describe(self) -> str:
+        """``seconds above 0 and at most 3,600`` or ``seconds from 0.1 to 3,600``."""
+        if self.above:
+            return f"{self.unit} above {self.low:g} and at most {self.high:,.0f}"
+        return f"{self.unit} from {self.low:g} to {self.high:,.0f}"
+
+    def __call__(self, text: str) -> float:
+        """Parse one flag's value or raise :class:`argparse.ArgumentTypeError`."""
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not self.accepts(value):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a finite number of {self.describe()}; give e.g. {self.example}"
+            )
+        return value
+
+
+#: Every float flag of ``probe`` and its range (docs/probe.md lists them).
+FLOAT_FLAGS: dict[str, Bounded] = {
+    "step_seconds": Bounded("seconds", 0.0, 86_400.0, "30", above=True),
+    "settle_seconds": Bounded("seconds", 0.0, 86_400.0, "5"),
+    "max_duration": Bounded("seconds", 0.0, 7 * 86_400.0, "900", above=True),
+    "drain_seconds": Bounded("seconds", 0.0, 3_600.0, "60", above=True),
+    "shape_window": Bounded("seconds", 0.0, 86_400.0, "3600"),
+    "max_preemptions_per_request": Bounded("preemptions per request", 0.0, 1e6, "0.01"),
+    "max_waiting": Bounded("requests", 0.0, 1e6, "0.5"),
+    "ttft_p95": Bounded("seconds", 0.0, 86_400.0, "2", above=True),
+    "tpot_p95": Bounded("seconds", 0.0, 86_400.0, "0.1", above=True),
+    "stop_preemptions": Bounded("preemptions", 0.0, 1e6, "20", above=True),
+    "stop_waiting": Bounded("requests", 0.0, 1e6, "16", above=True),
+    "sample_interval": Bounded("seconds", 0.05, 60.0, "1"),
+    "timeout": Bounded("seconds", 0.0, 600.0, "5", above=True),
+    "quiet_seconds": Bounded("seconds", 0.1, 3_600.0, "2"),
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,24 +166,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--levels", help="load levels, e.g. 0.5,1,2,4 (default: chosen from the ceiling)"
     )
-    plan.add_argument("--step-seconds", type=float, default=30.0, help="each step (default 30)")
+    plan.add_argument(
+        "--step-seconds",
+        type=FLOAT_FLAGS["step_seconds"],
+        default=30.0,
+        help="each step (default 30)",
+    )
     plan.add_argument(
         "--settle-seconds",
-        type=float,
+        type=FLOAT_FLAGS["settle_seconds"],
         help="unmeasured start of each step (default: a third of the step, at most 10)",
     )
     plan.add_argument(
         "--past-knee", type=int, default=1, help="steps after the first failing one (default 1)"
     )
     plan.add_argument(
-        "--max-duration", type=float, default=900.0, help="seconds for the whole sweep (900)"
+        "--max-duration",
+        type=FLOAT_FLAGS["max_duration"],
+        default=900.0,
+        help="seconds for the whole sweep (900)",
     )
     plan.add_argument(
         "--max-requests", type=int, default=5000, help="requests for the whole sweep (5000)"
     )
     plan.add_argument(
         "--drain-seconds",
-        type=float,
+        type=FLOAT_FLAGS["drain_seconds"],
         default=60.0,
         help="wait for requests in flight after a step, then cancel (60)",
     )
@@ -136,7 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--shape-window",
-        type=float,
+        type=FLOAT_FLAGS["shape_window"],
         default=0.0,
         help="histograms over this many seconds instead of since start (URLs only)",
     )
@@ -148,35 +220,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits = parser.add_argument_group("the limits of a good step")
     limits.add_argument(
-        "--max-preemptions-per-request", type=float, default=0.01, help="(default 0.01)"
+        "--max-preemptions-per-request",
+        type=FLOAT_FLAGS["max_preemptions_per_request"],
+        default=0.01,
+        help="(default 0.01)",
     )
     limits.add_argument(
-        "--max-waiting", type=float, default=0.5, help="mean requests waiting (default 0.5)"
+        "--max-waiting",
+        type=FLOAT_FLAGS["max_waiting"],
+        default=0.5,
+        help="mean requests waiting (default 0.5)",
     )
-    limits.add_argument("--ttft-p95", type=float, metavar="SECONDS", help="TTFT objective")
-    limits.add_argument("--tpot-p95", type=float, metavar="SECONDS", help="TPOT objective")
+    limits.add_argument(
+        "--ttft-p95", type=FLOAT_FLAGS["ttft_p95"], metavar="SECONDS", help="TTFT objective"
+    )
+    limits.add_argument(
+        "--tpot-p95", type=FLOAT_FLAGS["tpot_p95"], metavar="SECONDS", help="TPOT objective"
+    )
     limits.add_argument(
         "--stop-preemptions",
-        type=float,
+        type=FLOAT_FLAGS["stop_preemptions"],
         help="stop a step at this many preemptions (default: 20 or twice the ceiling)",
     )
     limits.add_argument(
         "--stop-waiting",
-        type=float,
+        type=FLOAT_FLAGS["stop_waiting"],
         help="stop a step at this many requests waiting (default: 16 or the ceiling)",
     )
     target = parser.add_argument_group("the target")
     target.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
     target.add_argument("--model", help="served model name (default: the first of /v1/models)")
     target.add_argument(
-        "--sample-interval", type=float, default=1.0, help="seconds between metric reads (1)"
+        "--sample-interval",
+        type=FLOAT_FLAGS["sample_interval"],
+        default=1.0,
+        help="seconds between metric reads (1)",
     )
     target.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds per metrics or file read (5)"
+        "--timeout",
+        type=FLOAT_FLAGS["timeout"],
+        default=5.0,
+        help="seconds per metrics or file read (5)",
     )
     target.add_argument(
         "--quiet-seconds",
-        type=float,
+        type=FLOAT_FLAGS["quiet_seconds"],
         default=2.0,
         help="watch the target this long for traffic before starting (2)",
     )
@@ -213,21 +301,21 @@ class _Target:
 
 
 def _limits(args: argparse.Namespace, ceiling: float | None) -> Limits:
-    for name in ("max_preemptions_per_request", "max_waiting"):
-        if getattr(args, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')} is negative; give 0 or more")
-    for name in ("ttft_p95", "tpot_p95", "stop_preemptions", "stop_waiting"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} is {value}; give a positive number")
-    size = ceiling or 0.0
+    """The limits of a good step; :class:`Limits` refuses any that is not finite."""
+    size = ceiling if ceiling is not None and math.isfinite(ceiling) else 0.0
+    stop_preemptions = args.stop_preemptions
+    if stop_preemptions is None:
+        stop_preemptions = max(20.0, 2 * size)
+    stop_waiting = args.stop_waiting
+    if stop_waiting is None:
+        stop_waiting = max(16.0, size)
     return Limits(
         max_preemptions_per_request=args.max_preemptions_per_request,
         max_waiting=args.max_waiting,
         ttft_p95_s=args.ttft_p95,
         tpot_p95_s=args.tpot_p95,
-        stop_preemptions=args.stop_preemptions or max(20.0, 2 * size),
-        stop_waiting=args.stop_waiting or max(16.0, size),
+        stop_preemptions=stop_preemptions,
+        stop_waiting=stop_waiting,
     )
 
 
@@ -268,11 +356,15 @@ def _check_flags(args: argparse.Namespace) -> None:
     ]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} both give the traffic shape; keep one")
-    for name in ("sample_interval", "timeout"):
-        if not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    if args.quiet_seconds < 0 or args.shape_window < 0:
-        raise UsageError("--quiet-seconds and --shape-window must be 0 or more")
+    # The parser's types refuse these already; checked again for arguments built otherwise
+    # (the same ranges: a NaN or infinite value never reaches a limit or a wait).
+    for name, bounded in FLOAT_FLAGS.items():
+        value = getattr(args, name)
+        if value is not None and not (isinstance(value, float | int) and bounded.accepts(value)):
+            raise UsageError(
+                f"{_flag(name)} is {value}; give a finite number of {bounded.describe()}, e.g. "
+                f"{bounded.example}"
+            )
     lengths_given = args.prompt_tokens is not None or args.lengths is not None
     source = args.shape_from or args.target
     if args.shape_window > 0 and (lengths_given or not source.startswith(("http://", "https://"))):
@@ -346,8 +438,13 @@ async def _connect(args: argparse.Namespace, client: VllmClient) -> _Target:
     return _Target(url, snapshot, str(model), root, max_len, version)
 
 
-async def _pause(seconds: float, interrupt: asyncio.Event) -> None:
-    """Sleep, or raise :class:`_Interrupted` at Ctrl-C (nothing was sent yet)."""
+async def _pause(seconds: float, interrupt: asyncio.Event, *, doing: str) -> None:
+    """Sleep, or raise :class:`_Interrupted` at Ctrl-C (nothing was sent yet).
+
+    A wait longer than :data:`ANNOUNCED_WAIT_S` says what it waits for, so it never looks hung.
+    """
+    if seconds > ANNOUNCED_WAIT_S:
+        _err(f"probe: {doing} for {seconds:g} s before sending anything; Ctrl-C stops")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(interrupt.wait(), timeout=seconds)
     if interrupt.is_set():
@@ -378,7 +475,7 @@ async def _shape(
         after = target.snapshot if source == target.url else await _read_metrics(client, source)
         if args.shape_window > 0:
             before = after
-            await _pause(args.shape_window, interrupt)
+            await _pause(args.shape_window, interrupt, doing=f"reading {source}'s histograms")
             after = await _read_metrics(client, source.rstrip("/"))
     else:
         after = _parse(_read_bytes(Path(source), "/metrics capture", args.timeout), source)
@@ -502,7 +599,7 @@ async def _probe(args: argparse.Namespace, plan: SweepPlan, interrupt: asyncio.E
         )
         target = await _connect(args, client)
         if not args.confirmed:
-            await _pause(args.quiet_seconds, interrupt)
+            await _pause(args.quiet_seconds, interrupt, doing=f"watching {target.url} for traffic")
             later = await _read_metrics(client, target.url)
             unknown = busy_unknown(target.snapshot) or busy_unknown(later)
             if unknown:
@@ -526,6 +623,7 @@ async def _probe(args: argparse.Namespace, plan: SweepPlan, interrupt: asyncio.E
             running_limit=limit,
         ).engines
         ceiling = shape_ceiling(engines, shape, limit)
+        check_capacity(engines, shape, ceiling)
         if plan.mode == Mode.RATE and not plan.levels and ceiling.kv_p95_sequences is None:
             raise UsageError(
                 f"{target.url} does not say its KV capacity (no vllm:cache_config_info), so no "

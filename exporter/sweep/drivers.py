@@ -236,7 +236,9 @@ class HttpxDriver:
                     return
                 await asyncio.shield(self._spawn(shape))
 
-        workers = [asyncio.create_task(client()) for _ in range(clients)]
+        # No more clients than requests (a level of 10^300 must not spawn 10^300 tasks).
+        count = min(clients, len(requests), MAX_IN_FLIGHT)
+        workers = [asyncio.create_task(client()) for _ in range(count)]
         try:
             await asyncio.gather(*workers)
         finally:

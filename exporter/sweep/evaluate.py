@@ -37,6 +37,7 @@ from exporter.core.windows import (
     merge_buckets,
     window_increase,
 )
+from exporter.errors import UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -110,6 +111,22 @@ class Limits:
     #: Stop a step early at this many preemptions, or this many requests waiting at once.
     stop_preemptions: float = 20.0
     stop_waiting: float = 16.0
+
+    def __post_init__(self) -> None:
+        """Every limit finite: a NaN or infinite one would turn its check off (fail open)."""
+        for flag, value, positive in (
+            ("--max-preemptions-per-request", self.max_preemptions_per_request, False),
+            ("--max-waiting", self.max_waiting, False),
+            ("--ttft-p95", self.ttft_p95_s, True),
+            ("--tpot-p95", self.tpot_p95_s, True),
+            ("--stop-preemptions", self.stop_preemptions, True),
+            ("--stop-waiting", self.stop_waiting, True),
+        ):
+            if value is None:
+                continue
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                least = "above 0" if positive else "0 or more"
+                raise UsageError(f"{flag} is {value}; give a finite number {least}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,18 +427,20 @@ def violations(step: StepResult, limits: Limits) -> tuple[str, ...]:
             f"{step.not_sent} arrivals not sent: the client already had the most requests in "
             "flight it keeps"
         )
+    # Every comparison is written to hold only for numbers within the limit: a NaN measure or
+    # limit is a violation (fail closed), never a pass.
     if step.preemptions:
         per_request = step.preemptions_per_request
-        if per_request is None or per_request > limits.max_preemptions_per_request:
+        if per_request is None or not per_request <= limits.max_preemptions_per_request:
             shown = "no request finished" if per_request is None else f"{per_request:.2f}/request"
             found.append(f"{step.preemptions:.0f} preemptions ({shown})")
-    if step.waiting_mean is not None and step.waiting_mean > limits.max_waiting:
+    if step.waiting_mean is not None and not step.waiting_mean <= limits.max_waiting:
         found.append(f"{step.waiting_mean:.1f} requests waiting on average")
     for name, objective, measured in (
         ("TTFT", limits.ttft_p95_s, step.ttft_p95_s),
         ("TPOT", limits.tpot_p95_s, step.tpot_p95_s),
     ):
-        if objective is not None and measured is not None and measured > objective:
+        if objective is not None and measured is not None and not measured <= objective:
             found.append(f"{name} p95 {measured:.3g} s > {objective:g} s")
     if step.sent and not step.completed:
         found.append("no request completed")
@@ -435,15 +454,16 @@ def _with_verdict(step: StepResult, limits: Limits) -> StepResult:
 def early_stop(samples: Sequence[Sample], limits: Limits) -> str | None:
     """Why a running step should stop now (it has clearly failed), or None to go on.
 
-    ``samples`` are the step's samples so far, the first one taken just before it started.
+    ``samples`` are the step's samples so far, the first one taken just before it started. Fail
+    closed: a NaN count or limit stops the step.
     """
     if not samples:
         return None
     preempted = _increase(samples, lambda e: e.preemptions_total)
-    if preempted is not None and preempted >= limits.stop_preemptions:
+    if preempted is not None and not preempted < limits.stop_preemptions:
         return f"{preempted:.0f} preemptions"
     waiting = _engines_sum(samples[-1].snapshot, lambda e: e.requests_waiting)
-    if waiting is not None and waiting >= limits.stop_waiting:
+    if waiting is not None and not waiting < limits.stop_waiting:
         return f"{waiting:.0f} requests waiting"
     return None
 
@@ -473,19 +493,20 @@ def busy_unknown(snapshot: VllmSnapshot) -> str | None:
 def traffic_seen(before: VllmSnapshot, after: VllmSnapshot, *, seconds: float) -> str | None:
     """Why the target looks busy, as a phrase for the refusal; None when it is quiet.
 
-    Busy: requests running or waiting now, or requests finished between the two snapshots.
+    Busy: requests running or waiting now, or requests finished between the two snapshots. Fail
+    closed: any value but 0 is busy, a NaN one included.
     """
     found: list[str] = []
     running = _engines_sum(after, lambda e: e.requests_running) or 0.0
     waiting = _engines_sum(after, lambda e: e.requests_waiting) or 0.0
-    if running:
+    if running != 0:
         found.append(f"{running:.0f} requests running")
-    if waiting:
+    if waiting != 0:
         found.append(f"{waiting:.0f} waiting")
     first = _engines_sum(before, lambda e: e.requests_finished_total)
     last = _engines_sum(after, lambda e: e.requests_finished_total)
     if first is not None and last is not None:
         finished = window_increase([first, last])
-        if finished:
+        if finished != 0:
             found.append(f"{finished:.0f} requests finished in {seconds:g} s")
     return ", ".join(found) or None

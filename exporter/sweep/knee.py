@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from exporter.core.ceiling import ceiling as ceiling_under_limits
 from exporter.core.derive import sequences_that_fit
+from exporter.errors import UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -120,6 +121,35 @@ def shape_ceiling(
         sequences=math.fsum(under) if under else None,
         limited_by=limits.pop() if len(limits) == 1 else None,
     )
+
+
+def check_capacity(
+    engines: Sequence[EngineDerived], shape: TrafficShape, ceiling: TargetCeiling
+) -> None:
+    """Raise :class:`UsageError` when the target cannot hold the shape's requests: none is sent.
+
+    The longest request must fit in the KV pool of one engine (rounded up to its blocks), and the
+    ceiling, when known, must hold at least one sequence of the p95 length. A NaN pool or
+    ceiling refuses too (fail closed): a sweep with no room would only measure failures, and an
+    unbounded prompt would be built for nothing.
+    """
+    longest = shape.max_context_tokens
+    pools = [
+        (e.kv_usable_tokens, e.kv_block_size_tokens or 1)
+        for e in engines
+        if e.kv_usable_tokens is not None
+    ]
+    if pools and not any(sequences_that_fit(pool, longest, block) >= 1 for pool, block in pools):
+        largest = max(pool for pool, _ in pools)
+        raise UsageError(
+            f"the traffic shape has a {longest:,}-token request but the target's KV pool holds "
+            f"{largest:,.0f} tokens an engine; send shorter requests"
+        )
+    if ceiling.sequences is not None and not ceiling.sequences >= 1:
+        raise UsageError(
+            f"the target's ceiling is {ceiling.sequences:g} sequences of the p95 length "
+            f"({ceiling.p95_context_tokens:,} tokens): no request fits; send shorter requests"
+        )
 
 
 @dataclass(frozen=True, slots=True)

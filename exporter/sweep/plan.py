@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 CONCURRENCY_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 #: The automatic rate grid: ``r_max x 2^(k/2)`` for these ``k`` (1/16 of r_max up to sqrt 2 x).
 RATE_EXPONENTS = tuple(range(-8, 2))
+#: The most requests one sweep may send (``--max-requests``): the step's requests are built
+#: before it starts, so this bounds the memory they take.
+MAX_TOTAL_REQUESTS = 1_000_000
 #: Concurrency levels when the ceiling is unknown.
 FALLBACK_CONCURRENCY = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
@@ -102,8 +105,10 @@ class SweepPlan:
                 f"--settle-seconds {self.settle_seconds:g} must be at least 0 and below "
                 f"--step-seconds {self.step_seconds:g}"
             )
-        if self.max_total_requests < 1:
-            raise UsageError(f"--max-requests is {self.max_total_requests}; give at least 1")
+        if not 1 <= self.max_total_requests <= MAX_TOTAL_REQUESTS:
+            raise UsageError(
+                f"--max-requests is {self.max_total_requests}; give 1 to {MAX_TOTAL_REQUESTS:,}"
+            )
         if self.past_knee < 0:
             raise UsageError(f"--past-knee is {self.past_knee}; give 0 or more")
         if self.baseline_requests < 1:
@@ -172,6 +177,11 @@ def next_step(levels: Sequence[float], outcomes: Sequence[bool], *, past_knee: i
     return index
 
 
+def arrival_count(rate: float, duration_s: float) -> int:
+    """Requests of a rate step: ``rate x duration``, rounded, at least 1."""
+    return max(1, round(rate * duration_s))
+
+
 def arrival_offsets(rate: float, duration_s: float, *, seed: int) -> tuple[float, ...]:
     """Seconds from the step's start at which requests arrive, at ``rate`` on average.
 
@@ -181,7 +191,7 @@ def arrival_offsets(rate: float, duration_s: float, *, seed: int) -> tuple[float
     """
     # Reproducible on purpose: a seeded schedule, nothing secret (hence no S311).
     rng = random.Random(f"arrivals:{seed}:{rate!r}")  # noqa: S311
-    count = max(1, round(rate * duration_s))
+    count = arrival_count(rate, duration_s)
     return tuple(sorted(rng.uniform(0.0, duration_s) for _ in range(count)))
 
 

@@ -35,6 +35,7 @@ from exporter.sweep.plan import (
     Load,
     Mode,
     SweepPlan,
+    arrival_count,
     arrival_offsets,
     auto_levels,
     draw_requests,
@@ -275,6 +276,16 @@ def _idle(snapshot: VllmSnapshot) -> bool:
     return busy == 0
 
 
+def _step_count(plan: SweepPlan, load: Load, *, single_latency_s: float | None) -> int:
+    """How many requests one step sends: known before any of them is built."""
+    if load.mode == Mode.RATE:
+        return arrival_count(load.level, plan.step_seconds)
+    # Closed loop: enough for the step at the baseline's pace (latency only grows with load).
+    per_client = plan.step_seconds / single_latency_s if single_latency_s else 1000.0
+    count = load.concurrency * max(2, math.ceil(per_client) + 1)
+    return min(count, plan.max_total_requests)
+
+
 def _step_requests(
     plan: SweepPlan, load: Load, shape: TrafficShape, *, seed: int, single_latency_s: float | None
 ) -> tuple[tuple[RequestShape, ...], tuple[float, ...] | None]:
@@ -282,10 +293,8 @@ def _step_requests(
     if load.mode == Mode.RATE:
         offsets = arrival_offsets(load.level, plan.step_seconds, seed=seed)
         return draw_requests(shape, len(offsets), seed=seed), offsets
-    # Closed loop: enough for the step at the baseline's pace (latency only grows with load).
-    per_client = plan.step_seconds / single_latency_s if single_latency_s else 1000.0
-    count = load.concurrency * max(2, math.ceil(per_client) + 1)
-    return draw_requests(shape, min(count, plan.max_total_requests), seed=seed), None
+    count = _step_count(plan, load, single_latency_s=single_latency_s)
+    return draw_requests(shape, count, seed=seed), None
 
 
 async def run_sweep(
@@ -335,16 +344,19 @@ async def run_sweep(
                 ended = "knee found" if any(not s.ok for s in steps) else "levels done"
                 break
             load = Load(plan.mode, levels[index])
-            requests, offsets = _step_requests(
-                plan, load, setup.shape, seed=plan.seed + index, single_latency_s=single
-            )
             elapsed = clock() - sweep.started
             if elapsed + plan.step_seconds + plan.drain_seconds > plan.max_total_seconds:
                 ended = "time budget reached"
                 break
-            if sweep.sent + len(requests) > plan.max_total_requests:
+            # The budget is checked before the step's requests are built: a rate of 10^12
+            # requests/s must not build 10^13 arrival times first.
+            count = _step_count(plan, load, single_latency_s=single)
+            if sweep.sent + count > plan.max_total_requests:
                 ended = "request budget reached"
                 break
+            requests, offsets = _step_requests(
+                plan, load, setup.shape, seed=plan.seed + index, single_latency_s=single
+            )
             on_line(
                 f"step {index + 1}/{len(levels)}: {load.describe()} for {plan.step_seconds:g} s"
             )

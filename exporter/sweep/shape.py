@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 DEFAULT_SAMPLES = 200
 #: The most request shapes a lengths file may hold.
 MAX_LENGTHS = 100_000
+#: The longest request (prompt + output tokens) the probe builds and sends: above the longest
+#: context any model serves in practice (a few million tokens), and a prompt of it takes about
+#: 100 MiB to build; a length past it is a mistake (or a unit error), refused before any load.
+MAX_CONTEXT_TOKENS = 4_194_304
 _LENGTHS_HELP = "write one request per line as PROMPT_TOKENS,OUTPUT_TOKENS"
 #: How far the in-bucket exponent may bend the spread (2^-24 .. 2^24: all mass at a bound).
 _EXPONENT_RANGE = 24.0
@@ -122,6 +126,12 @@ def fixed_shape(prompt_tokens: int, output_tokens: int) -> TrafficShape:
         raise UsageError(
             f"--prompt-tokens {prompt_tokens} and --output-tokens {output_tokens}: both must be "
             "at least 1"
+        )
+    if prompt_tokens + output_tokens > MAX_CONTEXT_TOKENS:
+        raise UsageError(
+            f"--prompt-tokens {prompt_tokens} and --output-tokens {output_tokens} make a "
+            f"{prompt_tokens + output_tokens:,}-token request; the probe sends at most "
+            f"{MAX_CONTEXT_TOKENS:,} tokens a request: give shorter lengths"
         )
     return TrafficShape(
         (RequestShape(prompt_tokens, output_tokens),),
@@ -297,6 +307,14 @@ def _as_count(value: object) -> int:
     return number
 
 
+def _shape_of(prompt: object, output: object) -> RequestShape:
+    """One line's request; ValueError when a length is not a count or the request too long."""
+    shape = RequestShape(_as_count(prompt), _as_count(output))
+    if shape.context_tokens > MAX_CONTEXT_TOKENS:
+        raise ValueError("too long")
+    return shape
+
+
 def parse_lengths(text: str, *, where: str) -> TrafficShape:
     """Request shapes from a file's text: ``PROMPT,OUTPUT`` (or space-separated) per line.
 
@@ -317,11 +335,13 @@ def parse_lengths(text: str, *, where: str) -> TrafficShape:
                 if len(parts) != 2:
                     raise ValueError("not two numbers")
                 prompt, output = parts
-            requests.append(RequestShape(_as_count(prompt), _as_count(output)))
-        except ValueError:
+            requests.append(_shape_of(prompt, output))
+        except (ValueError, RecursionError):
+            # RecursionError: a JSON line nested deeper than the parser recurses.
             shown = line if len(line) <= 40 else line[:37] + "..."
             raise UsageError(
-                f"{where} line {number} ({shown!r}) is not two token counts >= 1; {_LENGTHS_HELP}"
+                f"{where} line {number} ({shown!r}) is not two token counts >= 1 of at most "
+                f"{MAX_CONTEXT_TOKENS:,} tokens together; {_LENGTHS_HELP}"
             ) from None
         if len(requests) > MAX_LENGTHS:
             raise UsageError(f"{where} has more than {MAX_LENGTHS:,} requests; give a sample")
@@ -331,11 +351,18 @@ def parse_lengths(text: str, *, where: str) -> TrafficShape:
 
 
 def check_fits(shape: TrafficShape, max_model_len: int | None) -> None:
-    """Raise :class:`UsageError` when a request is longer than the target serves."""
-    if max_model_len is None:
-        return
+    """Raise :class:`UsageError` when a request is longer than the target serves.
+
+    Whatever the target says (``max_model_len`` None: it does not say), no request may pass
+    :data:`MAX_CONTEXT_TOKENS`.
+    """
     longest = shape.max_context_tokens
-    if longest > max_model_len:
+    if longest > MAX_CONTEXT_TOKENS:
+        raise UsageError(
+            f"the traffic shape has a {longest:,}-token request; the probe sends at most "
+            f"{MAX_CONTEXT_TOKENS:,} tokens a request: send shorter requests"
+        )
+    if max_model_len is not None and longest > max_model_len:
         raise UsageError(
             f"the traffic shape has a {longest}-token request but the target's max_model_len is "
             f"{max_model_len}; send shorter requests"

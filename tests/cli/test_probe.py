@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from exporter.cli.main import main
+from exporter.cli import probe
+from exporter.cli.main import build_parser, main
+from exporter.errors import UsageError
 from exporter.sim import Scenario, SimEngineConfig
 from exporter.testing.fakevllm import FakeVllm, VllmState, render_metrics
 from exporter.testing.processes import free_port
@@ -75,8 +77,16 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Run probe expecting a usage error; return stderr, checked to be one line."""
-    assert main(["probe", *argv]) == 2
+    """Run probe expecting a usage error; return stderr, checked to be one line.
+
+    The parser's own refusals (a flag's type) exit through SystemExit(2); the command's return 2.
+    """
+    code: int | str | None
+    try:
+        code = main(["probe", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     return err
@@ -372,3 +382,154 @@ def test_ctrl_c_or_sigterm_stops_cleanly_reports_and_leaves_the_target_idle(
     assert sim.disconnected >= 4
     assert in_flight >= 4
     assert sim.running_and_waiting() == (0, 0)
+
+
+#: A vLLM whose /v1/models gives no max_model_len (the fake's field is typed int; None omits it).
+NO_MAX_MODEL_LEN = VllmState(max_model_len=None, running=0)  # type: ignore[arg-type]
+
+
+def idle_capture() -> bytes:
+    """An idle vLLM's /metrics (the fake's own rendering needs a max_model_len)."""
+    return (paths.CAPTURES / "vllm-0.32.0-cpu-idle.prom").read_bytes()
+
+
+def _bad_values(bounded: probe.Bounded) -> list[str]:
+    """Every kind of bad value for one float flag: not finite, negative, 0 or under, too high."""
+    values = ["nan", "NaN", "inf", "-inf", "1e400", "-1e400", "-1", "many", f"{bounded.high * 2:g}"]
+    if bounded.above or bounded.low > 0:
+        values.append("0")
+    if bounded.low > 0:
+        values.append(f"{bounded.low / 2:g}")
+    return values
+
+
+FLOAT_CASES = [
+    (name, value) for name, bounded in probe.FLOAT_FLAGS.items() for value in _bad_values(bounded)
+]
+
+
+@pytest.mark.parametrize(("name", "value"), FLOAT_CASES)
+def test_every_float_flag_refuses_every_bad_value_in_one_line_before_any_request(
+    name: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN would turn a limit or a stop off, inf would hang: the parser refuses, naming the flag.
+
+    The target is a live fake vLLM: nothing at all is read from it.
+    """
+    flag = "--" + name.replace("_", "-")
+
+    def hung(_signum: int, _frame: object) -> None:
+        raise TimeoutError(f"{flag}={value} was not refused: probe waited 20 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with FakeVllm(state=VllmState(running=0)) as fake:
+            err = one_line_error(
+                capsys,
+                "--target",
+                fake.url,
+                "--prompt-tokens",
+                "10",
+                "--output-tokens",
+                "5",
+                "--levels",
+                "1",
+                f"{flag}={value}",
+            )
+            assert fake.counts.requests == {}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert f"argument {flag}: {value!r} is not a finite number of" in err
+    assert "give e.g." in err
+
+
+@pytest.mark.parametrize("name", list(probe.FLOAT_FLAGS))
+def test_every_float_flag_accepts_its_bounds(name: str) -> None:
+    """The range's ends themselves are accepted (the lower one where it is included)."""
+    bounded = probe.FLOAT_FLAGS[name]
+    flag = "--" + name.replace("_", "-")
+    ends = [bounded.high] if bounded.above else [bounded.low, bounded.high]
+    for end in ends:
+        args = build_parser().parse_args(["probe", "--target", "http://h", f"{flag}={end!r}"])
+        assert getattr(args, name) == end
+
+
+@pytest.mark.parametrize("name", list(probe.FLOAT_FLAGS))
+def test_a_float_flag_set_past_the_parser_is_refused_too(name: str) -> None:
+    """Arguments built without the parser (a NaN in the namespace) are checked again."""
+    args = build_parser().parse_args(
+        ["probe", "--target", "http://127.0.0.1:9", "--prompt-tokens", "1", "--output-tokens", "1"]
+    )
+    setattr(args, name, float("nan"))
+    with pytest.raises(UsageError, match="give a finite number of"):
+        probe.run(args)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ("99999999999999999999,5\n", "line 1 ('99999999999999999999,5')"),
+        ("20000000,5\n", "line 1 ('20000000,5')"),
+        ("10,5\n" + '{"a":' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 2 "),
+    ],
+)
+def test_lengths_that_cannot_be_sent_are_one_line_and_send_nothing(
+    lengths: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A target without max_model_len: lengths past the cap, or a line nested too deep."""
+    source = tmp_path / "lengths.csv"
+    source.write_text(lengths)
+    with FakeVllm(state=NO_MAX_MODEL_LEN, payload=idle_capture()) as fake:
+        err = one_line_error(
+            capsys,
+            "--target",
+            fake.url,
+            "--quiet-seconds",
+            "0.1",
+            "--levels",
+            "1",
+            "--lengths",
+            str(source),
+        )
+        assert "/v1/completions" not in fake.counts.requests
+    assert message in err
+
+
+def test_lengths_longer_than_the_kv_pool_send_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """No max_model_len: a 2M-token request (under the cap) that no engine's pool holds."""
+    with FakeVllm(state=NO_MAX_MODEL_LEN, payload=idle_capture()) as fake:
+        err = one_line_error(
+            capsys,
+            "--target",
+            fake.url,
+            "--quiet-seconds",
+            "0.1",
+            "--levels",
+            "1",
+            "--prompt-tokens",
+            "2000000",
+            "--output-tokens",
+            "5",
+        )
+        assert "/v1/completions" not in fake.counts.requests
+    assert "2,000,005-token request but the target's KV pool holds" in err
+
+
+def test_lengths_past_the_cap_are_refused_before_the_target_is_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--prompt-tokens past MAX_CONTEXT_TOKENS: refused by the flag check, nothing is read."""
+    with FakeVllm(state=VllmState(running=0)) as fake:
+        err = one_line_error(
+            capsys,
+            "--target",
+            fake.url,
+            "--prompt-tokens",
+            "100000000000",
+            "--output-tokens",
+            "5",
+        )
+        assert fake.counts.requests == {}
+    assert "the probe sends at most 4,194,304 tokens a request" in err

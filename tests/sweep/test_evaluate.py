@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from exporter.core.derive import Sample
 from exporter.core.snapshot import EngineMetrics, VllmSnapshot
+from exporter.errors import UsageError
 from exporter.sweep.evaluate import (
     NOT_SENT,
     Limits,
@@ -234,3 +238,75 @@ def test_requests_in_flight_are_their_time_in_the_window_over_its_length() -> No
         limits=Limits(),
     )
     assert step.in_flight_mean == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "max_preemptions_per_request",
+        "max_waiting",
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "stop_preemptions",
+        "stop_waiting",
+    ],
+)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])
+def test_a_limit_that_is_not_a_finite_number_is_refused(field: str, value: float) -> None:
+    """A NaN limit would turn its check off (x > nan is never true): refused, naming the flag."""
+    with pytest.raises(UsageError, match="give a finite number"):
+        Limits(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["ttft_p95_s", "tpot_p95_s", "stop_preemptions", "stop_waiting"])
+def test_a_zero_objective_or_stop_is_refused(field: str) -> None:
+    """An objective or a stop of 0 would fail or stop every step: refused."""
+    with pytest.raises(UsageError, match="above 0"):
+        Limits(**{field: 0.0})
+
+
+def _forced(**values: float) -> Limits:
+    """Limits holding values their check refuses (as if it were bypassed)."""
+    limits = Limits()
+    for name, value in values.items():
+        object.__setattr__(limits, name, value)
+    return limits
+
+
+def test_the_verdict_fails_closed_on_a_nan_limit_or_measure() -> None:
+    """Past the check: a NaN limit or a NaN measure is a violation, never a pass."""
+    steady = evaluate_step(
+        LOAD,
+        samples=steady_samples(),
+        requests=[request(2.0, 3.0)],
+        started_s=0.0,
+        sending_s=10.0,
+        window=(2.0, 10.0),
+        limits=Limits(),
+    )
+    nan = math.nan
+    forced = _forced(max_waiting=nan, ttft_p95_s=nan)
+    found = violations(steady, forced)
+    assert any("waiting on average" in v for v in found)
+    assert any("TTFT p95" in v for v in found)
+    measured = violations(
+        replace(steady, waiting_mean=nan, tpot_p95_s=nan), _forced(tpot_p95_s=1.0)
+    )
+    assert any("waiting on average" in v for v in measured)
+    assert any("TPOT p95" in v for v in measured)
+
+
+def test_the_early_stop_fails_closed_on_a_nan_stop() -> None:
+    """A NaN stop (past the check) stops the step at the first sample."""
+    samples = [Sample(0.0, snap()), Sample(1.0, snap(waiting=1))]
+    assert early_stop(samples, Limits()) is None
+    assert early_stop(samples, _forced(stop_preemptions=math.nan)) is not None
+    assert early_stop(samples, _forced(stop_waiting=math.nan)) is not None
+
+
+def test_a_nan_busy_gauge_or_count_reads_as_busy() -> None:
+    """The busy check refuses on a NaN running, waiting or finished figure (fail closed)."""
+    assert traffic_seen(snap(), snap(), seconds=2.0) is None
+    assert traffic_seen(snap(), snap(running=math.nan), seconds=2.0) is not None
+    assert traffic_seen(snap(), snap(waiting=math.nan), seconds=2.0) is not None
+    assert traffic_seen(snap(), snap(finished=math.nan), seconds=2.0) is not None

@@ -6,8 +6,16 @@ import pytest
 
 from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import EngineDerived
+from exporter.errors import UsageError
 from exporter.sweep.evaluate import StepResult
-from exporter.sweep.knee import Binding, TargetCeiling, binding_limit, find_knee, shape_ceiling
+from exporter.sweep.knee import (
+    Binding,
+    TargetCeiling,
+    binding_limit,
+    check_capacity,
+    find_knee,
+    shape_ceiling,
+)
 from exporter.sweep.plan import Load, Mode
 from exporter.sweep.shape import RequestShape, TrafficShape
 
@@ -151,3 +159,32 @@ def test_the_ceiling_adds_up_over_data_parallel_engines() -> None:
     found = shape_ceiling([engine(896, 128), engine(896, 128)], shape, None)
     assert found.sequences == 6
     assert found.usable_tokens == 1792
+
+
+def test_a_request_longer_than_every_kv_pool_is_refused_before_any_load() -> None:
+    """No max_model_len from the target: the pool still bounds the lengths (ceiling 0: refused)."""
+    shape = TrafficShape((RequestShape(20_000_000, 5),), "f.csv")
+    engines = [engine(896.0, 128)]
+    ceiling = shape_ceiling(engines, shape, None)
+    assert ceiling.sequences == 0
+    with pytest.raises(UsageError, match="20,000,005-token request but the target's KV pool"):
+        check_capacity(engines, shape, ceiling)
+
+
+def test_a_request_that_fits_one_engines_pool_is_accepted() -> None:
+    """896 tokens in 128-token blocks hold one request of 896 tokens, not one of 897."""
+    engines = [engine(896.0, 128)]
+    fits = TrafficShape((RequestShape(890, 6),), "x")
+    check_capacity(engines, fits, shape_ceiling(engines, fits, None))
+    longer = TrafficShape((RequestShape(890, 7),), "x")
+    with pytest.raises(UsageError, match="KV pool holds 896 tokens"):
+        check_capacity(engines, longer, shape_ceiling(engines, longer, None))
+
+
+@pytest.mark.parametrize("sequences", [0.0, 0.5, float("nan")])
+def test_a_ceiling_below_one_sequence_is_refused(sequences: float) -> None:
+    """A ceiling of no whole sequence (or NaN) sends nothing (fail closed)."""
+    shape = TrafficShape((RequestShape(10, 5),), "x")
+    ceiling = TargetCeiling(p95_context_tokens=15, mean_context_tokens=15.0, sequences=sequences)
+    with pytest.raises(UsageError, match="no request fits"):
+        check_capacity([], shape, ceiling)

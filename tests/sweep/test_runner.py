@@ -29,6 +29,8 @@ from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.errors import SourceError
 from exporter.sim import Scenario, SimEngineConfig
+from exporter.sweep import plan as sweep_plan
+from exporter.sweep import runner
 from exporter.sweep.evaluate import Limits
 from exporter.sweep.knee import Binding, shape_ceiling
 from exporter.sweep.plan import Mode, SweepPlan
@@ -275,3 +277,22 @@ def test_a_target_that_stops_answering_ends_the_sweep_with_what_was_measured() -
     result = sweep(1024, Mode.CONCURRENCY, target=target, source=FailingSource(target, 80))
     assert result.ended.startswith("the target's metrics failed 5 times")
     assert result.idle_after is None
+
+
+def test_a_step_past_the_request_budget_is_refused_before_its_requests_are_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The budget is checked on the step's count: a rate of 10^12 req/s builds nothing first."""
+    built: list[int] = []
+    original = sweep_plan.arrival_offsets
+
+    def recording(rate: float, duration_s: float, *, seed: int) -> tuple[float, ...]:
+        offsets = original(rate, duration_s, seed=seed)
+        built.append(len(offsets))
+        return offsets
+
+    monkeypatch.setattr(runner, "arrival_offsets", recording)
+    result = sweep(1024, Mode.RATE, max_total_requests=100)
+    assert result.ended == "request budget reached"
+    assert result.baseline is not None
+    assert sum(built) <= 100 - result.baseline.sent

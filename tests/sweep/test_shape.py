@@ -15,6 +15,9 @@ from exporter.core.windows import BucketCounts
 from exporter.errors import UsageError
 from exporter.sim.families import build_1_2_5_buckets
 from exporter.sweep.shape import (
+    MAX_CONTEXT_TOKENS,
+    RequestShape,
+    TrafficShape,
     check_fits,
     fixed_shape,
     lengths_from_buckets,
@@ -250,3 +253,47 @@ def test_an_empty_lengths_file_and_a_too_long_request_are_refused() -> None:
         parse_lengths("# nothing\n", where="empty.csv")
     with pytest.raises(UsageError, match="max_model_len is 512"):
         check_fits(fixed_shape(500, 100), 512)
+
+
+def test_a_json_line_nested_too_deep_is_one_line_naming_it() -> None:
+    """100,000 nested brackets overflow the JSON parser's recursion: a UsageError, line 2."""
+    deep = '{"a":' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(UsageError, match=r"f\.csv line 2 "):
+        parse_lengths(f"10,5\n{deep}\n", where="f.csv")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "99999999999999999999,5",
+        f"{MAX_CONTEXT_TOKENS},1",
+        "5,1000000000",
+        '{"prompt_tokens": 1e300, "output_tokens": 5}',
+        "9" * 5000 + ",5",
+    ],
+)
+def test_a_recorded_length_past_the_cap_is_refused_naming_its_line(line: str) -> None:
+    """No request longer than MAX_CONTEXT_TOKENS is built, whatever the target says."""
+    with pytest.raises(UsageError, match=f"f.csv line 1 .*at most {MAX_CONTEXT_TOKENS:,}"):
+        parse_lengths(line + "\n", where="f.csv")
+
+
+def test_the_cap_itself_is_accepted() -> None:
+    """A request of exactly MAX_CONTEXT_TOKENS is within it."""
+    shape = parse_lengths(f"{MAX_CONTEXT_TOKENS - 1},1\n", where="f.csv")
+    assert shape.max_context_tokens == MAX_CONTEXT_TOKENS
+    check_fits(shape, None)
+
+
+@pytest.mark.parametrize(("prompt", "output"), [(MAX_CONTEXT_TOKENS, 1), (10**20, 5)])
+def test_explicit_lengths_past_the_cap_are_refused(prompt: int, output: int) -> None:
+    """--prompt-tokens and --output-tokens: at most MAX_CONTEXT_TOKENS together."""
+    with pytest.raises(UsageError, match="the probe sends at most"):
+        fixed_shape(prompt, output)
+
+
+def test_a_shape_past_the_cap_does_not_fit_a_target_that_gives_no_max_model_len() -> None:
+    """check_fits bounds every shape (histograms too) when the target says no max_model_len."""
+    shape = TrafficShape((RequestShape(MAX_CONTEXT_TOKENS, 1),), "histograms")
+    with pytest.raises(UsageError, match="the probe sends at most"):
+        check_fits(shape, None)
