@@ -90,6 +90,8 @@ class Settings(BaseSettings):
         extra="ignore",
         secrets_dir=None,
         validate_default=True,
+        # "nan" and "inf" are no number of seconds or bytes: said so, not "less than 86400".
+        allow_inf_nan=False,
     )
 
     # --- where to listen -------------------------------------------------------------------

@@ -71,7 +71,7 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("poll_interval_seconds", {"HEADROOM_POLL_INTERVAL_SECONDS": "abc"}, "valid number"),
     ("poll_interval_seconds", {"HEADROOM_POLL_INTERVAL_SECONDS": "0"}, "greater than or equal"),
     ("poll_interval_seconds", {"HEADROOM_POLL_INTERVAL_SECONDS": "1e-9"}, "equal to 0.05"),
-    ("poll_interval_seconds", {"HEADROOM_POLL_INTERVAL_SECONDS": "nan"}, "less than or equal"),
+    ("poll_interval_seconds", {"HEADROOM_POLL_INTERVAL_SECONDS": "nan"}, "a finite number"),
     ("poll_timeout_seconds", {"HEADROOM_POLL_TIMEOUT_SECONDS": "-1"}, "greater than or equal"),
     ("poll_timeout_seconds", {"HEADROOM_POLL_TIMEOUT_SECONDS": "1e-9"}, "equal to 0.01"),
     ("poll_timeout_seconds", {"HEADROOM_POLL_TIMEOUT_SECONDS": "60"}, "must not exceed"),
@@ -90,7 +90,7 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("rate_window_seconds", {"HEADROOM_RATE_WINDOW_SECONDS": "1m"}, "valid number"),
     ("context_refresh_seconds", {"HEADROOM_CONTEXT_REFRESH_SECONDS": "-1"}, "greater than or"),
     ("context_refresh_seconds", {"HEADROOM_CONTEXT_REFRESH_SECONDS": "30s"}, "valid number"),
-    ("context_refresh_seconds", {"HEADROOM_CONTEXT_REFRESH_SECONDS": "nan"}, "less than or equal"),
+    ("context_refresh_seconds", {"HEADROOM_CONTEXT_REFRESH_SECONDS": "nan"}, "a finite number"),
     ("model", {"HEADROOM_MODEL": ""}, "is empty"),
     ("hf_home", {"HEADROOM_HF_HOME": ""}, "is empty"),
     ("hf_home", {"HEADROOM_HF_HOME": "/etc/hostname"}, "is a file, not a directory"),
@@ -468,6 +468,36 @@ def test_sighup_during_start_up_is_ignored_as_after_it(tmp_path: Path) -> None:
         if process.stdout is not None:
             process.stdout.close()
     assert code == 0
+
+
+#: Every number setting, given a value that is no finite number.
+FLOAT_SETTINGS = [
+    name
+    for name, field in Settings.model_fields.items()
+    if field.annotation in (float, float | None)
+]
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e400"])
+@pytest.mark.parametrize("setting", FLOAT_SETTINGS)
+def test_a_number_setting_that_is_not_finite_says_so(
+    setting: str,
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """nan, inf, 1e400: "a finite number", never a bound that nan would seem to break."""
+    for name, base in BASE_ENV.items():
+        monkeypatch.setenv(name, base)
+    monkeypatch.setenv(env_name(setting), value)
+    assert run_main(["serve"]) == 2
+    assert_one_line(capsys.readouterr().err, names=(setting,), fragment="a finite number")
+
+
+def test_some_settings_are_numbers() -> None:
+    """The table above is not empty: the seconds settings are floats."""
+    assert "probe_target_ttl_seconds" in FLOAT_SETTINGS
+    assert "poll_interval_seconds" in FLOAT_SETTINGS
 
 
 # ------------------------------------------------------------- --on-start-error wait (the chart's)
