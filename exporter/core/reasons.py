@@ -133,7 +133,9 @@ class DropReason(StrEnum):
     LABEL_TOO_LONG = "label_too_long"
     #: NaN or an infinity where vLLM writes a count, a sum or a ratio.
     NOT_FINITE = "not_finite"
-    #: A negative count, or a usage ratio outside 0 to 1.
+    #: A negative count, a usage ratio outside 0 to 1, a histogram whose ``_sum`` its buckets
+    #: contradict (or whose count is past 2**53), a ``cache_config_info`` number vLLM cannot write
+    #: (a block of 0 tokens, -1 blocks, a utilization of 2).
     OUT_OF_RANGE = "out_of_range"
     #: A second series of a family for one engine (vLLM writes one, or one per split value), or
     #: a sample of another shape than vLLM writes (a counter without ``_total``).
