@@ -122,6 +122,21 @@ def _config_int(
     return int(value)
 
 
+def _config_bool(config: Mapping[str, Any], key: str, *, default: bool) -> bool:
+    """A true/false field: anything else is an error, never a guess.
+
+    ``bool()`` would read the string ``"false"`` as true (and the LM head as tied).
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _BadField(
+            f"field {key!r} is {_shown(value)}, not true or false; fix it in config.json"
+        )
+    return value
+
+
 def _int(config: Mapping[str, Any], key: str, *, source: str, maximum: int = MAX_CONFIG_INT) -> int:
     """A required positive integer field."""
     value = _config_int(config, key, maximum=maximum)
@@ -555,7 +570,7 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         layer_kinds=kinds,
         sliding_window=window,
         attention_chunk_size=chunk,
-        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_config_bool(text, "tie_word_embeddings", default=False),
         moe=_moe(text, num_layers),
         quantization=_quantization(text),
         max_position_embeddings=_opt_int(text, "max_position_embeddings"),

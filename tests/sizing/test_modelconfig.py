@@ -374,6 +374,21 @@ def test_an_integer_field_that_holds_no_count_is_one_clear_error(
         parse_model_config(config, name="hostile")
 
 
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, 0.0, [], {}], ids=repr)
+def test_tie_word_embeddings_is_true_or_false_or_an_error(value: object) -> None:
+    """bool("false") is True: a string there would tie the LM head and drop it from the weights."""
+    config = {**_LLAMA, "tie_word_embeddings": value}
+    with pytest.raises(ModelConfigError, match=r"'tie_word_embeddings' is .*not true or false"):
+        parse_model_config(config, name="hostile")
+
+
+@pytest.mark.parametrize(("value", "tied"), [(True, True), (False, False), (None, False)])
+def test_tie_word_embeddings_as_written(value: bool | None, tied: bool) -> None:
+    """true, false, or absent (null): untied, as transformers' default."""
+    arch = parse_model_config({**_LLAMA, "tie_word_embeddings": value}, name="llama")
+    assert arch.tie_word_embeddings is tied
+
+
 @pytest.mark.parametrize("field", ["num_key_value_heads", "head_dim", "max_position_embeddings"])
 def test_a_zero_count_is_an_error_not_absent(field: str) -> None:
     """0 KV heads is not "no num_key_value_heads" (MHA), nor a 0 head size or context length."""
