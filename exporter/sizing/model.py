@@ -223,8 +223,8 @@ class ModelArch:
     #: Weight format from ``quantization_config`` (``fp8``, ``awq``...), None if unquantized.
     quantization: str | None = None
     max_position_embeddings: int | None = None
-    #: The longer context rope scaling gives (vLLM's derived max_model_len), if it gives one.
-    rope_scaled_len: int | None = None
+    #: A longer context vLLM accepts (rope scaling's, or the config's ``model_max_length``).
+    derived_max_len: int | None = None
     declined: str | None = None
     #: The Mamba / linear-attention layers of a hybrid model (None for pure attention models).
     #: ``layer_kinds`` then lists only the attention layers' kinds (``attention_layers`` of them).
@@ -252,7 +252,7 @@ class ModelArch:
         """The longest ``--max-model-len`` vLLM takes without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
         if self.max_position_embeddings is None:
             return None
-        return max(self.max_position_embeddings, self.rope_scaled_len or 0)
+        return max(self.max_position_embeddings, self.derived_max_len or 0)
 
     @property
     def attention_kind(self) -> str:
@@ -1039,13 +1039,15 @@ def estimate_params(arch: ModelArch) -> int:
 def _check_weights_cover_embeddings(
     arch: ModelArch, split: ParamSplit, known_total_bytes: int | None, *, dtype_size: int
 ) -> None:
-    """Refuse a weights figure smaller than the model's embeddings alone: it cannot be right.
+    """Refuse a weights figure smaller than the model's input embeddings: it cannot be right.
 
-    Every format keeps embeddings and LM head in 16 bits (or the checkpoint's dtype, if that is
-    smaller), so a checkpoint below them is a truncated download, git-lfs pointer files, or a
-    mistyped override; sizing on it would put the freed gigabytes into the KV cache.
+    Every format keeps the embeddings in 16 bits (or the checkpoint's dtype, if that is smaller),
+    so a checkpoint below them is a truncated download, git-lfs pointer files, or a mistyped
+    override; sizing on it would put the freed gigabytes into the KV cache. The LM head is left
+    out: a config may not say that it is tied (Gemma's leave ``tie_word_embeddings`` to their
+    class, whose default is tied), and a floor counting it twice refused real checkpoints.
     """
-    vocab_params = split.embedding + split.lm_head
+    vocab_params = split.embedding
     try:
         size = min(dtype_size, dtype_bytes(arch.dtype))
     except UsageError:

@@ -563,18 +563,23 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         head_dim=head_dim,
         hidden_size=hidden,
         vocab_size=_opt_int(text, "vocab_size"),
-        intermediate_size=_opt_int(text, "intermediate_size", minimum=0),
+        intermediate_size=_per_layer_size(text, "intermediate_size"),
         params=params,
         dtype=dtype.removeprefix("torch."),
         mla=mla,
         layer_kinds=kinds,
         sliding_window=window,
         attention_chunk_size=chunk,
-        tie_word_embeddings=_config_bool(text, "tie_word_embeddings", default=False),
+        # transformers' own default: tied for the Gemma classes, whose configs leave it out.
+        tie_word_embeddings=_config_bool(
+            text,
+            "tie_word_embeddings",
+            default=str(text.get("model_type", "")).startswith("gemma"),
+        ),
         moe=_moe(text, num_layers),
         quantization=_quantization(text),
         max_position_embeddings=_opt_int(text, "max_position_embeddings"),
-        rope_scaled_len=_rope_scaled_len(text),
+        derived_max_len=_derived_max_len(text),
         declined=declined,
         state=state,
         attention_layers=attention_layers,
@@ -612,28 +617,56 @@ def _attention_shape(config: Mapping[str, Any], *, name: str) -> tuple[int, int,
     return heads, hidden, kv_heads, head_dim
 
 
-#: Rope types whose ``factor`` vLLM does not apply to the context length it derives.
-_UNSCALED_ROPE = {"su", "longrope", "llama3", "default", "mrope"}
+#: Rope types whose ``factor`` vLLM (0.32, 0.33) does not apply to the context length it derives:
+#: YaRN's ``max_position_embeddings`` is already the scaled length (vllm/config/model.py,
+#: ``_get_and_verify_max_len``).
+_UNSCALED_ROPE = {
+    "su",
+    "longrope",
+    "llama3",
+    "yarn",
+    "deepseek_yarn",
+    "deepseek_llama_scaling",
+    "default",
+    "mrope",
+}
 
 
-def _rope_scaled_len(config: Mapping[str, Any]) -> int | None:
-    """The context length rope scaling gives, as vLLM derives it, or None when it gives none.
+def _derived_max_len(config: Mapping[str, Any]) -> int | None:
+    """The longest context vLLM accepts beyond ``max_position_embeddings``, if any.
 
-    vLLM multiplies ``max_position_embeddings`` (YaRN: ``original_max_position_embeddings``)
-    by ``factor`` for most rope types; a ``--max-model-len`` up to it needs no override.
+    vLLM multiplies ``max_position_embeddings`` by the rope ``factor`` for the types not in
+    :data:`_UNSCALED_ROPE`, and accepts a ``--max-model-len`` up to the config's
+    ``model_max_length`` too (Command-R: 8,192 positions, 131,072 accepted).
     """
+    model_max = _opt_int(config, "model_max_length")
     rope = config.get("rope_scaling") or config.get("rope_parameters")
     if not isinstance(rope, Mapping) or "gemma3" in str(config.get("model_type", "")):
-        return None
+        return model_max
     kind = str(rope.get("rope_type") or rope.get("type") or "default")
     factor = rope.get("factor")
     if kind in _UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
-        return None
+        return model_max
     if not 1 < factor <= MAX_LAYERS:
-        return None
-    base = _opt_int(rope, "original_max_position_embeddings") if kind == "yarn" else None
-    base = base or _opt_int(config, "max_position_embeddings")
-    return int(base * factor) if base is not None else None
+        return model_max
+    base = _opt_int(config, "max_position_embeddings")
+    scaled = int(base * factor) if base is not None else None
+    return max(scaled or 0, model_max or 0) or None
+
+
+def _per_layer_size(config: Mapping[str, Any], key: str) -> int | None:
+    """A size some configs give per layer (Gemma 3n's ``intermediate_size``): a list's mean.
+
+    The mean times the layers is the list's sum, which is what the parameter count needs.
+    """
+    value = config.get(key)
+    if isinstance(value, list) and value:
+        sizes = [
+            _config_int({key: item}, key, minimum=0, label=f"{key}[{index}]") or 0
+            for index, item in enumerate(value)
+        ]
+        return round(sum(sizes) / len(sizes)) or None
+    return _opt_int(config, key, minimum=0)
 
 
 def _count(config: Mapping[str, Any], key: str) -> int | None:

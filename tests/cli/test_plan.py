@@ -644,7 +644,7 @@ def test_overhead_flags_take_finite_non_negative_numbers(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--weights-gib", "1"], "smaller than the model's embeddings alone"),
+        (["--weights-gib", "0.5"], "smaller than the model's embeddings alone"),
         (["--params-b", "0.1"], "less than llama-3.1-8b's embeddings alone"),
         (["--max-model-len", "1000000"], "exceeds llama-3.1-8b's context length 131,072"),
         (["--max-num-seqs", "100000000000000000000"], "lower --max-num-seqs"),

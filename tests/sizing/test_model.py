@@ -495,7 +495,7 @@ def test_multimodal_encoder_cache_is_named_not_sized() -> None:
     assert not any(n.startswith("multimodal model") for n in overridden)
 
 
-@pytest.mark.parametrize("weights", [0, 130, 1000, GIB])
+@pytest.mark.parametrize("weights", [0, 130, 1000, GIB // 2])
 def test_weights_below_the_embeddings_are_refused(weights: int) -> None:
     """A checkpoint smaller than its own embeddings (git-lfs pointers, a cut download) is an error.
 
@@ -505,3 +505,21 @@ def test_weights_below_the_embeddings_are_refused(weights: int) -> None:
         size_deployment(
             arch("llama-3.1-8b-instruct"), deployment=replace(LLAMA, weights_bytes=weights)
         )
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_checkpoint_holding_its_embeddings_once_is_not_refused(tied: bool) -> None:
+    """The floor is the input embeddings alone, whatever the config says of the LM head.
+
+    A real tied checkpoint (Gemma-3-270m: 536 MB, 335 MB of it embeddings) sizes, as it did
+    before the floor, also where its config leaves tie_word_embeddings unsaid.
+    """
+    gemma = replace(
+        arch("llama-3.1-8b-instruct"),
+        hidden_size=640,
+        vocab_size=262144,
+        num_layers=18,
+        tie_word_embeddings=tied,
+    )
+    outcome = sized(gemma, replace(LLAMA, weights_bytes=536_223_224))
+    assert outcome.weights_bytes >= 536_223_224

@@ -359,8 +359,21 @@ _NOT_COUNTS: list[object] = [
 ]
 
 
-@pytest.mark.parametrize("value", _NOT_COUNTS, ids=repr)
-@pytest.mark.parametrize(("field", "context"), _FIELDS, ids=[f for f, _ in _FIELDS])
+#: Every field with every value, but a list where a size may be given per layer (a list of
+#: counts there is read: test_a_per_layer_intermediate_size_is_read_as_its_mean).
+_NOT_COUNT_CASES = [
+    (field, context, value)
+    for field, context in _FIELDS
+    for value in _NOT_COUNTS
+    if not (field == "intermediate_size" and isinstance(value, list))
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "context", "value"),
+    _NOT_COUNT_CASES,
+    ids=[f"{field}-{value!r}" for field, _, value in _NOT_COUNT_CASES],
+)
 def test_an_integer_field_that_holds_no_count_is_one_clear_error(
     field: str, context: dict[str, object], value: object
 ) -> None:
@@ -380,6 +393,14 @@ def test_tie_word_embeddings_is_true_or_false_or_an_error(value: object) -> None
     config = {**_LLAMA, "tie_word_embeddings": value}
     with pytest.raises(ModelConfigError, match=r"'tie_word_embeddings' is .*not true or false"):
         parse_model_config(config, name="hostile")
+
+
+def test_a_gemma_config_without_the_key_is_tied_as_its_class() -> None:
+    """Gemma's configs leave tie_word_embeddings out: the Gemma classes default to tied."""
+    for model_type, tied in (("gemma3_text", True), ("gemma2", True), ("llama", False)):
+        config = {k: v for k, v in _LLAMA.items() if k != "tie_word_embeddings"}
+        config["model_type"] = model_type
+        assert parse_model_config(config, name="m").tie_word_embeddings is tied, model_type
 
 
 @pytest.mark.parametrize(("value", "tied"), [(True, True), (False, False), (None, False)])
@@ -534,11 +555,38 @@ def test_a_width_vllm_cannot_serve_is_refused(quant: dict[str, object]) -> None:
         parse_model_config({**_LLAMA, "quantization_config": quant}, name="q")
 
 
-def test_rope_scaling_extends_the_context_limit() -> None:
-    """YaRN's factor times its original length is a context vLLM accepts; llama3's is not."""
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-    arch = parse_model_config(
-        {**_LLAMA, "max_position_embeddings": 32768, "rope_scaling": yarn}, name="yarn"
-    )
-    assert arch.context_limit == 131072
-    assert load_model_arch(CONFIGS / "llama-3.1-8b-instruct").context_limit == 131072
+@pytest.mark.parametrize(
+    ("extra", "limit"),
+    [
+        # vLLM 0.32 scales the context by a linear or dynamic factor...
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 131072),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 65536),
+        # ...not by YaRN's (its max_position_embeddings is the scaled length already), nor llama3's
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32768,
+                }
+            },
+            32768,
+        ),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 32768),
+        # and takes the config's model_max_length as a longer limit (Command-R: 8,192 -> 131,072)
+        ({"model_max_length": 131072}, 131072),
+        ({}, 32768),
+    ],
+)
+def test_the_context_limit_is_what_vllm_derives(extra: dict[str, object], limit: int) -> None:
+    """As vLLM 0.32's _get_and_verify_max_len: what --max-model-len may be without an override."""
+    config = {**_LLAMA, "max_position_embeddings": 32768, **extra}
+    assert parse_model_config(config, name="m").context_limit == limit
+
+
+def test_a_per_layer_intermediate_size_is_read_as_its_mean() -> None:
+    """Gemma 3n writes intermediate_size per layer: a list of counts, each checked."""
+    arch = parse_model_config({**_LLAMA, "intermediate_size": [8192, 16384]}, name="g")
+    assert arch.intermediate_size == 12288
+    with pytest.raises(ModelConfigError, match=r"'intermediate_size\[1\]' is 'x'"):
+        parse_model_config({**_LLAMA, "intermediate_size": [8192, "x"]}, name="g")
