@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -44,11 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, flag in FLAGS.items():
         field = Settings.model_fields[name]
         choices = _choices(name)
+        # The choices are shown, and checked with the other settings (not by argparse, which
+        # would exit before --on-start-error could make a bad one wait).
+        shown = "{" + ",".join(choices) + "}" if choices else None
         parser.add_argument(
             flag,
             dest=name,
-            metavar=None if choices else name.upper().removesuffix("_SECONDS"),
-            choices=choices,
+            metavar=shown or name.upper().removesuffix("_SECONDS"),
             help=f"{field.description} [{env_name(name)}]",
         )
     parser.add_argument(
@@ -138,9 +141,16 @@ def _raw_port(args: argparse.Namespace) -> int:
 
 
 def _raw_address(args: argparse.Namespace) -> str:
-    default = str(Settings.model_fields["listen_address"].default)
+    """The address asked for if it reads as an IP address or a host name, else the default."""
     text = _raw(args, "listen_address").removeprefix("[").removesuffix("]")
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
-        return default
+        pass
+    if _HOST_NAME.fullmatch(text):
+        return text  # "localhost": bound as asked, never widened to every interface first
+    return str(Settings.model_fields["listen_address"].default)
+
+
+#: What a listen address that is a host name may look like (letters, digits, '-' and '.').
+_HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")

@@ -23,8 +23,10 @@ service at ``fd00:ec2::254`` (and its EKS Pod Identity agent at ``fd00:ec2::23``
 Cloud's metadata server at ``fd20:ce::254`` (IPv6-only VMs) and Oracle Cloud's at
 ``fd00:c1::a9fe:a9fe``; and IPv6 forms of a forbidden IPv4 address: IPv4-mapped
 (``::ffff:169.254.169.254``), the well-known NAT64 prefix ``64:ff9b::/96`` (RFC 6052) and the
-local-use NAT64 prefix ``64:ff9b:1::/48`` (RFC 8215), read at every place RFC 6052 lets a
-network of that prefix embed the address. Only ``http`` and ``https`` URLs are probed.
+local-use NAT64 prefix ``64:ff9b:1::/48`` (RFC 8215), refused when any place RFC 6052 lets a
+network of that prefix embed the address reads as a link-local one (the metadata services; not
+for multicast and the like, as a pod's address read at another place than its network's can
+look like anything). Only ``http`` and ``https`` URLs are probed.
 """
 
 from __future__ import annotations
@@ -184,7 +186,14 @@ def never_probed(address: IPAddress) -> bool:
     IPv6 forms of an IPv4 address (``[::ffff:169.254.169.254]``, NAT64) are judged by the IPv4
     addresses they may reach: Python's ``is_link_local`` does not look inside them.
     """
-    if any(never_probed(inner) for inner in embedded_ipv4s(address)):
+    inner = embedded_ipv4(address)
+    if inner is not None and address not in _NAT64_LOCAL and never_probed(inner):
+        return True
+    # A local-use NAT64 address may be read at several places, and the bytes of a pod's address
+    # read at another place can look like anything (10.1.2.230 behind a /64 prefix reads as
+    # 230.0.0.0 at the /96 place): refused only when some place reads a link-local address, the
+    # metadata services', so that ordinary pods stay reachable.
+    if address in _NAT64_LOCAL and any(r.is_link_local for r in embedded_ipv4s(address)):
         return True
     return (
         address.is_link_local

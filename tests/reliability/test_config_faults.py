@@ -566,3 +566,51 @@ def test_waiting_listens_on_the_port_asked_for_when_it_reads_as_one(
     monkeypatch.setenv("HEADROOM_PORT", given)
     args = argparse.Namespace(port=None, listen_address=None)
     assert exporter.cli.serve._raw_port(args) == port
+
+
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("[::1]", "::1"),
+        ("localhost", "localhost"),  # a name is bound as asked, not widened to every interface
+        ("no such host!", "0.0.0.0"),  # noqa: S104 - the default, as the settings have it
+        ("", "0.0.0.0"),  # noqa: S104
+    ],
+)
+def test_waiting_listens_on_the_address_asked_for_when_it_reads_as_one(
+    given: str, address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An IP address or a host name as given; anything else the settings' default."""
+    monkeypatch.setenv("HEADROOM_LISTEN_ADDRESS", given)
+    args = argparse.Namespace(port=None, listen_address=None)
+    assert exporter.cli.serve._raw_address(args) == address
+
+
+def test_a_bad_choice_given_as_a_flag_waits_too(tmp_path: Path) -> None:
+    """--mode sidecr with --on-start-error wait: checked with the settings, so it waits."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--on-start-error", "wait", "--mode", "sidecr"],
+        env={**clean, **BASE_ENV, "HEADROOM_LOG_FORMAT": "json"},
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(30, process.kill)
+    watchdog.start()
+    try:
+        assert process.stderr is not None
+        assert_one_line(process.stderr.readline(), names=("mode",), fragment="'sidecar' or 'fleet'")
+        waiting = json.loads(process.stderr.readline())
+        assert waiting["event"] == "start_failed_waiting"
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()

@@ -225,8 +225,8 @@ def test_an_endpoint_other_than_a_plain_http_url_is_rejected_naming_why(
         "http://[fd00:c1::a9fe:a9fe]:80",  # Oracle Cloud instance metadata
         "http://[64:ff9b:1::a9fe:a9fe]:80",  # local-use NAT64 (RFC 8215), /96: 169.254.169.254
         "http://[64:ff9b:1:a9fe:a9:fe00::]:80",  # local-use NAT64, /48 layout
-        "http://[64:ff9b:1:a9:fe:a9fe::]:80",  # local-use NAT64, /64 layout
-        "http://[64:ff9b:1::e000:1]:80",  # local-use NAT64 of multicast 224.0.0.1
+        "http://[64:ff9b:1:a9:fe:a9fe::]:80",  # local-use NAT64, /56 layout
+        "http://[64:ff9b:1:0:a9:fea9:fe00:0]:80",  # local-use NAT64, /64 layout
     ],
 )
 def test_ipv6_cloud_metadata_addresses_are_never_probed(target: str) -> None:
@@ -239,10 +239,19 @@ def test_ipv6_cloud_metadata_addresses_are_never_probed(target: str) -> None:
 
 @pytest.mark.parametrize(
     "target",
-    ["http://[fd00:ec2::1]:8000", "http://[64:ff9b:1::a00:5]:8000", "http://[fd20:ce::1]:8000"],
+    [
+        "http://[fd00:ec2::1]:8000",
+        "http://[64:ff9b:1::a00:5]:8000",  # 10.0.0.5 behind a /96 local-use NAT64
+        "http://[fd20:ce::1]:8000",
+        # Pods whose address, read at another layout's place, looks multicast or the like:
+        "http://[64:ff9b:1:0:a:102:e600:0]:8000",  # 10.1.2.230, /64 (230.0.0.0 at the /96 place)
+        "http://[64:ff9b:1:0:c0:a801:e000:0]:8000",  # 192.168.1.224, /64
+        "http://[64:ff9b:1:a:e6:102::]:8000",  # 10.230.1.2, /56
+        "http://[64:ff9b:1:a00:e0:900::]:8000",  # 10.0.224.9, /48
+    ],
 )
 def test_neighbours_of_the_metadata_addresses_stay_probeable(target: str) -> None:
-    """A vLLM at another ULA address, or behind local-use NAT64 at 10.0.0.5, is allowed."""
+    """A vLLM at another ULA address, or behind local-use NAT64 at any layout, is allowed."""
     allow = parse_allowlist(["::/0"])
     assert is_allowed(parse_target(target), allow) == (True, "allowed")
 
