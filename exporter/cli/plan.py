@@ -280,9 +280,12 @@ def resolve_arch(args: argparse.Namespace) -> tuple[ModelArch, int | None]:
 
 
 def _check_params(arch: ModelArch) -> None:
-    """Refuse a ``--params-b`` below the model's own embeddings: the weights would be wrong."""
+    """Refuse a ``--params-b`` below the model's input embeddings: the weights would be wrong.
+
+    The LM head is left out (it may be tied without the config saying so, as Gemma's).
+    """
     split, _ = param_split(arch)
-    embeddings = split.embedding + split.lm_head
+    embeddings = split.embedding
     if arch.params is not None and arch.params < embeddings:
         raise UsageError(
             f"--params-b {arch.params / 1e9:g} is less than {arch.name}'s embeddings alone "
