@@ -2227,6 +2227,8 @@ def test_notes_say_where_gpu_memory_comes_from(helm: Path, notes_chart: Path) ->
                 "PrometheusRule labels: release=kube-prometheus-stack",
                 "NetworkPolicy: port 8742 (the exporter) from networkPolicy.metricsFrom; vLLM's "
                 "port 8000 from anyone",
+                '503 "vllm-headroom did not start: <the setting and the fix>"',
+                "logs deploy/rel-vllm-headroom -c vllm-headroom",
             ],
         ),
         (
@@ -2235,6 +2237,7 @@ def test_notes_say_where_gpu_memory_comes_from(helm: Path, notes_chart: Path) ->
                 "-o jsonpath='{.data.patch\\.yaml}'",
                 "NOT running until it is in the spec of the workload's owner",
                 "helm/examples/",
+                "logs <vllm-pod> -c vllm-headroom",
                 "vLLM's port 8000 and container-port from anyone; 1 rule(s) of "
                 "networkPolicy.extraIngress",
             ],
