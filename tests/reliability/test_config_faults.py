@@ -10,6 +10,7 @@ a sample also through the real ``vllm-headroom serve`` process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ from exporter.cli.main import main
 from exporter.service.settings import FLAGS, Settings, env_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 #: What every case starts from: valid, local, no GPU (a case overrides its own setting).
 BASE_ENV = {
@@ -502,6 +503,36 @@ def test_some_settings_are_numbers() -> None:
 
 # ------------------------------------------------------------- --on-start-error wait (the chart's)
 
+
+@contextlib.contextmanager
+def waiting_serve(
+    tmp_path: Path, env: dict[str, str], *flags: str
+) -> Iterator[subprocess.Popen[str]]:
+    """``vllm-headroom serve --on-start-error wait``, its stderr a pipe; killed if still running.
+
+    A watchdog kills it after 30 s, so that no read of its stderr can wait for ever.
+    """
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--on-start-error", "wait", *flags],
+        env={**clean, **BASE_ENV, **env, "HEADROOM_LOG_FORMAT": "json"},
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(30, process.kill)
+    watchdog.start()
+    try:
+        yield process
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
 #: The process cases that still leave a port to listen on (a bad port falls back to the default).
 WAIT_CASES = [c for c in PROCESS_CASES if "HEADROOM_PORT" not in c[1]]
 
@@ -515,17 +546,7 @@ def test_a_sidecar_told_to_wait_answers_its_error_instead_of_exiting(
     Beside vLLM an exiting container backs off, and the pod, vLLM included, is unready meanwhile.
     """
     setting, env, fragment = case
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--on-start-error", "wait"],
-        env={**clean, **BASE_ENV, **env, "HEADROOM_LOG_FORMAT": "json"},
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    watchdog = threading.Timer(30, process.kill)  # a read below cannot wait for ever
-    watchdog.start()
-    try:
+    with waiting_serve(tmp_path, env) as process:
         assert process.stderr is not None
         first = process.stderr.readline()
         assert_one_line(first, names=(setting,), fragment=fragment)
@@ -546,13 +567,6 @@ def test_a_sidecar_told_to_wait_answers_its_error_instead_of_exiting(
         assert process.poll() is None, "it exited: the pod would lose vLLM's readiness"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
-    finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
-        if process.stderr is not None:
-            process.stderr.close()
 
 
 @pytest.mark.parametrize(
@@ -589,17 +603,7 @@ def test_waiting_listens_on_the_address_asked_for_when_it_reads_as_one(
 
 def test_a_bad_choice_given_as_a_flag_waits_too(tmp_path: Path) -> None:
     """--mode sidecr with --on-start-error wait: checked with the settings, so it waits."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--on-start-error", "wait", "--mode", "sidecr"],
-        env={**clean, **BASE_ENV, "HEADROOM_LOG_FORMAT": "json"},
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    watchdog = threading.Timer(30, process.kill)
-    watchdog.start()
-    try:
+    with waiting_serve(tmp_path, {}, "--mode", "sidecr") as process:
         assert process.stderr is not None
         assert_one_line(process.stderr.readline(), names=("mode",), fragment="'sidecar' or 'fleet'")
         waiting = json.loads(process.stderr.readline())
@@ -607,10 +611,3 @@ def test_a_bad_choice_given_as_a_flag_waits_too(tmp_path: Path) -> None:
         assert process.poll() is None
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
-    finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
-        if process.stderr is not None:
-            process.stderr.close()
