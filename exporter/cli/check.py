@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from exporter.boundedread import FileReadError, read_bounded
+from exporter.cli.numbers import NO_CAP, positive, whole
 from exporter.core.ceiling import QueueCaps, RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import AdmissionReason, Limit, MaxNumSeqsSource, PredictionState
@@ -36,8 +36,6 @@ from exporter.vllm.metrics import parse_vllm_metrics
 from exporter.vllm.version import guess_vllm_version, parse_vllm_version
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from exporter.core.derive import EngineDerived
     from exporter.core.snapshot import EngineMetrics, VllmSnapshot
 
@@ -58,40 +56,6 @@ DESCRIPTION = (
 MAX_GPU_MEM_GIB = 1024.0 * 1024.0
 #: The longest ``--timeout``: a day (a longer wait is a typo, and timers refuse huge values).
 MAX_TIMEOUT_S = 86_400.0
-#: The largest whole number a flag takes: 2**53, the last one a float holds exactly.
-MAX_WHOLE = 2**53
-
-
-def _whole(lowest: int, hint: str = "") -> Callable[[str], int]:
-    """An argparse type: a whole number from ``lowest`` to 2**53; ``hint`` ends its error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not lowest <= value <= MAX_WHOLE:
-            msg = f"must be a whole number from {lowest} to 2**53, not {text[:40]!r}{hint}"
-            raise argparse.ArgumentTypeError(msg)
-        return value
-
-    return parse
-
-
-def _finite(highest: float, unit: str) -> Callable[[str], float]:
-    """An argparse type: a number above 0 and at most ``highest`` (no NaN, no infinity)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not 0.0 < value <= highest:  # false for NaN too
-            msg = f"must be a number of {unit} above 0, at most {highest:,.0f}, not {text[:40]!r}"
-            raise argparse.ArgumentTypeError(msg)
-        return value
-
-    return parse
 
 
 def _version(text: str) -> str:
@@ -105,42 +69,47 @@ def _version(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``check``; every number is checked as it is read (one line when bad)."""
-    positive, count = _whole(1), _whole(0, " (leave it out for no cap)")
     parser.add_argument("source", metavar="URL|FILE", help="vLLM base URL, or a /metrics file")
     parser.add_argument("--model", help="model directory, config.json, cached HF id or name")
     parser.add_argument("--hf-home", help="Hugging Face cache root")
     parser.add_argument("--gpu", help="GPU name from the catalogue (e.g. H100), for the prediction")
     parser.add_argument(
         "--gpu-mem-gib",
-        type=_finite(MAX_GPU_MEM_GIB, "GiB"),
+        type=positive("GiB", MAX_GPU_MEM_GIB, "80"),
         help="CUDA-visible memory of one GPU in GiB",
     )
-    parser.add_argument("--tp", type=positive, help="vLLM --tensor-parallel-size (default 1)")
-    parser.add_argument("--pp", type=positive, help="vLLM --pipeline-parallel-size (default 1)")
     parser.add_argument(
-        "--max-model-len", type=positive, help="vLLM --max-model-len (URLs: overrides /v1/models)"
+        "--tp", type=whole("GPUs", 1, "2"), help="vLLM --tensor-parallel-size (default 1)"
+    )
+    parser.add_argument(
+        "--pp", type=whole("GPUs", 1, "2"), help="vLLM --pipeline-parallel-size (default 1)"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=whole("tokens", 1, "8192"),
+        help="vLLM --max-model-len (URLs: overrides /v1/models)",
     )
     parser.add_argument(
         "--vllm-version", type=_version, help="vLLM version (files only; URLs ask /version)"
     )
     parser.add_argument(
         "--max-num-seqs",
-        type=positive,
+        type=whole("sequences", 1, "256"),
         help="vLLM --max-num-seqs (default: vLLM's default for its version and GPU)",
     )
     parser.add_argument(
         "--max-num-queued-reqs",
-        type=count,
+        type=whole("requests", 0, "1024", otherwise=NO_CAP),
         help="vLLM --max-num-queued-reqs (0.32+; default: no cap)",
     )
     parser.add_argument(
         "--max-num-queued-tokens",
-        type=count,
+        type=whole("tokens", 0, "131072", otherwise=NO_CAP),
         help="vLLM --max-num-queued-tokens (0.32+; default: no cap)",
     )
     parser.add_argument(
         "--timeout",
-        type=_finite(MAX_TIMEOUT_S, "seconds"),
+        type=positive("seconds", MAX_TIMEOUT_S, "5"),
         default=5.0,
         help="seconds per HTTP request, or to read FILE (5)",
     )

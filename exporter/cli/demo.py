@@ -33,6 +33,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cli.logsetup import configure_logging
+from exporter.cli.numbers import SEED, Bounded, positive, whole
 from exporter.service.app import Components, serve, server_url
 from exporter.service.settings import DEFAULT_PORT, load_settings
 from exporter.sim import Simulation, default_scenario
@@ -61,17 +62,31 @@ DESCRIPTION = (
 )
 
 
+#: The demo's number flags and their ranges: a NaN or 0 interval would spin, a NaN duration
+#: never end, a port past 65,535 fail only once the sidecar's settings are read.
+NUMBER_FLAGS: dict[str, Bounded] = {
+    "port": whole("", 0, str(DEFAULT_PORT), high=65_535),
+    "speed": positive("simulated seconds per second", 1_000.0, "5"),
+    "duration": Bounded("seconds", 0.0, 7 * 86_400.0, "75"),
+    "seed": SEED,
+    "every": positive("seconds", 86_400.0, "10"),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``demo``."""
+    """The flags of ``demo``; every number is checked as it is read (one line when bad)."""
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"sidecar port (default {DEFAULT_PORT})"
+        "--port",
+        type=NUMBER_FLAGS["port"],
+        default=DEFAULT_PORT,
+        help=f"sidecar port (default {DEFAULT_PORT}; 0: any free port)",
     )
     parser.add_argument(
         "--listen-address", default="127.0.0.1", help="sidecar address (default 127.0.0.1)"
     )
     parser.add_argument(
         "--speed",
-        type=float,
+        type=NUMBER_FLAGS["speed"],
         default=1.0,
         help=(
             "simulated seconds per real second (default 1; one traffic cycle is 330 s "
@@ -80,13 +95,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=NUMBER_FLAGS["duration"],
         default=0.0,
         help="stop after this many real seconds (default: run until Ctrl-C)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="traffic seed (default 0)")
     parser.add_argument(
-        "--every", type=float, default=10.0, help="print a status line every N seconds"
+        "--seed", type=NUMBER_FLAGS["seed"], default=0, help="traffic seed (default 0)"
+    )
+    parser.add_argument(
+        "--every",
+        type=NUMBER_FLAGS["every"],
+        default=10.0,
+        help="print a status line every N seconds",
     )
 
 

@@ -8,13 +8,12 @@ utilization up and down a step, TP x2, the next larger GPU, other ``--max-model-
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from exporter.cli.numbers import NO_CAP, Bounded, whole
 from exporter.core.reasons import Limit
 from exporter.errors import ModelConfigError, ModelNotFoundError, UsageError
 from exporter.sizing.catalog import (
@@ -39,6 +38,9 @@ from exporter.sizing.overhead import GIB
 from exporter.sizing.plan import ceiling_rows, what_ifs, what_it_needs
 from exporter.vllm.version import LATEST_KNOWN, parse_vllm_version
 
+if TYPE_CHECKING:
+    import argparse
+
 GB = 10**9
 DEFAULT_CONTEXTS = (2000, 8000)
 _SHAPE_FLAGS = ("layers", "kv_heads", "head_dim", "params_b")
@@ -48,31 +50,10 @@ _SHAPE_FLAGS = ("layers", "kv_heads", "head_dim", "params_b")
 MAX_GIB = 2.0**30
 
 
-def _amount(*, zero_ok: bool) -> Any:
-    """An argparse type: a finite number, positive (or 0 too where 0 means none), at most 1 EiB.
+def _amount(unit: str, example: str, *, zero_ok: bool = False) -> Bounded:
+    """A size flag: a finite amount above 0 (or 0 too, where 0 means none), at most 1 EiB."""
+    return Bounded(unit, 0.0, MAX_GIB, example, above=not zero_ok)
 
-    ``float()`` alone takes ``nan``, ``inf`` and ``1e400``; those are refused here, in one line.
-    """
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        low_ok = value >= 0 if zero_ok else value > 0
-        if not (math.isfinite(value) and low_ok and value <= MAX_GIB):
-            least = "0 or more" if zero_ok else "more than 0"
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a number {least} and at most {MAX_GIB:,.0f}"
-            )
-        return value
-
-    parse.__name__ = "number"
-    return parse
-
-
-_POSITIVE = _amount(zero_ok=False)
-_NON_NEGATIVE = _amount(zero_ok=True)
 
 NAME = "plan"
 HELP = "size a deployment: KV bytes per token, budget, blocks, sequences, what-ifs"
@@ -80,54 +61,96 @@ DESCRIPTION = __doc__.splitlines()[0] if __doc__ else ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``plan``."""
+    """The flags of ``plan``; every number is checked as it is read (one line when bad)."""
     model = parser.add_argument_group("model (a name, hub id or path; or the explicit shape)")
     model.add_argument("--model", help="catalogue name, cached Hugging Face id, or model path")
-    model.add_argument("--layers", type=int, help="number of decoder layers")
-    model.add_argument("--kv-heads", type=int, help="KV heads (= attention heads for MHA)")
-    model.add_argument("--head-dim", type=int, help="head dimension")
-    model.add_argument("--heads", type=int, help="attention heads (default: the KV heads)")
-    model.add_argument("--hidden-size", type=int, help="hidden size (default: heads x head_dim)")
-    model.add_argument("--params-b", type=_POSITIVE, help="parameters in billions (all experts)")
-    model.add_argument("--vocab-size", type=int, help="vocabulary size (drives the sampler)")
-    model.add_argument("--kv-lora-rank", type=int, help="MLA latent rank (DeepSeek: 512)")
-    model.add_argument("--qk-rope-head-dim", type=int, help="MLA RoPE dimension (DeepSeek: 64)")
+    model.add_argument("--layers", type=whole("layers", 1, "32"), help="number of decoder layers")
+    model.add_argument(
+        "--kv-heads", type=whole("heads", 1, "8"), help="KV heads (= attention heads for MHA)"
+    )
+    model.add_argument("--head-dim", type=whole("", 1, "128"), help="head dimension")
+    model.add_argument(
+        "--heads", type=whole("heads", 1, "32"), help="attention heads (default: the KV heads)"
+    )
+    model.add_argument(
+        "--hidden-size",
+        type=whole("", 1, "4096"),
+        help="hidden size (default: heads x head_dim)",
+    )
+    model.add_argument(
+        "--params-b",
+        type=_amount("billion parameters", "8"),
+        help="parameters in billions (all experts)",
+    )
+    model.add_argument(
+        "--vocab-size",
+        type=whole("tokens", 1, "128256"),
+        help="vocabulary size (drives the sampler)",
+    )
+    model.add_argument(
+        "--kv-lora-rank", type=whole("", 1, "512"), help="MLA latent rank (DeepSeek: 512)"
+    )
+    model.add_argument(
+        "--qk-rope-head-dim", type=whole("", 1, "64"), help="MLA RoPE dimension (DeepSeek: 64)"
+    )
     model.add_argument("--quant", help="weight format: fp8, int8, w8a8, awq, gptq, mxfp4...")
     weights = model.add_mutually_exclusive_group()
-    weights.add_argument("--weights-gib", type=_POSITIVE, help="known checkpoint size, GiB (total)")
-    weights.add_argument("--weights-gb", type=_POSITIVE, help="known checkpoint size, GB (total)")
+    weights.add_argument(
+        "--weights-gib", type=_amount("GiB", "15"), help="known checkpoint size, GiB (total)"
+    )
+    weights.add_argument(
+        "--weights-gb", type=_amount("GB", "16"), help="known checkpoint size, GB (total)"
+    )
     hardware = parser.add_argument_group("hardware and vLLM settings")
     memory = hardware.add_mutually_exclusive_group()
     memory.add_argument("--gpu", help="catalogue GPU name (vllm-headroom plan --list-gpus)")
-    memory.add_argument("--gpu-mem-gib", type=_POSITIVE, help="CUDA-visible memory per GPU, GiB")
-    memory.add_argument("--gpu-mem-gb", type=_POSITIVE, help="memory per GPU in GB (10^9 bytes)")
-    hardware.add_argument("--gpu-util", type=float, help="--gpu-memory-utilization")
-    hardware.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    hardware.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    memory.add_argument(
+        "--gpu-mem-gib", type=_amount("GiB", "80"), help="CUDA-visible memory per GPU, GiB"
+    )
+    memory.add_argument(
+        "--gpu-mem-gb", type=_amount("GB", "80"), help="memory per GPU in GB (10^9 bytes)"
+    )
+    hardware.add_argument(
+        "--gpu-util", type=Bounded("", 0.0, 1.0, "0.9", above=True), help="--gpu-memory-utilization"
+    )
+    hardware.add_argument(
+        "--tp", type=whole("GPUs", 1, "2"), default=1, help="tensor parallel size"
+    )
+    hardware.add_argument(
+        "--pp", type=whole("GPUs", 1, "2"), default=1, help="pipeline parallel size"
+    )
     hardware.add_argument("--dtype", default="auto", help="--dtype (auto, bfloat16, float16...)")
     hardware.add_argument("--kv-dtype", default="auto", help="--kv-cache-dtype (auto, fp8...)")
-    hardware.add_argument("--block-size", type=int, help="--block-size (default 16)")
-    hardware.add_argument("--max-model-len", type=int, help="--max-model-len")
+    hardware.add_argument(
+        "--block-size", type=whole("tokens", 1, "16"), help="--block-size (default 16)"
+    )
+    hardware.add_argument(
+        "--max-model-len", type=whole("tokens", 1, "8192"), help="--max-model-len"
+    )
     hardware.add_argument(
         "--allow-long-max-model-len",
         action="store_true",
         help="size a --max-model-len past the model's own limit, as vLLM with "
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 serves it",
     )
-    hardware.add_argument("--kv-cache-memory-bytes", type=int, help="exact KV budget per GPU")
+    hardware.add_argument(
+        "--kv-cache-memory-bytes",
+        type=whole("bytes", 0, "40000000000"),
+        help="exact KV budget per GPU",
+    )
     hardware.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=whole("sequences", 1, "256"),
         help="--max-num-seqs (default: vLLM's for that version and GPU)",
     )
     hardware.add_argument(
         "--max-num-queued-reqs",
-        type=int,
+        type=whole("requests", 0, "1024", otherwise=NO_CAP),
         help="--max-num-queued-reqs, the admission cap (default: none, as vLLM)",
     )
     hardware.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=whole("tokens", 1, "8192"),
         help="--max-num-batched-tokens (default: vLLM's for that version and GPU)",
     )
     hardware.add_argument(
@@ -149,22 +172,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_claimant_arguments(parser)
     overhead = hardware.add_mutually_exclusive_group()
     overhead.add_argument(
-        "--overhead-gib", type=_NON_NEGATIVE, help="overhead per GPU, GiB (override)"
+        "--overhead-gib",
+        type=_amount("GiB", "4", zero_ok=True),
+        help="overhead per GPU, GiB (override)",
     )
     overhead.add_argument(
-        "--overhead-gb", type=_NON_NEGATIVE, help="overhead per GPU, GB (override)"
+        "--overhead-gb",
+        type=_amount("GB", "4", zero_ok=True),
+        help="overhead per GPU, GB (override)",
     )
     hardware.add_argument("--vllm-version", help=f"vLLM version (default {LATEST_KNOWN})")
     hardware.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     question = parser.add_argument_group("questions and output")
     question.add_argument(
         "--context-tokens",
-        type=int,
+        type=whole("tokens", 1, "2000"),
         action="append",
         help=f"context length to count sequences at (repeatable; default {DEFAULT_CONTEXTS})",
     )
     question.add_argument(
-        "--sequences", type=int, help="target sequences: report the utilization and GPU needed"
+        "--sequences",
+        type=whole("sequences", 1, "64"),
+        help="target sequences: report the utilization and GPU needed",
     )
     question.add_argument("--json", action="store_true", help="print one JSON object")
     question.add_argument("--list-models", action="store_true", help="list catalogue models")
@@ -178,11 +207,17 @@ def _add_claimant_arguments(parser: argparse.ArgumentParser) -> None:
         "--enable-lora", action="store_true", help="--enable-lora: subtract the LoRA buffers"
     )
     lora.add_argument(
-        "--max-loras", type=int, help="--max-loras: adapter slots on the GPU (default 1)"
+        "--max-loras",
+        type=whole("adapters", 1, "4"),
+        help="--max-loras: adapter slots on the GPU (default 1)",
     )
-    lora.add_argument("--max-lora-rank", type=int, help="--max-lora-rank (default 16)")
     lora.add_argument(
-        "--max-cpu-loras", type=int, help="--max-cpu-loras: host-memory cache, not GPU memory"
+        "--max-lora-rank", type=whole("", 1, "16"), help="--max-lora-rank (default 16)"
+    )
+    lora.add_argument(
+        "--max-cpu-loras",
+        type=whole("adapters", 1, "8"),
+        help="--max-cpu-loras: host-memory cache, not GPU memory",
     )
     lora.add_argument("--lora-dtype", help="--lora-dtype (auto: the model dtype)")
     spec = parser.add_argument_group(
@@ -196,12 +231,12 @@ def _add_claimant_arguments(parser: argparse.ArgumentParser) -> None:
     )
     drafter.add_argument(
         "--mtp-layers",
-        type=int,
+        type=whole("layers", 1, "1"),
         help="MTP layers of the target's own shape (DeepSeek: num_nextn_predict_layers)",
     )
     spec.add_argument(
         "--num-speculative-tokens",
-        type=int,
+        type=whole("tokens", 1, "4"),
         help="num_speculative_tokens: lookahead slots per sequence (MTP default: the layers)",
     )
 
@@ -220,11 +255,6 @@ def _explicit_arch(args: argparse.Namespace) -> ModelArch:
         raise UsageError("MLA needs both --kv-lora-rank and --qk-rope-head-dim")
     if args.kv_lora_rank is not None:
         mla = MlaDims(args.kv_lora_rank, args.qk_rope_head_dim)
-    for flag in ("layers", "kv_heads", "head_dim"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.params_b <= 0:
-        raise UsageError("--params-b must be positive")
     heads = args.heads or args.kv_heads
     if heads % args.kv_heads:
         raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {args.kv_heads}")
@@ -307,8 +337,6 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
         memory = 0
     else:
         raise UsageError("give --gpu NAME or --gpu-mem-gib (GPU memory per GPU)")
-    if memory < 0:
-        raise UsageError("GPU memory must be positive")
     weights = known_weights
     if args.weights_gib is not None:
         weights = int(args.weights_gib * GIB)
@@ -319,12 +347,9 @@ def resolve_deployment(args: argparse.Namespace, *, known_weights: int | None) -
         overhead = int(args.overhead_gib * GIB)
     elif args.overhead_gb is not None:
         overhead = int(args.overhead_gb * GB)
-    if overhead is not None and overhead < 0:
-        raise UsageError("the overhead override must not be negative")
     if weights is not None and weights < 0:
         raise UsageError("the weights override must not be negative")
     version = parse_vllm_version(args.vllm_version) if args.vllm_version else LATEST_KNOWN
-    _check_scheduler_flags(args)
     return Deployment(
         lora=_lora_settings(args),
         speculative=_speculative(args),
@@ -362,8 +387,6 @@ def _speculative(args: argparse.Namespace) -> SpeculativeDecoding | None:
             )
         return None
     if args.mtp_layers is not None:
-        if args.mtp_layers < 1:
-            raise UsageError(f"--mtp-layers must be at least 1, got {args.mtp_layers}")
         return SpeculativeDecoding(
             num_speculative_tokens=args.mtp_layers if tokens is None else tokens,
             mtp_layers=args.mtp_layers,
@@ -394,14 +417,6 @@ def _lora_settings(args: argparse.Namespace) -> LoraSettings | None:
     )
     settings.validate()
     return settings
-
-
-def _check_scheduler_flags(args: argparse.Namespace) -> None:
-    for flag in ("max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 0:
-        raise UsageError("--max-num-queued-reqs must be 0 or more (leave it out for no cap)")
 
 
 def _check_context(arch: ModelArch, args: argparse.Namespace) -> None:
@@ -714,8 +729,6 @@ def run(args: argparse.Namespace) -> int:
         print(_listing())
         return 0
     contexts = args.context_tokens or list(DEFAULT_CONTEXTS)
-    if any(t < 1 for t in contexts):
-        raise UsageError("--context-tokens must be at least 1")
     arch, known_weights = resolve_arch(args)
     _check_context(arch, args)
     deployment = resolve_deployment(args, known_weights=known_weights)

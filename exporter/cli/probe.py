@@ -14,7 +14,6 @@ sweep stops there and says why (exit 1).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from exporter.boundedread import FileReadError, read_bounded
+from exporter.cli.numbers import SEED, Bounded, quoted, whole
 from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import MaxNumSeqsSource
@@ -40,11 +40,13 @@ from exporter.sweep.drivers import MAX_IN_FLIGHT, HttpxDriver, VllmBenchDriver, 
 from exporter.sweep.evaluate import Limits, busy_unknown, traffic_seen
 from exporter.sweep.figure import check_report_path, write_report
 from exporter.sweep.knee import check_capacity, shape_ceiling
-from exporter.sweep.plan import Mode, SweepPlan, parse_levels
+from exporter.sweep.plan import MAX_TOTAL_REQUESTS, Mode, SweepPlan, parse_levels
 from exporter.sweep.report import TargetFacts, progress_line, render, to_json
 from exporter.sweep.runner import SweepSetup, run_sweep
 from exporter.sweep.shape import (
     DEFAULT_SAMPLES,
+    MAX_CONTEXT_TOKENS,
+    MAX_LENGTHS,
     check_fits,
     fixed_shape,
     parse_lengths,
@@ -56,6 +58,8 @@ from exporter.vllm.coverage import unusable_reason
 from exporter.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
+    import argparse
+
     from exporter.core.snapshot import VllmSnapshot
     from exporter.sweep.runner import LoadDriver
     from exporter.sweep.shape import TrafficShape
@@ -85,46 +89,9 @@ CONFIRM_FLAG = "--i-know-this-sends-load"
 ANNOUNCED_WAIT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Bounded:
-    """An argparse type: a finite number from ``low`` (excluded when ``above``) to ``high``.
-
-    NaN, infinities (``inf``, ``1e400``) and numbers out of range are refused by the parser in
-    one line: a NaN limit would turn its check off (``x >= nan`` is never true), an infinite
-    wait would hang before sending.
-    """
-
-    unit: str
-    low: float
-    high: float
-    example: str
-    above: bool = False
-
-    def accepts(self, value: float) -> bool:
-        """Whether ``value`` is in range (False for NaN and infinities)."""
-        low_ok = value > self.low if self.above else value >= self.low
-        return math.isfinite(value) and low_ok and value <= self.high
-
-    def describe(self) -> str:
-        """``seconds above 0 and at most 3,600`` or ``seconds from 0.1 to 3,600``."""
-        if self.above:
-            return f"{self.unit} above {self.low:g} and at most {self.high:,.0f}"
-        return f"{self.unit} from {self.low:g} to {self.high:,.0f}"
-
-    def __call__(self, text: str) -> float:
-        """Parse one flag's value or raise :class:`argparse.ArgumentTypeError`."""
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not self.accepts(value):
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a finite number of {self.describe()}; give e.g. {self.example}"
-            )
-        return value
-
-
-#: Every float flag of ``probe`` and its range (docs/probe.md lists them).
+#: Every float flag of ``probe`` and its range (docs/probe.md lists them). NaN, infinities and
+#: numbers out of range are refused by the parser in one line: a NaN limit would turn its check
+#: off (``x >= nan`` is never true), an infinite wait would hang before sending.
 FLOAT_FLAGS: dict[str, Bounded] = {
     "step_seconds": Bounded("seconds", 0.0, 86_400.0, "30", above=True),
     "settle_seconds": Bounded("seconds", 0.0, 86_400.0, "5"),
@@ -140,6 +107,19 @@ FLOAT_FLAGS: dict[str, Bounded] = {
     "sample_interval": Bounded("seconds", 0.05, 60.0, "1"),
     "timeout": Bounded("seconds", 0.0, 600.0, "5", above=True),
     "quiet_seconds": Bounded("seconds", 0.1, 3_600.0, "2"),
+}
+
+#: Every whole-number flag of ``probe`` and its range (docs/probe.md lists the caps): the sweep's
+#: own checks refuse the same, later, in other words; these refuse a typo before any read.
+WHOLE_FLAGS: dict[str, Bounded] = {
+    "past_knee": whole("steps", 0, "1"),
+    "max_requests": whole("requests", 1, "5000", high=MAX_TOTAL_REQUESTS),
+    "baseline_requests": whole("requests", 1, "3"),
+    "seed": SEED,
+    "prompt_tokens": whole("tokens", 1, "1500", high=MAX_CONTEXT_TOKENS),
+    "output_tokens": whole("tokens", 1, "300", high=MAX_CONTEXT_TOKENS),
+    "shape_samples": whole("samples", 1, str(DEFAULT_SAMPLES), high=MAX_LENGTHS),
+    "max_num_seqs": whole("sequences", 1, "256"),
 }
 
 
@@ -178,7 +158,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="unmeasured start of each step (default: a third of the step, at most 10)",
     )
     plan.add_argument(
-        "--past-knee", type=int, default=1, help="steps after the first failing one (default 1)"
+        "--past-knee",
+        type=WHOLE_FLAGS["past_knee"],
+        default=1,
+        help="steps after the first failing one (default 1)",
     )
     plan.add_argument(
         "--max-duration",
@@ -187,7 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds for the whole sweep (900)",
     )
     plan.add_argument(
-        "--max-requests", type=int, default=5000, help="requests for the whole sweep (5000)"
+        "--max-requests",
+        type=WHOLE_FLAGS["max_requests"],
+        default=5000,
+        help="requests for the whole sweep (5000)",
     )
     plan.add_argument(
         "--drain-seconds",
@@ -196,12 +182,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="wait for requests in flight after a step, then cancel (60)",
     )
     plan.add_argument(
-        "--baseline-requests", type=int, default=3, help="one-at-a-time requests first (3)"
+        "--baseline-requests",
+        type=WHOLE_FLAGS["baseline_requests"],
+        default=3,
+        help="one-at-a-time requests first (3)",
     )
-    plan.add_argument("--seed", type=int, default=0, help="arrivals and prompts seed (0)")
+    plan.add_argument(
+        "--seed", type=WHOLE_FLAGS["seed"], default=0, help="arrivals and prompts seed (0)"
+    )
     shape = parser.add_argument_group("the traffic shape (default: the target's histograms)")
-    shape.add_argument("--prompt-tokens", type=int, help="every request's prompt length")
-    shape.add_argument("--output-tokens", type=int, help="every request's output length")
+    shape.add_argument(
+        "--prompt-tokens", type=WHOLE_FLAGS["prompt_tokens"], help="every request's prompt length"
+    )
+    shape.add_argument(
+        "--output-tokens", type=WHOLE_FLAGS["output_tokens"], help="every request's output length"
+    )
     shape.add_argument("--lengths", metavar="FILE", help="recorded lengths: PROMPT,OUTPUT a line")
     shape.add_argument(
         "--shape-from", metavar="URL|FILE", help="another vLLM (or a /metrics capture) to copy"
@@ -214,7 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--shape-samples",
-        type=int,
+        type=WHOLE_FLAGS["shape_samples"],
         default=DEFAULT_SAMPLES,
         help=f"lengths drawn from histograms ({DEFAULT_SAMPLES})",
     )
@@ -248,7 +243,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop a step at this many requests waiting (default: 16 or the ceiling)",
     )
     target = parser.add_argument_group("the target")
-    target.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
+    target.add_argument(
+        "--max-num-seqs",
+        type=WHOLE_FLAGS["max_num_seqs"],
+        help="vLLM --max-num-seqs (default: vLLM's)",
+    )
     target.add_argument("--model", help="served model name (default: the first of /v1/models)")
     target.add_argument(
         "--sample-interval",
@@ -358,13 +357,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"{' and '.join(given)} both give the traffic shape; keep one")
     # The parser's types refuse these already; checked again for arguments built otherwise
     # (the same ranges: a NaN or infinite value never reaches a limit or a wait).
-    for name, bounded in FLOAT_FLAGS.items():
+    for name, bounded in (FLOAT_FLAGS | WHOLE_FLAGS).items():
         value = getattr(args, name)
         if value is not None and not (isinstance(value, float | int) and bounded.accepts(value)):
-            raise UsageError(
-                f"{_flag(name)} is {value}; give a finite number of {bounded.describe()}, e.g. "
-                f"{bounded.example}"
-            )
+            raise UsageError(bounded.refusal(f"{_flag(name)} {quoted(str(value))}"))
     lengths_given = args.prompt_tokens is not None or args.lengths is not None
     source = args.shape_from or args.target
     if args.shape_window > 0 and (lengths_given or not source.startswith(("http://", "https://"))):
@@ -372,10 +368,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             "--shape-window reads a vLLM's histograms twice: use it with the target's own "
             "histograms or --shape-from URL, not with lengths or a capture file"
         )
-    if args.shape_samples < 1:
-        raise UsageError(f"--shape-samples is {args.shape_samples}; give at least 1")
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        raise UsageError("--max-num-seqs must be at least 1")
     if args.report:
         check_report_path(Path(args.report))
     if args.prompt_tokens is not None:

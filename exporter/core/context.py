@@ -140,6 +140,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from exporter.core.exact import MAX_EXACT_WHOLE
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -199,9 +201,6 @@ _MIN_PAIRS = 16
 #: The longest request believed, in tokens (2**40, a trillion): no model comes near. Bucket
 #: bounds and sums past it are no vLLM's, and their squares could overflow into NaN.
 _LONGEST = 2.0**40
-#: The most requests a window is believed to hold (2**53, past which a float cannot count by
-#: ones): no vLLM finishes that many.
-_MOST_REQUESTS = 2.0**53
 
 _T = TypeVar("_T")
 
@@ -1173,8 +1172,10 @@ def estimate_context_quantiles(
     output_count = math.fsum(i.generation.total for i in intervals)
     if prompt_count <= 0 or output_count <= 0:
         return None
-    if max(prompt_count, output_count) > _MOST_REQUESTS:
-        return None  # no vLLM's count: past it, squares of sums could overflow into NaN
+    if max(prompt_count, output_count) > MAX_EXACT_WHOLE:
+        # No vLLM finishes that many (a float cannot count by ones past it), and past it squares
+        # of sums could overflow into NaN.
+        return None
     groups = _groups(intervals, cap)
     mean = (  # the sums as the groups hold them: within what the buckets allow
         math.fsum(g.prompt.sum for g in groups) / prompt_count

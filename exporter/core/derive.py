@@ -55,6 +55,7 @@ from exporter.core.ceiling import (
     shared_ceiling,
 )
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
+from exporter.core.exact import MAX_EXACT_WHOLE
 from exporter.core.reasons import Limit
 from exporter.core.windows import (
     BucketCounts,
@@ -615,7 +616,7 @@ def _lifetime(histogram: Histogram | None) -> BucketCounts | None:
 
 
 def _countable(counts: BucketCounts | None) -> BucketCounts | None:
-    """``counts`` if its counts and sum are numbers within ``MAX_KV_TOKENS``, else None.
+    """``counts`` if its counts and sum are numbers within ``MAX_EXACT_WHOLE``, else None.
 
     A histogram saying 1e308 requests, or a sum of 1e155 tokens (whose square is infinite),
     is no vLLM's: its figures would be infinite or NaN, so it counts as no traffic at all.
@@ -633,27 +634,26 @@ def sequences_that_fit(tokens: float, context: float, block_size: int) -> float:
     return float(math.floor(max(tokens, 0.0) / per_sequence))
 
 
-#: Most tokens, or blocks, a KV cache figure is believed at: 2**53, past which floats no longer
-#: hold every whole number (rounding to blocks means nothing there). No KV cache comes near;
-#: a ``cache_config_info`` saying more (``num_gpu_blocks="1e308"``) is unknown, not infinite.
-MAX_KV_TOKENS = 2.0**53
-
-
 def _known(value: float | None) -> float | None:
-    """``value`` as a float when it is a number within ``MAX_KV_TOKENS``; else None (unknown)."""
+    """``value`` as a float when it is a number within ``MAX_EXACT_WHOLE``; else None (unknown).
+
+    Most tokens, or blocks, a KV cache figure is believed at: 2**53, past which floats no longer
+    hold every whole number (rounding to blocks means nothing there). No KV cache comes near; a
+    ``cache_config_info`` saying more (``num_gpu_blocks="1e308"``) is unknown, not infinite.
+    """
     if value is None:
         return None
     try:
         number = float(value)
     except OverflowError:  # an int past the largest float
         return None
-    return number if math.isfinite(number) and abs(number) <= MAX_KV_TOKENS else None
+    return number if math.isfinite(number) and abs(number) <= MAX_EXACT_WHOLE else None
 
 
 def _capacity(engine: EngineMetrics, engine_count: int) -> tuple[float | None, float | None]:
     """(capacity tokens, blocks) of one engine from ``cache_config_info``.
 
-    Figures past ``MAX_KV_TOKENS`` (or their product) are unknown: never infinite.
+    Figures past ``MAX_EXACT_WHOLE`` (or their product) are unknown: never infinite.
     """
     config = engine.cache_config
     if config is None:
@@ -661,7 +661,7 @@ def _capacity(engine: EngineMetrics, engine_count: int) -> tuple[float | None, f
     count = _known(config.num_gpu_blocks)
     blocks = count / engine_count if count is not None and engine_count > 0 else None
     if config.kv_cache_size_tokens is not None:
-        # vLLM's own figure, when it gives one; one past MAX_KV_TOKENS is unknown (the blocks
+        # vLLM's own figure, when it gives one; one past MAX_EXACT_WHOLE is unknown (the blocks
         # of an answer that impossible are no better).
         return _known(config.kv_cache_size_tokens), blocks
     block_size = _known(config.block_size)
@@ -1316,7 +1316,7 @@ def derive_target(
     (``None`` when the prediction is unavailable); ``running_limit`` the scheduler's
     ``max_num_seqs`` of each engine, where known; ``previous`` the figures of the poll before,
     whose context figures may stand for ``windows.context_refresh_seconds``. A
-    ``max_model_len`` that is not a positive number within ``MAX_KV_TOKENS`` is unknown.
+    ``max_model_len`` that is not a positive number within ``MAX_EXACT_WHOLE`` is unknown.
     """
     if not samples:
         return TargetDerived(engines=())

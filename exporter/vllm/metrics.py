@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from itertools import groupby, pairwise
 from typing import TYPE_CHECKING, Final
 
+from exporter.core.exact import MAX_EXACT_WHOLE
 from exporter.core.reasons import AdmissionReason, DropReason
 from exporter.core.snapshot import CacheConfig, EngineMetrics, Histogram, VllmSnapshot
 from exporter.errors import ParseError
@@ -716,7 +717,7 @@ def _impossible(histogram: Histogram) -> str | None:
     buckets, once per histogram per payload.
     """
     bounds, cumulative, total = histogram.bounds, histogram.cumulative, histogram.sum
-    if histogram.count > _LARGEST or cumulative[-1] > _LARGEST:
+    if histogram.count > MAX_EXACT_WHOLE or cumulative[-1] > MAX_EXACT_WHOLE:
         return DropReason.OUT_OF_RANGE
     lowest = 0.0
     below = lower = 0.0
@@ -777,21 +778,19 @@ def _cache_config(
     )
 
 
-#: The largest count or size taken from a label: 2**53, the last whole number a float holds
-#: exactly (a block count or a byte count past it is no GPU's).
-_LARGEST: Final = float(2**53)
 #: What each numeric ``cache_config_info`` label can be in vLLM; another value is dropped
 #: (absent, counted ``out_of_range``). A block holds at least one token; the counts vLLM
-#: writes are never negative; ``gpu_memory_utilization`` is a share of the GPU, above 0 and at
-#: most 1 (vLLM refuses other values at start).
+#: writes are never negative, nor past 2**53 (a block or byte count past the largest whole
+#: number a float holds exactly is no GPU's); ``gpu_memory_utilization`` is a share of the GPU,
+#: above 0 and at most 1 (vLLM refuses other values at start).
 _CACHE_RANGES: Final[Mapping[str, Callable[[float], bool]]] = {
-    "num_gpu_blocks": lambda v: 1 <= v <= _LARGEST,
-    "block_size": lambda v: 1 <= v <= _LARGEST,
-    "kv_cache_size_tokens": lambda v: 1 <= v <= _LARGEST,
-    "kv_cache_memory_bytes": lambda v: 1 <= v <= _LARGEST,
-    "sliding_window": lambda v: 1 <= v <= _LARGEST,
-    "simple_cpu_offload_num_blocks": lambda v: 0 <= v <= _LARGEST,
-    "kv_cache_max_concurrency": lambda v: 0 <= v <= _LARGEST,
+    "num_gpu_blocks": lambda v: 1 <= v <= MAX_EXACT_WHOLE,
+    "block_size": lambda v: 1 <= v <= MAX_EXACT_WHOLE,
+    "kv_cache_size_tokens": lambda v: 1 <= v <= MAX_EXACT_WHOLE,
+    "kv_cache_memory_bytes": lambda v: 1 <= v <= MAX_EXACT_WHOLE,
+    "sliding_window": lambda v: 1 <= v <= MAX_EXACT_WHOLE,
+    "simple_cpu_offload_num_blocks": lambda v: 0 <= v <= MAX_EXACT_WHOLE,
+    "kv_cache_max_concurrency": lambda v: 0 <= v <= MAX_EXACT_WHOLE,
     "gpu_memory_utilization": lambda v: 0 < v <= 1,
 }
 _CACHE_INTS: Final = (

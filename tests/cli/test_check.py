@@ -444,6 +444,13 @@ AFTER_LOAD = str(CAPTURES / "vllm-0.32.0-cpu-after-load.prom")
         ("--max-num-queued-reqs", "-1"),
         ("--max-num-queued-tokens", "-1"),
         ("--max-num-queued-tokens", "1e3"),
+        ("--max-num-queued-tokens", "0x10"),
+        ("--max-model-len", "9007199254740993"),
+        ("--max-model-len", "8192.0"),
+        ("--max-model-len", ""),
+        ("--timeout", "1e400"),
+        ("--timeout", "-0"),
+        ("--gpu-mem-gib", "1048577"),
         ("--tp", "-1"),
         ("--tp", "0"),
         ("--pp", "0"),
@@ -468,14 +475,44 @@ def test_a_bad_number_flag_is_one_line_naming_the_flag(
 
 
 def test_a_negative_queue_cap_says_how_to_have_none(capsys: pytest.CaptureFixture[str]) -> None:
-    """--max-num-queued-reqs -1: the fix is to leave the flag out."""
+    """--max-num-queued-reqs -1: the fix is a cap of 0 or more, or the flag left out."""
     err = _refused_flag(capsys, AFTER_LOAD, "--max-num-queued-reqs", "-1")
-    assert "from 0 to 2**53, not '-1' (leave it out for no cap)" in err
+    assert err == (
+        "vllm-headroom check: error: argument --max-num-queued-reqs: '-1' is not a whole number "
+        "of requests from 0 to 2**53; give e.g. 1024, or leave it out for no cap "
+        "(see vllm-headroom check --help)\n"
+    )
+
+
+def test_a_bad_timeout_is_the_documented_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The line docs/cli.md shows for ``--timeout nan``, word for word."""
+    err = _refused_flag(capsys, AFTER_LOAD, "--timeout", "nan")
+    assert err == (
+        "vllm-headroom check: error: argument --timeout: 'nan' is not a finite number of seconds "
+        "above 0 and at most 86,400; give e.g. 5 (see vllm-headroom check --help)\n"
+    )
+    assert err.removesuffix("\n") in (paths.DOCS / "cli.md").read_text()
+
+
+def test_a_huge_number_is_one_short_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """5,000 digits (past int()'s own limit): one line quoting 40 of them, no traceback."""
+    err = _refused_flag(capsys, AFTER_LOAD, "--max-model-len", "9" * 5000)
+    assert f"{'9' * 40!r} (the first 40 of 5,000 characters) is not a whole number" in err
+    assert "9" * 41 not in err
 
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--max-model-len", "512"), ("--gpu-mem-gib", "80"), ("--timeout", "0.5"), ("--tp", "1")],
+    [
+        ("--max-model-len", "512"),
+        ("--max-model-len", " 1_024 "),
+        ("--gpu-mem-gib", "80"),
+        ("--gpu-mem-gib", "1048576"),
+        ("--timeout", "0.5"),
+        ("--timeout", "86400"),
+        ("--tp", "1"),
+        ("--max-num-queued-reqs", "0"),
+    ],
 )
 def test_good_number_flags_are_taken(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import sys
 import pytest
 
 from exporter import __version__
-from exporter.cli.main import main
+from exporter.cli.main import build_parser, main
+from exporter.cli.numbers import Bounded
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,6 +45,53 @@ def test_a_bad_flag_is_one_line_pointing_at_help(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "--help" in err
+
+
+def _number_actions() -> list[tuple[str, argparse.Action]]:
+    """Every flag of every command whose value is read as a number, by its command."""
+    commands = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    return [
+        (name, action)
+        for name, parser in commands.choices.items()
+        for action in parser._actions
+        if action.type in (int, float) or isinstance(action.type, Bounded)
+    ]
+
+
+def test_every_number_flag_is_bounded() -> None:
+    """No command reads a number with bare int() or float(): each has a range and one-line error."""
+    actions = _number_actions()
+    assert {name for name, _ in actions} == {"plan", "check", "probe", "demo"}
+    bare = [
+        f"{name} {action.option_strings[0]}"
+        for name, action in actions
+        if action.type in (int, float)
+    ]
+    assert not bare
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [(name, action.option_strings[0]) for name, action in _number_actions()],
+)
+def test_every_number_flag_refuses_nan_and_junk_in_one_line(
+    command: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN and 5,000 characters of junk: exit 2, one short line naming the flag, no traceback."""
+    required = {"check": ["capture.prom"], "probe": ["--target", "http://127.0.0.1:9"]}
+    for value in ("nan", "x" * 5000):
+        with pytest.raises(SystemExit) as exited:
+            main([command, *required.get(command, []), f"{flag}={value}"])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert err.startswith(f"vllm-headroom {command}: error: argument {flag}: ")
+        assert len(err) < 300
+        assert "Traceback" not in err
 
 
 def test_a_bad_setting_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.cli.main import main
+from exporter.cli.main import build_parser, main
 from tests import paths
 
 if TYPE_CHECKING:
@@ -109,7 +109,6 @@ def test_explicit_shape_and_model_directory(capsys: pytest.CaptureFixture[str]) 
     [
         (["plan", "--model", "lama-3.1-8b", "--gpu", "H100"], "did you mean llama-3.1-8b"),
         (["plan", "--model", "llama-3.1-8b", "--gpu", "H1OO"], "unknown GPU"),
-        (["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--gpu-util", "1.5"], "(0, 1]"),
         (["plan", "--model", "llama-3.3-70b", "--gpu", "L4"], "exceed"),
         (["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--kv-lora-rank", "512"], "MLA"),
         (["plan", "--layers", "32", "--gpu", "H100"], "missing --kv-heads"),
@@ -125,6 +124,15 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "nan", "-0.5"])
+def test_gpu_util_is_a_share_above_0_and_at_most_1(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """--gpu-util is refused as it is read, as vLLM refuses it at start."""
+    err = _refused(capsys, "--model", "llama-3.1-8b", "--gpu", "H100", f"--gpu-util={value}")
+    assert f"argument --gpu-util: {value!r} is not a finite number above 0 and at most 1;" in err
 
 
 def test_inverse_questions(capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,13 +232,77 @@ def test_needs_says_when_max_num_seqs_must_rise_too(capsys: pytest.CaptureFixtur
     assert within["needs"]["max_num_seqs_too_low"] is False
 
 
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run plan with a flag its parser refuses: exit 2 and one line on stderr, returned."""
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+    return err
+
+
 @pytest.mark.parametrize("flag", ["--max-num-seqs", "--max-num-batched-tokens"])
 def test_scheduler_flags_must_be_positive(capsys: pytest.CaptureFixture[str], flag: str) -> None:
     """A zero limit is refused with one line naming the flag."""
-    assert main([*SMALL_CONTEXT, flag, "0"]) == 2
-    err = capsys.readouterr().err
-    assert flag in err
-    assert "Traceback" not in err
+    err = _refused(capsys, *SMALL_CONTEXT[1:], flag, "0")
+    assert f"argument {flag}: '0' is not a whole number of " in err
+    assert " from 1 to 2**53; give e.g. " in err
+
+
+COUNT_FLAGS = [
+    "--layers",
+    "--kv-heads",
+    "--head-dim",
+    "--heads",
+    "--hidden-size",
+    "--vocab-size",
+    "--kv-lora-rank",
+    "--qk-rope-head-dim",
+    "--tp",
+    "--pp",
+    "--block-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--context-tokens",
+    "--sequences",
+    "--max-loras",
+    "--max-lora-rank",
+    "--max-cpu-loras",
+    "--mtp-layers",
+    "--num-speculative-tokens",
+]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "1e3", "0x10", "nan", "9007199254740993"])
+@pytest.mark.parametrize("flag", COUNT_FLAGS)
+def test_every_count_flag_is_a_whole_number_from_1(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    """Each count is refused as it is read, before any model is looked up: one line, exit 2."""
+    err = _refused(capsys, "--model", "llama-3.1-8b", "--gpu", "h100", f"{flag}={value}")
+    assert f"argument {flag}: {value!r} is not a whole number" in err
+    assert " from 1 to 2**53; give e.g. " in err
+
+
+@pytest.mark.parametrize("flag", ["--max-num-queued-reqs", "--kv-cache-memory-bytes"])
+def test_the_counts_that_may_be_0_take_0_and_refuse_less(
+    capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """A queue cap of 0 (refuse every request past the running ones) and a KV budget of 0."""
+    args = build_parser().parse_args(["plan", f"{flag}=0"])
+    assert getattr(args, flag[2:].replace("-", "_")) == 0
+    err = _refused(capsys, "--model", "llama-3.1-8b", "--gpu", "h100", f"{flag}=-1")
+    assert " from 0 to 2**53; give e.g. " in err
+
+
+def test_the_largest_count_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """2**53 itself is in range (the sizing may then refuse it, in its own words)."""
+    args = build_parser().parse_args(["plan", "--layers", str(2**53), "--tp", "1_000"])
+    assert (args.layers, args.tp) == (2**53, 1000)
+    capsys.readouterr()
 
 
 def test_kv_capacity_tokens_means_what_vllm_logs_on_hybrid_models(
@@ -340,7 +412,6 @@ def test_lora_line_in_the_human_report(capsys: pytest.CaptureFixture[str]) -> No
     [
         (["--max-loras", "2"], "--max-loras without --enable-lora"),
         (["--enable-lora", "--max-lora-rank", "12"], "not one of vLLM's"),
-        (["--enable-lora", "--max-loras", "0"], "--max-loras must be at least 1"),
         (["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], "must be >= --max-loras"),
         (["--enable-lora", "--lora-dtype", "float32"], "--lora-dtype 'float32' is not"),
     ],
@@ -391,11 +462,6 @@ def test_mtp_layers_default_their_speculative_tokens(capsys: pytest.CaptureFixtu
     [
         (["--num-speculative-tokens", "3"], "without a drafter"),
         (["--speculative-draft-model", "qwen3-0.6b"], "needs --num-speculative-tokens"),
-        (["--mtp-layers", "0"], "--mtp-layers must be at least 1"),
-        (
-            ["--speculative-draft-model", "qwen3-0.6b", "--num-speculative-tokens", "0"],
-            "--num-speculative-tokens must be at least 1",
-        ),
         (["--speculative-draft-model", "qwen-0.6", "--num-speculative-tokens", "2"], "unknown"),
     ],
 )
@@ -427,13 +493,23 @@ def test_a_queue_cap_under_max_num_seqs_is_the_ceiling_and_named(
 
 
 def test_a_negative_queue_cap_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """--max-num-queued-reqs -1: one line naming the flag, exit 2."""
-    assert (
-        main(["plan", "--model", "qwen2.5-7b", "--gpu", "L40S", "--max-num-queued-reqs", "-1"]) == 2
+    """--max-num-queued-reqs -1: one line naming the flag and both ways out, exit 2."""
+    err = _refused(capsys, "--model", "qwen2.5-7b", "--gpu", "L40S", "--max-num-queued-reqs", "-1")
+    assert err == (
+        "vllm-headroom plan: error: argument --max-num-queued-reqs: '-1' is not a whole number of "
+        "requests from 0 to 2**53; give e.g. 1024, or leave it out for no cap "
+        "(see vllm-headroom plan --help)\n"
     )
-    err = capsys.readouterr().err
-    assert "--max-num-queued-reqs must be 0 or more" in err
-    assert "Traceback" not in err
+
+
+def test_a_zero_layer_count_is_the_documented_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The line docs/cli.md shows for ``plan --layers 0``, word for word."""
+    err = _refused(capsys, "--layers", "0")
+    assert err == (
+        "vllm-headroom plan: error: argument --layers: '0' is not a whole number of layers from 1 "
+        "to 2**53; give e.g. 32 (see vllm-headroom plan --help)\n"
+    )
+    assert err.removesuffix("\n") in (paths.DOCS / "cli.md").read_text()
 
 
 def test_plan_sizes_a_nemotron_h_catalogue_entry(capsys: pytest.CaptureFixture[str]) -> None:
@@ -626,7 +702,8 @@ def test_amount_flags_take_finite_positive_numbers(
         main(["plan", *rest, f"{flag}={value}"])
     assert caught.value.code == 2
     err = capsys.readouterr().err
-    assert f"argument {flag}: {value!r} is not a number" in err
+    assert f"argument {flag}: {value!r} is not a finite number of " in err
+    assert "above 0 and at most 1,073,741,824; give e.g. " in err
     assert err.count("\n") == 1
 
 
@@ -638,7 +715,9 @@ def test_overhead_flags_take_finite_non_negative_numbers(
     """The overhead override may be 0, never NaN, infinite or negative."""
     with pytest.raises(SystemExit):
         main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100", f"{flag}={value}"])
-    assert f"argument {flag}: {value!r} is not a number 0 or more" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {value!r} is not a finite number of " in err
+    assert " from 0 to 1,073,741,824; give e.g. 4 " in err
 
 
 @pytest.mark.parametrize(
@@ -647,7 +726,7 @@ def test_overhead_flags_take_finite_non_negative_numbers(
         (["--weights-gib", "0.5"], "smaller than the model's embeddings alone"),
         (["--params-b", "0.1"], "less than llama-3.1-8b's embeddings alone"),
         (["--max-model-len", "1000000"], "exceeds llama-3.1-8b's context length 131,072"),
-        (["--max-num-seqs", "100000000000000000000"], "lower --max-num-seqs"),
+        (["--max-num-seqs", str(2**53)], "lower --max-num-seqs"),
         (["--max-num-seqs", "10000000"], "lower --max-num-seqs"),
     ],
 )

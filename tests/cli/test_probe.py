@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from exporter.cli.numbers import Bounded
+
 MODEL = "simulated/llama-3.1-8b"
 #: Quick steps: the simulation runs at SPEED times real time.
 SPEED = 4.0
@@ -115,7 +117,20 @@ def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         (["--target", "http://h", "--report", "out.pdf"], "name an .html or .png file"),
         (["--target", "http://h", "--step-seconds", "0"], "--step-seconds"),
         (["--target", "http://h", "--max-num-seqs", "0"], "--max-num-seqs"),
-        (["--target", "http://h", "--shape-samples", "0"], "--shape-samples is 0"),
+        (
+            ["--target", "http://h", "--shape-samples", "0"],
+            "argument --shape-samples: '0' is not a whole number of samples from 1 to 100,000; "
+            "give e.g. 200",
+        ),
+        (["--target", "http://h", "--shape-samples", "100001"], "from 1 to 100,000"),
+        (["--target", "http://h", "--max-requests", "1000001"], "from 1 to 1,000,000"),
+        (
+            ["--target", "http://h", "--prompt-tokens", "0", "--output-tokens", "5"],
+            "argument --prompt-tokens: '0' is not a whole number of tokens from 1 to 4,194,304",
+        ),
+        (["--target", "http://h", "--past-knee=-1"], "of steps from 0 to 2**53"),
+        (["--target", "http://h", "--baseline-requests", "0"], "of requests from 1 to 2**53"),
+        (["--target", "http://h", "--seed", "1.5"], "from -2**53 to 2**53; give e.g. 0"),
         (
             ["--target", "http://h", "--shape-from", "capture.prom", "--shape-window", "60"],
             "--shape-window reads a vLLM's histograms twice",
@@ -393,7 +408,7 @@ def idle_capture() -> bytes:
     return (paths.CAPTURES / "vllm-0.32.0-cpu-idle.prom").read_bytes()
 
 
-def _bad_values(bounded: probe.Bounded) -> list[str]:
+def _bad_values(bounded: Bounded) -> list[str]:
     """Every kind of bad value for one float flag: not finite, negative, 0 or under, too high."""
     values = ["nan", "NaN", "inf", "-inf", "1e400", "-1e400", "-1", "many", f"{bounded.high * 2:g}"]
     if bounded.above or bounded.low > 0:
@@ -463,7 +478,56 @@ def test_a_float_flag_set_past_the_parser_is_refused_too(name: str) -> None:
         ["probe", "--target", "http://127.0.0.1:9", "--prompt-tokens", "1", "--output-tokens", "1"]
     )
     setattr(args, name, float("nan"))
-    with pytest.raises(UsageError, match="give a finite number of"):
+    flag = "--" + name.replace("_", "-")
+    refusal = f"^{flag} 'nan' is not a finite number of .*; give e.g. "
+    with pytest.raises(UsageError, match=refusal):
+        probe.run(args)
+
+
+def _bad_whole_values(bounded: Bounded) -> list[str]:
+    """Every kind of bad value for one whole-number flag: a fraction, a float, past each end."""
+    values = ["1.5", "1e3", "0x10", "nan", "many", "", str(int(bounded.high) + 1)]
+    values.append(str(int(bounded.low) - 1))
+    return values
+
+
+WHOLE_CASES = [
+    (name, value)
+    for name, bounded in probe.WHOLE_FLAGS.items()
+    for value in _bad_whole_values(bounded)
+]
+
+
+@pytest.mark.parametrize(("name", "value"), WHOLE_CASES)
+def test_every_whole_flag_refuses_every_bad_value_in_one_line(
+    name: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parser refuses, naming the flag, the range and an example (no target is read)."""
+    flag = "--" + name.replace("_", "-")
+    err = one_line_error(capsys, "--target", "http://127.0.0.1:9", f"{flag}={value}")
+    assert f"argument {flag}: {value!r} is not {probe.WHOLE_FLAGS[name].describe()}; " in err
+
+
+@pytest.mark.parametrize("name", list(probe.WHOLE_FLAGS))
+def test_every_whole_flag_accepts_its_bounds(name: str) -> None:
+    """Both ends of a whole-number range are taken, as ints."""
+    bounded = probe.WHOLE_FLAGS[name]
+    flag = "--" + name.replace("_", "-")
+    for end in (int(bounded.low), int(bounded.high)):
+        args = build_parser().parse_args(["probe", "--target", "http://h", f"{flag}={end}"])
+        assert getattr(args, name) == end
+        assert type(getattr(args, name)) is int
+
+
+@pytest.mark.parametrize("name", list(probe.WHOLE_FLAGS))
+def test_a_whole_flag_set_past_the_parser_is_refused_too(name: str) -> None:
+    """A fraction in the namespace, where a count belongs, is checked again."""
+    args = build_parser().parse_args(
+        ["probe", "--target", "http://127.0.0.1:9", "--prompt-tokens", "1", "--output-tokens", "1"]
+    )
+    setattr(args, name, 1.5)
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(UsageError, match=f"^{flag} '1.5' is not a whole number"):
         probe.run(args)
 
 
@@ -517,19 +581,26 @@ def test_lengths_longer_than_the_kv_pool_send_nothing(capsys: pytest.CaptureFixt
     assert "2,000,005-token request but the target's KV pool holds" in err
 
 
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("100000000000", "'100000000000' is not a whole number of tokens from 1 to 4,194,304"),
+        ("4194304", "the probe sends at most 4,194,304 tokens a request"),
+    ],
+)
 def test_lengths_past_the_cap_are_refused_before_the_target_is_read(
-    capsys: pytest.CaptureFixture[str],
+    prompt: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--prompt-tokens past MAX_CONTEXT_TOKENS: refused by the flag check, nothing is read."""
+    """Past MAX_CONTEXT_TOKENS, one length (the parser) or the two together (the flag check)."""
     with FakeVllm(state=VllmState(running=0)) as fake:
         err = one_line_error(
             capsys,
             "--target",
             fake.url,
             "--prompt-tokens",
-            "100000000000",
+            prompt,
             "--output-tokens",
             "5",
         )
         assert fake.counts.requests == {}
-    assert "the probe sends at most 4,194,304 tokens a request" in err
+    assert message in err
