@@ -44,14 +44,17 @@ def busy_vllm() -> Iterator[FakeVllm]:
 
     Every figure that needs something running (tokens per running sequence) is defined on it.
     The lines a KV offload connector adds (written from vLLM's source: no GPU here) follow, so
-    that the offload and KV fetch figures are defined too.
+    that the offload and KV fetch figures are defined too. Its first answer is the burst's
+    sample 005, every later one the next sample, 006: between the two, requests finished (and
+    were preempted), so the figures over finished requests are defined from the second poll.
     """
-    capture = (paths.FIXTURES / "vllm-cpu" / "burst" / "005.prom").read_bytes()
-    capture += (
+    burst = paths.FIXTURES / "vllm-cpu" / "burst"
+    offload = (
         paths.FIXTURES / "vllm-offload" / "kv-offload-0.32.0-written-from-source.prom"
     ).read_bytes()
+    first, later = ((burst / name).read_bytes() + offload for name in ("005.prom", "006.prom"))
     state = VllmState(model="tiny", root="/nonexistent/tiny", max_model_len=512)
-    with FakeVllm(state=state, payload=capture) as server:
+    with FakeVllm(state=state, payload=lambda served: first if served == 0 else later) as server:
         yield server
 
 

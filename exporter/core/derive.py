@@ -61,6 +61,7 @@ from exporter.core.windows import (
     BucketCounts,
     histogram_increase,
     merge_buckets,
+    went_down,
     window_increase,
 )
 
@@ -346,7 +347,8 @@ def restart_evidence(
     """Why vLLM looks restarted between two consecutive snapshots, or None.
 
     Evidence: a later ``process_start_time_seconds``, or any cumulative counter of an engine
-    present in both going down (impossible for the same process start time). ``previous`` may
+    present in both going down (impossible for the same process start time; float noise is
+    no decrease: :func:`~exporter.core.windows.went_down`). ``previous`` may
     be the snapshot before or its :func:`restart_baseline`: the verdict is the same.
     """
     before, now = previous.process_start_time_seconds, current.process_start_time_seconds
@@ -364,7 +366,7 @@ def restart_evidence(
         if old is None:
             continue
         for a, b in zip(old, _engine_counters(engine), strict=True):
-            if a is not None and b is not None and b < a:
+            if a is not None and b is not None and went_down(a, b):
                 return RestartEvidence.IMPOSSIBLE if known else RestartEvidence.COUNTERS
     return None
 
@@ -982,8 +984,21 @@ class _Rates:
     finished_requests_per_second: float | None = None
 
 
+def _joined(name: str, window: Sequence[Sample]) -> int:
+    """Index in ``window`` of the first read that counts for engine ``name``'s rates.
+
+    An engine that joined within the window (data parallelism grown under one process) was
+    counted only from its first read: its rates start there, not at the window's start (its
+    first minute's rates read up to 12 times too low). After a restart a new process counted
+    since it started, within the interval before the read: that interval counts too.
+    """
+    first = next((i for i, s in enumerate(window) if name in s.snapshot.engines), 0)
+    return first - 1 if first > 0 and window[first].restarted else first
+
+
 def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
     window = samples[_covering_tail(samples, seconds) :]
+    window = window[_joined(name, window) :]
     window_resets = _restarts(window)
     span = window[-1].t - window[0].t
     if len(window) < 2 or span <= 0:
@@ -1002,10 +1017,8 @@ def _rates(name: str, samples: Sequence[Sample], seconds: float) -> _Rates:
     per_second = per_request = None
     if latest.preemptions_total is not None:
         per_second = preempted / span
-        if finished > 0:
+        if finished > 0:  # none finished: absent, 0 / 0 included (no traffic says nothing)
             per_request = preempted / finished
-        elif preempted == 0:
-            per_request = 0.0
     finished_per_second = finished / span if latest.requests_finished_total is not None else None
     if latest.request_params_n is not None:
         # V1 counts each of a request's n sequences in request_success; request_params_n is

@@ -4,7 +4,8 @@ Pure functions over plain values. vLLM's counters and histograms are cumulative 
 server started; when it restarts they start again from zero. Like Prometheus's ``increase()``,
 every function here treats a decrease between two consecutive samples as a reset and counts the
 new value as the increase since the reset, so an increase is never negative and never spikes by
-the previous lifetime's total.
+the previous lifetime's total. A decrease within float noise (:data:`COUNTER_NOISE_RATIO`) is
+no reset: it adds nothing.
 """
 
 from __future__ import annotations
@@ -19,15 +20,27 @@ if TYPE_CHECKING:
     from exporter.core.snapshot import Histogram
 
 
+#: A counter lower than before by no more than this fraction of its value went down by float
+#: noise, not by a reset: prometheus_client's multiprocess mode sums one file per process, and a
+#: restarted counter starts again from zero, nowhere near its previous value.
+COUNTER_NOISE_RATIO = 1e-9
+
+
+def went_down(previous: float, current: float) -> bool:
+    """Whether a cumulative counter went down between two samples: a reset, not float noise."""
+    return current < previous - COUNTER_NOISE_RATIO * abs(previous)
+
+
 def counter_increase(previous: float, current: float, *, reset: bool = False) -> float:
     """Increase of a cumulative counter between two consecutive samples.
 
-    A decrease, or ``reset=True`` (a restart detected by other means), means the counter started
-    again from zero, so the increase is ``current``.
+    A decrease (:func:`went_down`), or ``reset=True`` (a restart detected by other means),
+    means the counter started again from zero, so the increase is ``current``. A reading lower
+    by float noise alone is no increase.
     """
-    if reset or current < previous:
+    if reset or went_down(previous, current):
         return max(current, 0.0)
-    return current - previous
+    return max(current - previous, 0.0)
 
 
 def window_increase(
@@ -101,7 +114,7 @@ def histogram_increase(
     ``None`` when the two samples cannot be compared (different buckets without a reset).
     A reset (detected, or a count going down) makes the whole current histogram the increase.
     """
-    if previous is None or reset or current.count < previous.count:
+    if previous is None or reset or went_down(previous.count, current.count):
         return _as_buckets(current)
     if previous.bounds != current.bounds:
         return None

@@ -193,6 +193,58 @@ def test_preemption_rate_is_the_increase_over_the_rate_window() -> None:
     assert e.finished_requests_per_second == pytest.approx(0.4)
 
 
+def test_preemptions_per_finished_request_is_absent_when_nothing_finished() -> None:
+    """Traffic stopped: 0 preemptions per second, and no ratio of 0 over 0.
+
+    docs/metrics.md: "absent when none finished", with or without preemptions in the window.
+    """
+    idle = chain(
+        Sample(0.0, snap(engine(finished=12, preemptions=15))),
+        Sample(30.0, snap(engine(finished=12, preemptions=15))),
+    )
+    (e,) = derive_target(idle, windows=WINDOWS).engines
+    assert e.preemptions_per_second == 0.0
+    assert e.preemptions_per_finished_request is None
+    stuck = chain(
+        Sample(0.0, snap(engine(finished=12, preemptions=15))),
+        Sample(30.0, snap(engine(finished=12, preemptions=18))),
+    )
+    (e,) = derive_target(stuck, windows=WINDOWS).engines
+    assert e.preemptions_per_finished_request is None
+
+
+def test_an_engine_that_joins_mid_window_is_rated_over_the_time_it_was_read() -> None:
+    """A data-parallel engine joining mid-window is rated from its first read, never spiking.
+
+    Engine 1 joins engine 0 under one process: its first rate is its increase over the 5 s it
+    was read in (8 preemptions: 1.6 a second), not over the target's 60 s window (0.13 a
+    second: 12 times too low for its first minute).
+    """
+
+    def joining(*, finished: int, preempted: float) -> EngineMetrics:
+        return engine(name="1", finished=finished, preemptions=preempted)
+
+    samples = [
+        Sample(t, snap(engine(finished=int(t), preemptions=t)))
+        for t in (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0)
+    ]
+    samples += [
+        Sample(
+            55.0, snap(engine(finished=55, preemptions=55), joining(finished=90, preempted=100))
+        ),
+        Sample(
+            60.0, snap(engine(finished=60, preemptions=60), joining(finished=96, preempted=108))
+        ),
+    ]
+    joined = derive_target(chain(*samples[:-1]), windows=WINDOWS).engines[1]
+    assert joined.preemptions_per_second is None  # one read: no rate yet, and no spike
+    zero, one = derive_target(chain(*samples), windows=WINDOWS).engines
+    assert zero.preemptions_per_second == pytest.approx(1.0)
+    assert one.preemptions_per_second == pytest.approx(8 / 5)
+    assert one.finished_requests_per_second == pytest.approx(6 / 5)
+    assert one.preemptions_per_finished_request == pytest.approx(8 / 6)
+
+
 def test_a_read_gap_across_the_window_start_keeps_its_increase_in_the_rate() -> None:
     """A read gap longer than the rate window: the rate is the average since the read before.
 
@@ -258,6 +310,24 @@ def test_detect_restart_sees_counters_going_down_without_a_start_time() -> None:
     after = replace(snap(engine(finished=1)), process_start_time_seconds=None)
     assert detect_restart(before, after)
     assert not detect_restart(before, before)
+
+
+def test_a_counter_a_hair_lower_under_the_same_start_time_is_no_restart() -> None:
+    """Float noise (multiprocess prometheus_client sums files) is not a counter going down.
+
+    Read as one, it refused the target for 60 s and emptied its window under a start time,
+    and without one counted a restart and the whole lifetime again as the increase.
+    """
+    before = snap(engine(finished=97, preemptions=105.0), start=1000.0)
+    after = snap(engine(finished=97, preemptions=105.0 - 1e-9), start=1000.0)
+    assert restart_evidence(before, after) is None
+    unstarted = [replace(s, process_start_time_seconds=None) for s in (before, after)]
+    assert restart_evidence(*unstarted) is None
+    samples = chain(Sample(0.0, unstarted[0]), Sample(5.0, unstarted[1]))
+    derived = derive_target(samples, windows=WINDOWS)
+    assert not derived.restarted
+    assert derived.engines[0].preemptions_per_second == 0.0
+    assert restart_evidence(before, snap(engine(finished=97, preemptions=104.0), start=1000.0))
 
 
 def test_context_after_a_restart_counts_requests_of_both_lifetimes() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -164,3 +165,24 @@ def test_window_increase_leaves_out_a_value_after_a_reset_that_is_not_counted() 
 def test_the_counted_flags_apply_only_after_a_reset() -> None:
     """Without a reset, a False flag changes nothing: plain increases are always counted."""
     assert window_increase([1.0, 4.0, 9.0], [False, False, False], [False, False, False]) == 8.0
+
+
+def test_a_counter_a_few_ulps_lower_is_unchanged_not_reset() -> None:
+    """A counter read lower by float noise is unchanged, not reset.
+
+    prometheus_client's multiprocess mode sums one file per process: a counter may read a hair
+    lower at the next scrape with no restart. That is no increase, and no reset (which would
+    count the whole lifetime again); what comes after counts from the lower reading.
+    """
+    assert counter_increase(1e6, 1e6 * (1 - 1e-12)) == 0.0
+    assert window_increase([105.0, 105.0 - 1e-9, 108.0]) == pytest.approx(3.0)
+    assert counter_increase(105.0, 104.0) == 104.0  # a real decrease still is a reset
+
+
+def test_a_histogram_count_a_few_ulps_lower_is_no_reset() -> None:
+    """The same noise in a histogram's count adds nothing instead of its whole lifetime."""
+    before = hist([0, 0, 0, 0, 0, 0, 0, 10, 0, 0], total=1010.0)
+    after = replace(before, count=before.count * (1 - 1e-12))
+    increase = histogram_increase(before, after)
+    assert increase is not None
+    assert increase.total == 0.0

@@ -529,3 +529,28 @@ def test_facts_past_the_cap_are_not_kept_and_the_rest_is(
     assert poller.view.sources["vllm_metrics"].up
     if info.model_root is None and info.model_id is not None:
         assert [e["event"] for e in logs if e["event"] == "models_fields_ignored"]
+
+
+def test_counters_a_hair_lower_under_the_same_start_time_keep_the_target_up() -> None:
+    """Float noise in a counter (multiprocess prometheus_client) is no inconsistent target.
+
+    vLLM's real capture, then the same payload with its preemptions 15 read as 14.999999999:
+    the target stays up with its window and figures, no restart is counted, and the
+    preemption rate stays 0 (not the lifetime's 15 again). Before, the target was refused as
+    inconsistent for 60 s and its window emptied.
+    """
+    lower = AFTER_LOAD.replace(
+        b'vllm:num_preemptions_total{engine="0",model_name="tiny"} 15.0',
+        b'vllm:num_preemptions_total{engine="0",model_name="tiny"} 14.999999999',
+    )
+    assert lower != AFTER_LOAD
+    fake = fake_vllm()
+    fake.payload = lambda served: lower if served == 1 else AFTER_LOAD
+    poller = poll(fake, Clock(), times=3)
+    view = poller.view
+    assert view.up
+    assert view.restarts_total == 0
+    assert view.window_samples == 3
+    assert view.derived is not None
+    # 15 -> 14.999999999 -> 15 over 10 s: the noise, never the lifetime's 15 / 5 s.
+    assert view.derived.engines[0].preemptions_per_second == pytest.approx(0.0, abs=1e-9)
