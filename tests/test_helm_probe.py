@@ -9,6 +9,7 @@ and its command line is run for real against the simulated vLLM.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 
 from exporter.cli import probe as probe_command
 from exporter.cli.main import build_parser
+from exporter.cli.numbers import Bounded
 from exporter.sim import Scenario, SimEngineConfig
 from exporter.testing.simload import SimCompletionsServer
 from tests.test_helm import (
@@ -107,6 +109,74 @@ def full_values(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("probe") / "probe-values.yaml"
     path.write_text(json.dumps(FULL_VALUES))
     return path
+
+
+# ======================================================================== the values' ranges
+
+#: Each number value of ``probe:`` and the flag the Job passes it to (templates/_probe.tpl).
+NUMBER_VALUES = {
+    "stepSeconds": "--step-seconds",
+    "settleSeconds": "--settle-seconds",
+    "pastKnee": "--past-knee",
+    "maxDurationSeconds": "--max-duration",
+    "maxRequests": "--max-requests",
+    "drainSeconds": "--drain-seconds",
+    "baselineRequests": "--baseline-requests",
+    "seed": "--seed",
+    "maxNumSeqs": "--max-num-seqs",
+    "shape.promptTokens": "--prompt-tokens",
+    "shape.outputTokens": "--output-tokens",
+    "shape.samples": "--shape-samples",
+    "shape.windowSeconds": "--shape-window",
+    "limits.maxPreemptionsPerRequest": "--max-preemptions-per-request",
+    "limits.maxWaiting": "--max-waiting",
+    "limits.ttftP95Seconds": "--ttft-p95",
+    "limits.tpotP95Seconds": "--tpot-p95",
+    "limits.stopPreemptions": "--stop-preemptions",
+    "limits.stopWaiting": "--stop-waiting",
+}
+
+
+def probe_flag_type(option: str) -> Bounded:
+    """The argparse type ``vllm-headroom probe`` reads ``option`` with."""
+    subparsers = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    parser = subparsers.choices["probe"]
+    action = next(a for a in parser._actions if option in a.option_strings)
+    assert isinstance(action.type, Bounded), option
+    return action.type
+
+
+def test_every_number_value_is_passed_to_a_flag_the_table_names() -> None:
+    """NUMBER_VALUES is the template's list: a new number value needs its range checked here."""
+    template = (CHART / "templates" / "_probe.tpl").read_text()
+    for path, option in NUMBER_VALUES.items():
+        assert f"$p.{path}" in template, path
+        assert f'"{option}"' in template, option
+
+
+@pytest.mark.parametrize(("path", "option"), NUMBER_VALUES.items())
+def test_the_schema_takes_exactly_what_the_probe_flag_takes(path: str, option: str) -> None:
+    """A value the schema accepts is never refused by the Job's probe, and the reverse.
+
+    Otherwise ``helm install`` succeeds and the Job fails on its first line, after the release
+    looked healthy (a drainSeconds of 0, a shape.samples past the probe's cap).
+    """
+    bounded = probe_flag_type(option)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    node = schema["properties"]["probe"]
+    for key in path.split("."):
+        node = node["properties"][key]
+    kinds = {node["type"]} if isinstance(node["type"], str) else set(node["type"])
+    assert kinds - {"null"} == ({"integer"} if bounded.whole else {"number"})
+    if bounded.above:
+        assert (node.get("exclusiveMinimum"), node.get("minimum")) == (bounded.low, None)
+    else:
+        assert (node.get("minimum"), node.get("exclusiveMinimum")) == (bounded.low, None)
+    assert node.get("maximum") == bounded.high
 
 
 # ================================================================================ rendering
