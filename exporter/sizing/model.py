@@ -225,12 +225,22 @@ class ModelArch:
     max_position_embeddings: int | None = None
     #: A longer context vLLM accepts (rope scaling's, or the config's ``model_max_length``).
     derived_max_len: int | None = None
+    #: The ``max_model_len`` vLLM serves without ``--max-model-len``, where it is not
+    #: ``max_position_embeddings`` (a linear/dynamic rope factor, ``model_max_length``, LongRoPE's
+    #: ``original_max_position_embeddings``).
+    default_max_len: int | None = None
     declined: str | None = None
     #: The Mamba / linear-attention layers of a hybrid model (None for pure attention models).
     #: ``layer_kinds`` then lists only the attention layers' kinds (``attention_layers`` of them).
     state: StateLayers | None = None
-    #: Attention layers of a hybrid model (``num_layers`` counts every decoder layer).
+    #: Attention layers of a hybrid model (``num_layers`` counts every decoder layer), or the
+    #: layers holding KV of a model where some hold none (``kv_shared_layers`` +
+    #: ``attention_free_layers`` of them); ``layer_kinds`` then lists the KV-holding layers' kinds.
     attention_layers: int | None = None
+    #: Layers that read an earlier layer's KV and hold none (Gemma 3n's ``num_kv_shared_layers``).
+    kv_shared_layers: int = 0
+    #: Layers without attention (Nemotron-NAS's ``no_op`` attention blocks).
+    attention_free_layers: int = 0
     #: The config has a vision or audio encoder (``vision_config``, ``audio_config``).
     multimodal: bool = False
     #: The config's first ``architectures`` entry (vLLM's model class), if known.
@@ -255,6 +265,11 @@ class ModelArch:
         return max(self.max_position_embeddings, self.derived_max_len or 0)
 
     @property
+    def default_max_model_len(self) -> int | None:
+        """The ``max_model_len`` vLLM 0.32 serves when ``--max-model-len`` is not given."""
+        return self.default_max_len or self.max_position_embeddings
+
+    @property
     def attention_kind(self) -> str:
         """A short label: MHA, GQA, MQA or MLA, plus the windowed layers if any."""
         if self.mla is not None:
@@ -274,7 +289,16 @@ class ModelArch:
             count = self.state.num_layers
             label = _STATE_LABEL[self.state.kind]
             base += f" + {count} {label} layer{'s' if count != 1 else ''}"
+        if self.kv_shared_layers:
+            base += f" + {self.kv_shared_layers} KV-sharing layers"
+        if self.attention_free_layers:
+            base += f" + {self.attention_free_layers} layers without attention"
         return base
+
+    @property
+    def kv_free_layers(self) -> int:
+        """Decoder layers that hold no KV of their own (KV sharing, no attention)."""
+        return self.kv_shared_layers + self.attention_free_layers
 
 
 _STATE_LABEL: dict[StateKind, str] = {
@@ -328,7 +352,7 @@ class Deployment:
     kv_cache_dtype: str = "auto"
     #: ``--block-size``; None means 16 on GPUs, 128 on the CPU backend (16 for MLA).
     block_size: int | None = None
-    #: ``--max-model-len``; None means the model's ``max_position_embeddings``.
+    #: ``--max-model-len``; None means the model's (:attr:`ModelArch.default_max_model_len`).
     max_model_len: int | None = None
     #: ``--kv-cache-memory-bytes``: replaces the whole budget computation when set.
     kv_cache_memory_bytes: int | None = None
@@ -667,7 +691,9 @@ def kv_cache_groups(
         "sliding": arch.sliding_window,
         "chunked": arch.attention_chunk_size,
     }
-    kinds = arch.kinds if hybrid_allocator else _all_full(arch.num_layers)
+    # Only the layers that hold KV join a group (a KV-sharing or attention-free layer has no
+    # spec: GPUModelRunner.get_kv_cache_spec skips it).
+    kinds = arch.kinds if hybrid_allocator else _all_full(len(arch.kinds))
     counts: dict[LayerKind, int] = {}
     for kind in kinds:
         counts[kind] = counts.get(kind, 0) + 1
@@ -1281,14 +1307,29 @@ def _hybrid_layout(
     )
 
 
+def _declined_for(arch: ModelArch, deployment: Deployment) -> Declined | None:
+    """Why this model, or this model under this deployment, is not sized; None when it is."""
+    if arch.declined is not None:
+        return Declined(arch.name, arch.declined)
+    if arch.kv_free_layers and deployment.pipeline_parallel > 1:
+        return Declined(
+            arch.name,
+            f"pipeline parallelism with {arch.kv_free_layers} layers that hold no KV (KV sharing "
+            "or no attention): how many KV layers each stage gets is not modelled; size it with "
+            "--pp 1",
+        )
+    return None
+
+
 def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult | Declined:
     """Size the KV cache of ``arch`` under ``deployment``; :class:`Declined` if it cannot be.
 
     Raises :class:`~exporter.errors.UsageError` for contradictory inputs (utilization outside
     (0, 1], a TP that does not divide the KV heads, ...).
     """
-    if arch.declined is not None:
-        return Declined(arch.name, arch.declined)
+    declined = _declined_for(arch, deployment)
+    if declined is not None:
+        return declined
     _validate(arch, deployment)
     version = deployment.vllm_version
     tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
@@ -1306,7 +1347,7 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
     )
     block_size = sparse.block_size if sparse is not None else _block_size(arch, deployment)
     assumptions: list[str] = list(sparse.assumptions) if sparse is not None else []
-    max_model_len = deployment.max_model_len or arch.max_position_embeddings
+    max_model_len = deployment.max_model_len or arch.default_max_model_len
     if max_model_len is None:
         raise UsageError(
             f"{arch.name}: the model does not say its context length: give --max-model-len"
@@ -1611,8 +1652,17 @@ def _lora_shape(
 ) -> LoraShape | Declined:
     """The layer sizes vLLM's LoRA buffers follow, or why they cannot be sized."""
     settings.validate()
-    if arch.moe is not None or arch.mla is not None or arch.state is not None:
-        what = "MoE experts" if arch.moe else "MLA projections" if arch.mla else "state layers"
+    unmodelled = arch.moe is not None or arch.mla is not None or arch.state is not None
+    if unmodelled or arch.kv_free_layers:
+        what = (
+            "MoE experts"
+            if arch.moe
+            else "MLA projections"
+            if arch.mla
+            else "state layers"
+            if arch.state
+            else "layers without their own attention or KV"
+        )
         return Declined(
             arch.name,
             f"--enable-lora on a model with {what}: vLLM's LoRA buffers for those layers are not "

@@ -6,15 +6,29 @@ the local Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
 downloaded. The parsing itself (:func:`parse_model_config`) is pure and also reads the built-in
 catalogue entries.
 
-What is normalised: ``head_dim`` when given, else ``hidden_size / num_attention_heads``; a missing
-``num_key_value_heads`` means MHA; ``text_config`` nesting of vision-language models; MLA
-(``kv_lora_rank``, ``qk_rope_head_dim``); sliding windows from ``layer_types``, Gemma 2's
-alternation, Gemma 3's ``sliding_window_pattern``, Qwen2's ``use_sliding_window`` and Mistral's
-all-layer window; Llama 4's chunked local attention; ``quantization_config``; ``torch_dtype`` or
-``dtype``; the state layers of hybrid state-space models (Qwen3-Next, Granite-4.0-H, Falcon-H1,
-Nemotron-H, LFM2, Jamba), other state-space families being declined with a reason; DeepSeek
-V3.2's sparse-attention indexer (``index_topk``, ``index_head_dim``), other sparse-attention
-variants (DeepSeek V4's ``compress_ratios``, shared indexers) being declined.
+What is normalised: ``head_dim`` when given, else ``hidden_size / num_attention_heads``; the KV
+heads under every name vLLM 0.32 reads (``n_head_kv``, ``num_kv_heads``, ``num_key_value_heads``,
+``multi_query_group_num``, ``num_attention_groups``; Falcon's ``multi_query``), none meaning MHA;
+``text_config`` nesting of vision-language models (a non-object one refused); MLA
+(``kv_lora_rank``, ``qk_rope_head_dim``); sliding windows from ``layer_types`` (of exactly
+``num_hidden_layers`` entries), Gemma 2's alternation, Gemma 3's ``sliding_window_pattern``,
+Qwen2's ``use_sliding_window`` and Mistral's all-layer window; Llama 4's chunked local attention;
+``quantization_config`` (GPTQ 4/8-bit symmetric only, a malformed compressed-tensors
+``num_bits`` refused); ``torch_dtype`` or ``dtype``; the context length vLLM serves by default
+and the longest it accepts (rope ``factor``, ``model_max_length``, LongRoPE); the state layers of
+hybrid state-space models (Qwen3-Next, Granite-4.0-H, Falcon-H1, Nemotron-H, LFM2, Jamba), other
+state-space families being declined with a reason; DeepSeek V3.2's sparse-attention indexer
+(``index_topk``, ``index_head_dim``), other sparse-attention variants (DeepSeek V4's
+``compress_ratios``, shared indexers) being declined; layers that hold no KV of their own, as
+vLLM 0.32 lays them out: Gemma 3n's KV-sharing layers (``num_kv_shared_layers``) and
+Nemotron-NAS's attention-free blocks (``block_configs``, with per-block ``n_heads_in_group``).
+
+Declined, whatever the model_type, so that a new family with the same feature is not sized as
+plain GQA: per-layer head shapes (Gemma 4; ``per_layer_config``, ``global_head_dim``,
+``num_global_key_value_heads``, ``*_per_layer`` head counts, MiMo-V2's ``swa_*``, Step-3.5's
+``attention_other_setting``, a non-MLA ``v_head_dim`` other than the head size), KV sharing
+outside Gemma 3n, ``block_configs`` outside Nemotron-NAS, cross-layer attention (``use_cla``,
+``cla_share_factor``), encoder-decoder models and ``cross_attention_layers``.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ import math
 import os
 import stat
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,12 +165,33 @@ def _opt_int(config: Mapping[str, Any], key: str, *, minimum: int = 1) -> int | 
     return _config_int(config, key, minimum=minimum) or None
 
 
+def _all_full(num_layers: int) -> tuple[LayerKind, ...]:
+    full: LayerKind = "full"
+    return tuple(full for _ in range(num_layers))
+
+
 def _layers(config: Mapping[str, Any]) -> int | None:
     return _config_int(config, "num_hidden_layers", maximum=MAX_LAYERS)
 
 
+#: Where vision-language (and other wrapper) configs nest their decoder's fields.
+_NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config")
+
+
 def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge a VLM's ``text_config`` (or ``llm_config``) over the top-level fields."""
+    """Merge a VLM's ``text_config`` (or ``llm_config``) over the top-level fields.
+
+    A nesting key that holds anything but an object (a string, a list) is an error: transformers
+    cannot build the sub-config from it, and reading the wrapper's own fields instead would size
+    the wrong model.
+    """
+    for key in _NESTED_TEXT_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise _BadField(
+                f"field {key!r} is {_shown(value)}, not an object of the decoder's fields; "
+                "fix it in config.json"
+            )
     nested = config.get("text_config") or config.get("llm_config") or config.get("language_config")
     merged = {k: v for k, v in config.items() if k not in {"text_config", "vision_config"}}
     if isinstance(nested, Mapping):
@@ -168,13 +204,35 @@ def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _compressed_tensors_format(quant: Mapping[str, Any]) -> str:
+    """The weight format of the first config group that quantizes weights.
+
+    ``num_bits`` is read as compressed-tensors' ``QuantizationArgs`` (a pydantic model) reads it:
+    absent means its default, 8; an integral string (``"4"``) counts. Anything else (null, a
+    word, a fraction, true, 0) is an error: pydantic refuses it or vLLM finds no scheme for it,
+    so the checkpoint cannot be served, and guessing w8a8 would size weights that may be 4-bit.
+    """
     groups = quant.get("config_groups")
-    for group in groups.values() if isinstance(groups, Mapping) else ():
+    for name, group in groups.items() if isinstance(groups, Mapping) else ():
         weights = group.get("weights") if isinstance(group, Mapping) else None
-        if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int):
-            if weights["num_bits"] == 4:
-                return "w4a16"
-            return "fp8" if str(weights.get("type", "int")) == "float" else "w8a8"
+        if not isinstance(weights, Mapping):
+            continue
+        raw = weights.get("num_bits", 8)
+        if isinstance(raw, str) and raw.strip().isdigit():
+            raw = int(raw.strip())
+        bits = _config_int(
+            {"num_bits": raw},
+            "num_bits",
+            maximum=64,
+            label=f"quantization_config.config_groups.{name}.weights.num_bits",
+        )
+        if bits is None:
+            raise _BadField(
+                f"field 'quantization_config.config_groups.{name}.weights.num_bits' is null, "
+                "not a bit width; fix it in config.json"
+            )
+        if bits == 4:
+            return "w4a16"
+        return "fp8" if str(weights.get("type", "int")) == "float" else "w8a8"
     return "w8a8"
 
 
@@ -194,28 +252,44 @@ def _quantization(config: Mapping[str, Any]) -> str | None:
     return method or None
 
 
-#: GPTQ's weight widths (``quantization_config.bits``) and their weight formats.
-_GPTQ_BITS = {2: "gptq_2bit", 3: "gptq_3bit", 4: "gptq", 8: "gptq_8bit"}
+#: GPTQ's weight widths (``quantization_config.bits``) and their weight formats: vLLM 0.32 serves
+#: every GPTQ checkpoint through ``AutoGPTQConfig`` (``gptq``, ``gptq_marlin`` and ``auto_gptq``
+#: all map to it, vllm/model_executor/layers/quantization/__init__.py), whose ``TYPE_MAP`` holds
+#: only ``(4, sym)`` and ``(8, sym)``; any other width or an asymmetric one raises "Unsupported
+#: quantization config" (auto_gptq.py, ``AutoGPTQConfig.__init__``).
+_GPTQ_BITS = {4: "gptq", 8: "gptq_8bit"}
 
 
 def _gptq_awq_format(quant: Mapping[str, Any], method: str) -> str:
     """GPTQ's format by its ``bits``; AWQ's, whose vLLM kernels take 4-bit weights only."""
     key = "w_bit" if method == "awq" and "bits" not in quant else "bits"
     bits = _config_int(quant, key, maximum=64, label=f"quantization_config.{key}")
+    if method == "gptq" and quant.get("sym") is False:
+        raise _BadField(
+            "quantization_config.sym is false: vLLM 0.32's GPTQ kernels take symmetric 4- and "
+            "8-bit weights only, so this checkpoint cannot be served"
+        )
     if bits is None:
         return method
     known = (4,) if method == "awq" else tuple(_GPTQ_BITS)
     if bits not in known:
         raise _BadField(
             f"quantization_config.{key} is {bits}: vLLM's {method.upper()} kernels take "
-            f"{', '.join(map(str, known))}-bit weights, so this checkpoint cannot be served"
+            f"{' and '.join(map(str, known))}-bit weights, so this checkpoint cannot be served"
         )
     return _GPTQ_BITS[bits] if method == "gptq" else method
 
 
 def _listed_kinds(layer_types: list[Any], num_layers: int, *, source: str) -> list[LayerKind]:
+    if len(layer_types) != num_layers:
+        # transformers refuses this config (PreTrainedConfig.validate_layer_type), so vLLM,
+        # which loads it through transformers, never serves it: neither end is cut off.
+        raise ModelConfigError(
+            f"{source}: layer_types lists {len(layer_types)} layers but num_hidden_layers is "
+            f"{num_layers}; transformers refuses such a config: fix it in config.json"
+        )
     kinds: list[LayerKind] = []
-    for entry in layer_types[:num_layers]:
+    for entry in layer_types:
         name = str(entry)
         if name in _SLIDING_LAYER_TYPES:
             kinds.append("sliding")
@@ -228,10 +302,6 @@ def _listed_kinds(layer_types: list[Any], num_layers: int, *, source: str) -> li
                 f"{source}: unknown layer type {name!r} in layer_types; known: "
                 "full_attention, sliding_attention, chunked_attention"
             )
-    if len(kinds) != num_layers:
-        raise ModelConfigError(
-            f"{source}: layer_types lists {len(kinds)} layers but num_hidden_layers is {num_layers}"
-        )
     return kinds
 
 
@@ -461,17 +531,249 @@ def _hybrid(config: Mapping[str, Any], *, source: str) -> tuple[int, int, StateL
     return len(names), attention, _state_layers(config, model_type, state, source=source)
 
 
-def _declined(config: Mapping[str, Any]) -> str | None:
+# --- per-layer KV features ---------------------------------------------------------------------
+#
+# Fields that change which layers hold KV, or how much one layer's token takes. The families whose
+# layout vLLM 0.32 lays out with pages of one size are read below (Gemma 3n's KV sharing,
+# Nemotron-NAS's block_configs); any other config that carries one of these fields is declined,
+# whatever its model_type, so a new family with the same feature is not sized as plain GQA.
+
+#: Gemma 3n: its last ``num_kv_shared_layers`` layers read earlier layers' KV and hold none
+#: (vllm/model_executor/models/gemma3n.py, ``kv_sharing_target_layer_name``).
+_KV_SHARING_TYPES = {"gemma3n", "gemma3n_text"}
+#: Nemotron-NAS / DeciLM: per-layer ``block_configs`` (vllm/model_executor/models/nemotron_nas.py).
+_BLOCK_CONFIG_TYPES = {"nemotron-nas", "deci"}
+#: Gemma 4 (and the classes built on it): per-layer head sizes, KV sharing.
+_GEMMA4_TYPES = {
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "diffusion_gemma",
+    "diffusion_gemma_text",
+}
+_PAGE_SIZES_REASON = (
+    "{what}: layers whose KV pages differ in size, which vLLM 0.32 unifies by raising block "
+    "sizes or padding pages (v1/core/kv_cache_utils.py); that layout is not modelled"
+)
+#: Per-layer head counts or sizes (key -> what it is), each declined in one line.
+_PER_LAYER_SHAPE_KEYS = {
+    "per_layer_config": "per_layer_config (per-layer head_dim / KV heads)",
+    "global_head_dim": "global_head_dim (full-attention layers' own head size)",
+    "num_global_key_value_heads": "num_global_key_value_heads (full-attention layers' KV heads)",
+    "num_key_value_heads_per_layer": "num_key_value_heads_per_layer (per-layer KV heads)",
+    "num_attention_heads_per_layer": "num_attention_heads_per_layer (per-layer heads)",
+    "swa_num_key_value_heads": "swa_num_key_value_heads (sliding layers' own KV heads)",
+    "swa_head_dim": "swa_head_dim (sliding layers' own head size)",
+    "swa_v_head_dim": "swa_v_head_dim (sliding layers' own value head size)",
+    "attention_other_setting": "attention_other_setting (Step-3.5's per-layer-type heads)",
+}
+
+
+def _kv_feature_declined(config: Mapping[str, Any]) -> str | None:
+    """Why a config with a KV-changing field the reader does not model is declined, or None."""
+    return _layer_shape_declined(config) or _attention_declined(config)
+
+
+def _layer_shape_declined(config: Mapping[str, Any]) -> str | None:
+    """Per-layer head shapes, KV sharing or block_configs this reader does not model."""
     model_type = str(config.get("model_type", ""))
-    if model_type in _HYBRID_TYPES:
-        return None
+    if model_type in _GEMMA4_TYPES:
+        shared = _count(config, "num_kv_shared_layers")
+        sharing = f", and its last {shared} layers reuse others' KV" if shared else ""
+        return _PAGE_SIZES_REASON.format(
+            what=f"Gemma 4 ({model_type}): its full-attention layers have their own head_dim "
+            f"(512) and KV heads next to the sliding ones' (256){sharing}"
+        )
+    for key, what in _PER_LAYER_SHAPE_KEYS.items():
+        if config.get(key) not in (None, {}, []):
+            return _PAGE_SIZES_REASON.format(what=what)
+    shared = _count(config, "num_kv_shared_layers")
+    if shared and model_type not in _KV_SHARING_TYPES:
+        return (
+            f"num_kv_shared_layers {shared} (KV sharing) in a {model_type or 'model'} config: "
+            "which layers hold KV in this family is not modelled (only Gemma 3n's is)"
+        )
+    if config.get("block_configs") is not None and model_type not in _BLOCK_CONFIG_TYPES:
+        return (
+            f"block_configs (per-layer attention and MLP shapes) in a {model_type or 'model'} "
+            "config: only Nemotron-NAS's are read"
+        )
+    return None
+
+
+def _attention_declined(config: Mapping[str, Any]) -> str | None:
+    """Cross-layer, cross- or encoder-decoder attention, or values of another head size."""
+    # vLLM 0.32 shares KV across layers only with use_cla true (hy_v3_mtp.py _get_cla_factor:
+    # the factor is 1 otherwise); Hunyuan dense configs ship use_cla false, cla_share_factor 2.
+    cla = _count(config, "cla_share_factor") or 1
+    if _config_bool(config, "use_cla", default=False) and cla > 1:
+        return (
+            f"cross-layer attention (use_cla, cla_share_factor {cla}): layers that reuse another "
+            "layer's KV are not modelled"
+        )
+    if _config_bool(config, "is_encoder_decoder", default=False):
+        return (
+            "encoder-decoder model: its decoder's cross-attention KV (sized by the encoder's "
+            "input) is not modelled"
+        )
+    if config.get("sparse_attention_config") not in (None, {}):
+        return (
+            "sparse_attention_config (MiniMax-M3 style sparse attention): its caches are not "
+            "modelled"
+        )
+    if config.get("cross_attention_layers") not in (None, []):
+        return (
+            "cross_attention_layers (cross-attention to image features): their KV is not modelled"
+        )
+    v_head = _opt_int(config, "v_head_dim")
+    if v_head is not None and "kv_lora_rank" not in config:
+        head = _opt_int(config, "head_dim")
+        if head is None or v_head != head:
+            return (
+                f"v_head_dim {v_head} next to head_dim {head}: attention whose values are not "
+                "the keys' size is not modelled"
+            )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _NasBlocks:
+    """What Nemotron-NAS's ``block_configs`` say: the layers with attention, and their shape."""
+
+    attention_layers: int
+    kv_heads: int
+    #: The parameters vLLM builds from the blocks (None when a block's MLP size is not given).
+    params: int | None
+    #: The MLP layers' mean intermediate size (no-op MLPs count 0), if every size is known.
+    intermediate_size: int | None
+
+
+def _find_multiple(value: int, step: int) -> int:
+    """nemotron_nas.py's ``_find_multiple``: ``value`` rounded up to a multiple of ``step``."""
+    return value if value % step == 0 else value + step - value % step
+
+
+def _nas_blocks(config: Mapping[str, Any], *, source: str) -> _NasBlocks | str:
+    """Nemotron-NAS's per-layer blocks as vLLM 0.32 builds them, or why they are declined.
+
+    ``DeciLMDecoderLayer`` (vllm/model_executor/models/nemotron_nas.py) reads
+    ``block_configs[layer_idx]`` for every layer: an attention block that is ``no_op`` builds no
+    attention (no KV); any other builds ``num_attention_heads // n_heads_in_group`` KV heads of
+    the model's head size, ``replace_with_linear`` not being looked at. The MLP is
+    ``find_multiple(int(2 x ffn_mult x hidden / 3), 256)`` wide (or ``ffn.intermediate_size``),
+    or absent when ``no_op``.
+    """
+    blocks = config.get("block_configs")
+    layers = _int(config, "num_hidden_layers", source=source, maximum=MAX_LAYERS)
+    if not isinstance(blocks, list) or len(blocks) != layers:
+        count = len(blocks) if isinstance(blocks, list) else 0
+        raise ModelConfigError(
+            f"{source}: block_configs must list one block per layer ({layers}), found {count}; "
+            "fix it in config.json"
+        )
+    heads = _int(config, "num_attention_heads", source=source)
+    hidden = _int(config, "hidden_size", source=source)
+    head_dim = _opt_int(config, "head_dim") or hidden // heads
+    kv_counts: list[int] = []
+    mlp_sizes: list[int | None] = []
+    for index, block in enumerate(blocks):
+        attention = block.get("attention") if isinstance(block, Mapping) else None
+        ffn = block.get("ffn") if isinstance(block, Mapping) else None
+        if not isinstance(attention, Mapping) or not isinstance(ffn, Mapping):
+            raise ModelConfigError(
+                f"{source}: block_configs[{index}] needs an 'attention' and an 'ffn' object; "
+                "fix it in config.json"
+            )
+        if not _config_bool(attention, "no_op", default=False):
+            if _config_bool(attention, "replace_with_linear", default=False):
+                return (
+                    f"block_configs[{index}] replaces attention with a linear layer, which "
+                    "vLLM 0.32's Nemotron-NAS layer does not build; its KV is not modelled"
+                )
+            group = _config_int(
+                attention,
+                "n_heads_in_group",
+                maximum=heads,
+                label=f"block_configs[{index}].attention.n_heads_in_group",
+            )
+            if group is None or heads % group:
+                raise ModelConfigError(
+                    f"{source}: block_configs[{index}].attention.n_heads_in_group "
+                    f"{_shown(group)} does not divide num_attention_heads {heads}; fix it in "
+                    "config.json"
+                )
+            kv_counts.append(heads // group)
+        if _config_bool(ffn, "no_op", default=False):
+            mlp_sizes.append(0)
+        elif isinstance(ffn.get("ffn_mult"), int | float) and not isinstance(
+            ffn.get("ffn_mult"), bool
+        ):
+            mlp_sizes.append(_find_multiple(int(2 * ffn["ffn_mult"] * hidden / 3), 256))
+        else:
+            mlp_sizes.append(_opt_int(ffn, "intermediate_size"))
+    if not kv_counts:
+        return "block_configs without any attention layer: an attention-free model"
+    if len(set(kv_counts)) > 1:
+        return _PAGE_SIZES_REASON.format(
+            what=f"block_configs with KV heads {sorted(set(kv_counts))} on different layers"
+        )
+    kv_heads = kv_counts[0]
+    params: int | None = None
+    intermediate: int | None = None
+    if all(size is not None for size in mlp_sizes):
+        known = [size or 0 for size in mlp_sizes]
+        vocab = _opt_int(config, "vocab_size") or 0
+        tied = _config_bool(config, "tie_word_embeddings", default=False)
+        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        params = (
+            vocab * hidden * (1 if tied else 2)
+            + len(kv_counts) * attention
+            + sum(3 * hidden * size for size in known)
+        )
+        intermediate = round(sum(known) / len(known)) or None
+    return _NasBlocks(len(kv_counts), kv_heads, params, intermediate)
+
+
+def _kv_shared_layers(config: Mapping[str, Any], num_layers: int, *, source: str) -> int:
+    """Gemma 3n's KV-sharing layers: the last ``num_kv_shared_layers``, holding no KV.
+
+    vLLM 0.32 gives such a layer a ``kv_sharing_target_layer_name`` (gemma3n.py), and
+    ``GPUModelRunner.get_kv_cache_spec`` skips it: no cache spec, no pages, no group.
+    """
+    shared = _count(config, "num_kv_shared_layers") or 0
+    if shared and num_layers - shared < 2:
+        # gemma3n.py then finds no target for some sharing layers (index < 0).
+        raise ModelConfigError(
+            f"{source}: num_kv_shared_layers {shared} leaves fewer than 2 of "
+            f"{num_layers} layers holding KV; fix it in config.json"
+        )
+    return shared
+
+
+def _declined(config: Mapping[str, Any]) -> str | None:
+    feature = _kv_feature_declined(config)
+    if feature is not None or str(config.get("model_type", "")) in _HYBRID_TYPES:
+        return feature
+    return _family_declined(config)
+
+
+def _family_declined(config: Mapping[str, Any]) -> str | None:
+    """State-space and sparse-attention families that are not modelled."""
+    model_type = str(config.get("model_type", ""))
     if model_type in _STATE_SPACE_TYPES:
         what = _WHY_NOT.get(model_type, "its state layers")
         return _STATE_REASON.format(what=f"{model_type}: {what}")
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list) and any(str(t) in _STATE_LAYER_TYPES for t in layer_types):
         return _STATE_REASON.format(what="layer_types with linear/Mamba layers")
-    for key in ("layers_block_type", "hybrid_override_pattern", "attn_layer_period"):
+    for key in (
+        "layers_block_type",
+        "hybrid_override_pattern",
+        "attn_layer_period",
+        "linear_layer_ids",
+        "linear_attn_config",
+    ):
         if key in config:
             return _STATE_REASON.format(what=key)
     if "index_topk" in config or "compress_ratios" in config:
@@ -524,17 +826,50 @@ def parse_model_config(
         raise ModelConfigError(f"{name}: config.json must hold a JSON object")
     try:
         return _parse(config, name=name, params=params)
-    except _BadField as bad:
-        raise ModelConfigError(f"{name}: config.json {bad}") from None
+    except (_BadField, ModelConfigError) as bad:
+        declined = _declined_anyway(config)
+        if declined is None:
+            if isinstance(bad, ModelConfigError):
+                raise
+            raise ModelConfigError(f"{name}: config.json {bad}") from None
+    # A declined family need not have the fields a sized one needs (Whisper's decoder has
+    # decoder_layers, not num_hidden_layers): its reason is what the reader reports.
+    return ModelArch(
+        name=name,
+        num_layers=0,
+        num_attention_heads=1,
+        num_kv_heads=1,
+        head_dim=1,
+        hidden_size=1,
+        declined=declined,
+    )
+
+
+def _declined_anyway(config: Mapping[str, Any]) -> str | None:
+    """The decline reason of a config whose other fields cannot be read, if it has one."""
+    try:
+        return _declined(_text_config(config)) or _declined(config)
+    except (_BadField, ModelConfigError):
+        return None
 
 
 def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> ModelArch:
     text = _text_config(config)
     declined = _declined(text) or _declined(config)
+    model_type = str(text.get("model_type", ""))
+    nas: _NasBlocks | None = None
+    if declined is None and model_type in _BLOCK_CONFIG_TYPES and "block_configs" in text:
+        found = _nas_blocks(text, source=name)
+        if isinstance(found, str):
+            declined = found
+        else:
+            nas = found
     num_layers = _layers(text) or 0
     if not num_layers and _hybrid(text, source=name) is None:
         num_layers = _int(text, "num_hidden_layers", source=name, maximum=MAX_LAYERS)
     heads, hidden, kv_heads, head_dim = _attention_shape(text, name=name)
+    if nas is not None:
+        kv_heads = nas.kv_heads
     mla = None
     rank = _opt_int(text, "kv_lora_rank")
     if rank is not None:
@@ -554,7 +889,21 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         kinds = tuple("full" for _ in range(attention_layers))
     elif declined is None:
         kinds, window, chunk = _layer_kinds(text, num_layers, source=name)
+    kv_shared = 0
+    attention_free = 0
+    if declined is None and model_type in _KV_SHARING_TYPES:
+        kv_shared = _kv_shared_layers(text, num_layers, source=name)
+        if kv_shared:
+            attention_layers = num_layers - kv_shared
+            kinds = (kinds or _all_full(num_layers))[:attention_layers]
+            window = window if "sliding" in kinds else None
+    if nas is not None:
+        attention_layers = nas.attention_layers
+        attention_free = num_layers - attention_layers
+        kinds = _all_full(attention_layers)
+        params = params if params is not None else nas.params
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
+    default_len, limit = _context_lengths(text)
     return ModelArch(
         name=name,
         num_layers=num_layers,
@@ -563,7 +912,11 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         head_dim=head_dim,
         hidden_size=hidden,
         vocab_size=_opt_int(text, "vocab_size"),
-        intermediate_size=_per_layer_size(text, "intermediate_size"),
+        intermediate_size=(
+            nas.intermediate_size
+            if nas is not None and nas.intermediate_size is not None
+            else _per_layer_size(text, "intermediate_size")
+        ),
         params=params,
         dtype=dtype.removeprefix("torch."),
         mla=mla,
@@ -579,10 +932,13 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         moe=_moe(text, num_layers),
         quantization=_quantization(text),
         max_position_embeddings=_opt_int(text, "max_position_embeddings"),
-        derived_max_len=_derived_max_len(text),
+        derived_max_len=limit,
+        default_max_len=default_len,
         declined=declined,
         state=state,
         attention_layers=attention_layers,
+        kv_shared_layers=kv_shared,
+        attention_free_layers=attention_free,
         multimodal=any(key in config for key in ("vision_config", "audio_config")),
         architecture=_architecture(config),
         mtp_layers=_count(text, "num_nextn_predict_layers"),
@@ -594,6 +950,40 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
     )
 
 
+#: The KV-head counts vLLM 0.32 reads, first found first (``get_total_num_kv_heads``,
+#: vllm/transformers_utils/model_arch_config_convertor.py): Falcon's, Llama's, ChatGLM's,
+#: Step-3.5's. Reading only ``num_key_value_heads`` sized Falcon-40B (``num_kv_heads`` 8 of 128)
+#: as MHA.
+_KV_HEAD_KEYS = (
+    "n_head_kv",
+    "num_kv_heads",
+    "num_key_value_heads",
+    "multi_query_group_num",
+    "num_attention_groups",
+)
+#: model_type values of Falcon (``FalconModelArchConfigConvertor``).
+_FALCON_TYPES = {"falcon", "RefinedWeb", "RefinedWebModel"}
+
+
+def _kv_heads(config: Mapping[str, Any]) -> int | None:
+    """KV heads as vLLM 0.32 reads them; None when the config gives none (MHA).
+
+    Falcon without ``new_decoder_architecture`` but with ``multi_query`` has one KV head, whatever
+    ``num_kv_heads`` says (transformers' FalconConfig writes it equal to the heads); both flags
+    default as FalconConfig's do (``multi_query`` true).
+    """
+    if (
+        str(config.get("model_type", "")) in _FALCON_TYPES
+        and not _config_bool(config, "new_decoder_architecture", default=False)
+        and _config_bool(config, "multi_query", default=True)
+    ):
+        return 1
+    for key in _KV_HEAD_KEYS:
+        if config.get(key) is not None:
+            return _opt_int(config, key)
+    return None
+
+
 def _attention_shape(config: Mapping[str, Any], *, name: str) -> tuple[int, int, int, int]:
     """Attention heads, hidden size, KV heads and head size, each checked against the others.
 
@@ -602,7 +992,7 @@ def _attention_shape(config: Mapping[str, Any], *, name: str) -> tuple[int, int,
     """
     heads = _int(config, "num_attention_heads", source=name)
     hidden = _int(config, "hidden_size", source=name)
-    kv_heads = _opt_int(config, "num_key_value_heads") or heads
+    kv_heads = _kv_heads(config) or heads
     if kv_heads > heads or heads % kv_heads:
         raise ModelConfigError(
             f"{name}: config.json num_key_value_heads {kv_heads} does not divide "
@@ -619,7 +1009,8 @@ def _attention_shape(config: Mapping[str, Any], *, name: str) -> tuple[int, int,
 
 #: Rope types whose ``factor`` vLLM (0.32, 0.33) does not apply to the context length it derives:
 #: YaRN's ``max_position_embeddings`` is already the scaled length (vllm/config/model.py,
-#: ``_get_and_verify_max_len``).
+#: ``_get_and_verify_max_len``, the tuple beside "YaRN variants leave max_position_embeddings
+#: already scaled"). Every other type's ``factor`` (linear, dynamic...) multiplies it.
 _UNSCALED_ROPE = {
     "su",
     "longrope",
@@ -627,31 +1018,75 @@ _UNSCALED_ROPE = {
     "yarn",
     "deepseek_yarn",
     "deepseek_llama_scaling",
-    "default",
-    "mrope",
 }
 
 
-def _derived_max_len(config: Mapping[str, Any]) -> int | None:
-    """The longest context vLLM accepts beyond ``max_position_embeddings``, if any.
+def _rope_parameters(config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The rope parameter sets, one per layer type when nested (``iter_rope_parameters``)."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    if not isinstance(rope, Mapping) or not rope:
+        return []
+    if all(isinstance(value, Mapping) for value in rope.values()):
+        return [value for value in rope.values() if value]
+    return [rope]
 
-    vLLM multiplies ``max_position_embeddings`` by the rope ``factor`` for the types not in
-    :data:`_UNSCALED_ROPE`, and accepts a ``--max-model-len`` up to the config's
-    ``model_max_length`` too (Command-R: 8,192 positions, 131,072 accepted).
+
+def _rope_type(rope: Mapping[str, Any]) -> str:
+    # transformers (patch_rope_parameters in vLLM) renames the legacy "type" key to "rope_type".
+    return str(rope.get("rope_type") or rope.get("type") or "default")
+
+
+def _rope_factor(config: Mapping[str, Any]) -> float:
+    """The factor vLLM 0.32 multiplies the derived context length by (1 when none applies).
+
+    As ``_get_and_verify_max_len``: Gemma 3's length is already scaled; otherwise the last
+    ``factor`` of a rope set whose type is not in :data:`_UNSCALED_ROPE` applies (linear: 4.0
+    makes 32,768 positions 131,072), a null one counting 1.
     """
+    if "gemma3" in str(config.get("model_type", "")):
+        return 1.0
+    factor: object = 1.0
+    for rope in _rope_parameters(config):
+        if _rope_type(rope) not in _UNSCALED_ROPE:
+            factor = rope.get("factor", factor)
+    if factor is None:
+        return 1.0
+    if (
+        not isinstance(factor, int | float)
+        or isinstance(factor, bool)
+        or not 0 < factor <= MAX_LAYERS
+    ):
+        raise _BadField(
+            f"field 'rope_scaling.factor' is {_shown(factor)}, not a positive scaling factor; "
+            "fix it in config.json"
+        )
+    return float(factor)
+
+
+def _context_lengths(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """vLLM's default ``max_model_len`` and the longest it accepts, each None when the same.
+
+    "The same" is the config's ``max_position_embeddings``. vLLM 0.32 derives the length from
+    it, or from the config's ``model_max_length`` when it has one (Command-R: 8,192 positions,
+    131,072 accepted; ``derive_max_model_len_and_key``), times :func:`_rope_factor`; with no
+    ``--max-model-len`` it serves that length, or ``original_max_position_embeddings`` for
+    LongRoPE models (Phi-3), and it accepts a ``--max-model-len`` up to that length or up to
+    ``model_max_length``.
+    """
+    positions = _opt_int(config, "max_position_embeddings")
     model_max = _opt_int(config, "model_max_length")
-    rope = config.get("rope_scaling") or config.get("rope_parameters")
-    if not isinstance(rope, Mapping) or "gemma3" in str(config.get("model_type", "")):
-        return model_max
-    kind = str(rope.get("rope_type") or rope.get("type") or "default")
-    factor = rope.get("factor")
-    if kind in _UNSCALED_ROPE or not isinstance(factor, int | float) or isinstance(factor, bool):
-        return model_max
-    if not 1 < factor <= MAX_LAYERS:
-        return model_max
-    base = _opt_int(config, "max_position_embeddings")
-    scaled = int(base * factor) if base is not None else None
-    return max(scaled or 0, model_max or 0) or None
+    base = model_max or positions
+    if base is None:
+        return None, None
+    derived = int(base * _rope_factor(config))
+    default = derived
+    if any(_rope_type(rope) == "longrope" for rope in _rope_parameters(config)):
+        default = _opt_int(config, "original_max_position_embeddings") or derived
+    limit = max(derived, model_max or 0)
+    return (
+        default if default != positions else None,
+        limit if limit != positions else None,
+    )
 
 
 def _per_layer_size(config: Mapping[str, Any], key: str) -> int | None:

@@ -181,6 +181,9 @@ class ModelPredictor:
         arch = found.arch
         if self._overrides:
             arch = dataclasses.replace(arch, **self._overrides)
+            if "max_position_embeddings" in self._overrides:
+                # The context length given replaces the one the config derived.
+                arch = dataclasses.replace(arch, default_max_len=None)
         # A corrupt safetensors index leaves the weights to be estimated from the parameters.
         self._loaded = _Loaded(
             arch=arch, weights_bytes=found.weights_bytes, state=PredictionState.OK

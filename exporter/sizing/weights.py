@@ -59,9 +59,8 @@ _FORMATS: dict[str, WeightFormat] = {
     "w8a8": WeightFormat("w8a8", 1.0),
     "awq": WeightFormat("awq", _INT4_GROUP_BYTES),
     "gptq": WeightFormat("gptq", _INT4_GROUP_BYTES),
-    # GPTQ's other widths (quantization_config.bits); vLLM's GPTQ kernels take 2, 3, 4 and 8.
-    "gptq_2bit": WeightFormat("gptq_2bit", _group_bytes(2)),
-    "gptq_3bit": WeightFormat("gptq_3bit", _group_bytes(3)),
+    # GPTQ's other width (quantization_config.bits): vLLM 0.32's GPTQ kernels (AutoGPTQConfig,
+    # vllm/model_executor/layers/quantization/auto_gptq.py) take 4- and 8-bit weights only.
     "gptq_8bit": WeightFormat("gptq_8bit", _group_bytes(8)),
     "int4": WeightFormat("int4", _INT4_GROUP_BYTES),
     "w4a16": WeightFormat("w4a16", _INT4_GROUP_BYTES),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -523,3 +524,21 @@ def test_a_checkpoint_holding_its_embeddings_once_is_not_refused(tied: bool) -> 
     )
     outcome = sized(gemma, replace(LLAMA, weights_bytes=536_223_224))
     assert outcome.weights_bytes >= 536_223_224
+
+
+def test_without_max_model_len_the_length_vllm_serves_is_sized() -> None:
+    """A linear rope factor 4 over 32,768 positions: vLLM 0.32 serves 131,072 by default.
+
+    (``_get_and_verify_max_len``: ``max_model_len = int(derived_max_model_len)`` when none is
+    given, after the factor has multiplied it.) A request of that length needs 131,072 / 16 =
+    8,192 blocks.
+    """
+    config = {
+        **json.loads((CONFIGS / "llama-3.1-8b-instruct" / "config.json").read_text()),
+        "max_position_embeddings": 32768,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    }
+    model = parse_model_config(config, name="linear-rope")
+    result = sized(model, replace(LLAMA, max_model_len=None))
+    assert result.max_model_len == 131_072
+    assert [group.blocks_per_max_len_request for group in result.kv_groups] == [8_192]

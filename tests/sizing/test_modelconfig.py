@@ -527,14 +527,13 @@ def test_git_lfs_pointer_files_are_not_weights(tmp_path: Path) -> None:
     [
         ({"quant_method": "gptq", "bits": 4}, "gptq"),
         ({"quant_method": "gptq", "bits": 8}, "gptq_8bit"),
-        ({"quant_method": "gptq", "bits": 3}, "gptq_3bit"),
-        ({"quant_method": "gptq", "bits": 2}, "gptq_2bit"),
+        ({"quant_method": "gptq", "bits": 8, "sym": True}, "gptq_8bit"),
         ({"quant_method": "gptq"}, "gptq"),
         ({"quant_method": "awq", "bits": 4}, "awq"),
     ],
 )
 def test_gptq_width_comes_from_its_bits(quant: dict[str, object], expected: str) -> None:
-    """An 8-bit (or 3-bit) GPTQ checkpoint is not sized as 4-bit."""
+    """An 8-bit GPTQ checkpoint is not sized as 4-bit."""
     arch = parse_model_config({**_LLAMA, "quantization_config": quant}, name="q")
     assert arch.quantization == expected
 
@@ -543,6 +542,12 @@ def test_gptq_width_comes_from_its_bits(quant: dict[str, object], expected: str)
     "quant",
     [
         {"quant_method": "gptq", "bits": 5},
+        # vLLM 0.32 serves GPTQ through AutoGPTQConfig only, whose TYPE_MAP holds (4, sym) and
+        # (8, sym): 2- and 3-bit and asymmetric checkpoints raise "Unsupported quantization
+        # config" (vllm/model_executor/layers/quantization/auto_gptq.py).
+        {"quant_method": "gptq", "bits": 2},
+        {"quant_method": "gptq", "bits": 3},
+        {"quant_method": "gptq", "bits": 4, "sym": False},
         {"quant_method": "gptq", "bits": "x"},
         {"quant_method": "gptq", "bits": float("nan")},
         {"quant_method": "awq", "bits": 8},
@@ -590,3 +595,132 @@ def test_a_per_layer_intermediate_size_is_read_as_its_mean() -> None:
     assert arch.intermediate_size == 12288
     with pytest.raises(ModelConfigError, match=r"'intermediate_size\[1\]' is 'x'"):
         parse_model_config({**_LLAMA, "intermediate_size": [8192, "x"]}, name="g")
+
+
+@pytest.mark.parametrize(
+    ("extra", "default"),
+    [
+        # vLLM 0.32 (_get_and_verify_max_len) serves int(derived x factor) when no --max-model-len
+        # is given: linear and dynamic factors multiply the 32,768 positions...
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 131072),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 65536),
+        # ...a per-layer-type rope_parameters too (iter_rope_parameters yields each set)...
+        (
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "linear", "factor": 2.0},
+                    "sliding_attention": {"rope_type": "default"},
+                }
+            },
+            65536,
+        ),
+        # ...YaRN's and llama3's do not (the positions are the scaled length already)...
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 32768),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 32768),
+        # ...LongRoPE starts at original_max_position_embeddings (Phi-3)...
+        (
+            {
+                "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]},
+                "original_max_position_embeddings": 4096,
+            },
+            4096,
+        ),
+        # ...model_max_length replaces the positions (derive_max_model_len_and_key)...
+        ({"model_max_length": 131072}, 131072),
+        # ...and a null factor counts 1.
+        ({"rope_scaling": {"rope_type": "linear", "factor": None}}, 32768),
+        ({}, 32768),
+    ],
+)
+def test_the_default_context_is_the_one_vllm_serves(extra: dict[str, object], default: int) -> None:
+    """Without --max-model-len vLLM 0.32 serves the scaled length, not max_position_embeddings."""
+    config = {**_LLAMA, "max_position_embeddings": 32768, **extra}
+    assert parse_model_config(config, name="m").default_max_model_len == default
+
+
+def test_gemma3_context_is_never_scaled_again() -> None:
+    """Gemma 3's 131,072 positions already include its linear factor 8 (vLLM skips gemma3)."""
+    arch = load_model_arch(CONFIGS / "gemma-3-12b-it")
+    assert arch.default_max_model_len == arch.max_position_embeddings == 131072
+
+
+@pytest.mark.parametrize("factor", ["4", 0, -2.0, True])
+def test_a_rope_factor_that_is_no_factor_is_refused(factor: object) -> None:
+    """vLLM multiplies the length by it: a word, 0 or a negative cannot be served."""
+    config = {**_LLAMA, "rope_scaling": {"rope_type": "linear", "factor": factor}}
+    with pytest.raises(ModelConfigError, match=r"rope_scaling\.factor"):
+        parse_model_config(config, name="m")
+
+
+def _compressed(weights: object) -> dict[str, object]:
+    return {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [
+        ({"num_bits": 4, "type": "int"}, "w4a16"),
+        ({"num_bits": 8, "type": "float"}, "fp8"),
+        ({"num_bits": 8, "type": "int"}, "w8a8"),
+        # compressed-tensors' QuantizationArgs (pydantic) reads "4" as 4 and defaults to 8 bits.
+        ({"num_bits": "4", "type": "int"}, "w4a16"),
+        ({"type": "float"}, "fp8"),
+    ],
+)
+def test_compressed_tensors_width_as_its_quantization_args_read_it(
+    weights: dict[str, object], expected: str
+) -> None:
+    """The first group that quantizes weights gives the format."""
+    arch = parse_model_config({**_LLAMA, "quantization_config": _compressed(weights)}, name="q")
+    assert arch.quantization == expected
+
+
+@pytest.mark.parametrize("bits", ["four", 4.5, True, 0, None])
+def test_a_malformed_compressed_tensors_width_is_refused_not_read_as_w8a8(bits: object) -> None:
+    """QuantizationArgs refuses a word, a fraction or null; true (1) and 0 have no vLLM scheme."""
+    config = {**_LLAMA, "quantization_config": _compressed({"num_bits": bits, "type": "int"})}
+    with pytest.raises(ModelConfigError, match=r"config_groups\.group_0\.weights\.num_bits"):
+        parse_model_config(config, name="q")
+
+
+def test_layer_types_longer_than_the_layers_are_refused_not_cut() -> None:
+    """transformers' validate_layer_type refuses any other length, so vLLM never loads it."""
+    config = {**_LLAMA, "layer_types": ["full_attention"] * 33}
+    with pytest.raises(ModelConfigError, match="layer_types lists 33 layers but num_hidden_layers"):
+        parse_model_config(config, name="m")
+
+
+@pytest.mark.parametrize("nested", ["llama", ["a"], 3])
+def test_a_text_config_that_is_not_an_object_is_refused(nested: object) -> None:
+    """Reading the wrapper's own fields instead would size another model."""
+    with pytest.raises(ModelConfigError, match=r"field 'text_config' is .*not an object"):
+        parse_model_config({**_LLAMA, "text_config": nested}, name="m")
+
+
+@pytest.mark.parametrize(
+    ("extra", "kv_heads"),
+    [
+        # Falcon-7B: multi_query without the new decoder architecture: one KV head, whatever
+        # num_kv_heads says (FalconModelArchConfigConvertor).
+        ({"model_type": "falcon", "multi_query": True, "num_kv_heads": 32}, 1),
+        # Falcon-40B: the new decoder architecture reads num_kv_heads.
+        ({"model_type": "falcon", "new_decoder_architecture": True, "num_kv_heads": 8}, 8),
+        # ChatGLM's and Step-3.5's spellings, and the first found wins (get_total_num_kv_heads).
+        ({"multi_query_group_num": 2}, 2),
+        ({"num_attention_groups": 4}, 4),
+        ({"n_head_kv": 2, "num_key_value_heads": 8}, 2),
+    ],
+)
+def test_kv_heads_are_read_under_every_name_vllm_reads(
+    extra: dict[str, object], kv_heads: int
+) -> None:
+    """KV heads under every name vLLM 0.32 reads, the first found first; none means MHA.
+
+    The order: n_head_kv, num_kv_heads, num_key_value_heads, multi_query_group_num,
+    num_attention_groups.
+    """
+    config = {key: value for key, value in _LLAMA.items() if key != "num_key_value_heads"}
+    assert parse_model_config({**config, **extra}, name="m").num_kv_heads == kv_heads

@@ -152,7 +152,7 @@ def test_an_unknown_format_is_a_usage_error_listing_the_known_ones(name: str) ->
     message = str(caught.value)
     assert repr(name) in message
     assert (
-        "awq, bf16, fp16, fp32, fp8, gptq, gptq_2bit, gptq_3bit, gptq_8bit, int4, int8, mxfp4, "
+        "awq, bf16, fp16, fp32, fp8, gptq, gptq_8bit, int4, int8, mxfp4, "
         "nvfp4, w4a16, w8a8" in message
     )
 
