@@ -137,6 +137,26 @@ def _config_int(
     return int(value)
 
 
+def _config_factor(
+    config: Mapping[str, Any], key: str, *, maximum: float, label: str | None = None
+) -> float | None:
+    """The one reader of positive real fields (a scaling factor): None when absent or null.
+
+    Booleans, strings, NaN, infinities, 0, negatives and values past ``maximum`` are errors:
+    each would size garbage or raise later (``int(nan)``).
+    """
+    value = config.get(key)
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not 0 < value <= maximum:  # false for NaN too
+        raise _BadField(
+            f"field {label or key!r} is {_shown(value)}, not a number above 0 and at most "
+            f"{maximum:,}; fix it in config.json"
+        )
+    return float(value)
+
+
 def _config_bool(config: Mapping[str, Any], key: str, *, default: bool) -> bool:
     """A true/false field: anything else is an error, never a guess.
 
@@ -637,6 +657,11 @@ def _attention_declined(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: The widest MLP a Nemotron-NAS block is believed at, as a multiple of the hidden size (the
+#: published ones are 1 to 5.25): past it the parameter count is no model's.
+MAX_FFN_MULT = 64.0
+
+
 @dataclass(frozen=True, slots=True)
 class _NasBlocks:
     """What Nemotron-NAS's ``block_configs`` say: the layers with attention, and their shape."""
@@ -706,10 +731,12 @@ def _nas_blocks(config: Mapping[str, Any], *, source: str) -> _NasBlocks | str:
             kv_counts.append(heads // group)
         if _config_bool(ffn, "no_op", default=False):
             mlp_sizes.append(0)
-        elif isinstance(ffn.get("ffn_mult"), int | float) and not isinstance(
-            ffn.get("ffn_mult"), bool
-        ):
-            mlp_sizes.append(_find_multiple(int(2 * ffn["ffn_mult"] * hidden / 3), 256))
+        elif (
+            mult := _config_factor(
+                ffn, "ffn_mult", maximum=MAX_FFN_MULT, label=f"block_configs[{index}].ffn.ffn_mult"
+            )
+        ) is not None:
+            mlp_sizes.append(_find_multiple(int(2 * mult * hidden / 3), 256))
         else:
             mlp_sizes.append(_opt_int(ffn, "intermediate_size"))
     if not kv_counts:
@@ -1045,22 +1072,12 @@ def _rope_factor(config: Mapping[str, Any]) -> float:
     """
     if "gemma3" in str(config.get("model_type", "")):
         return 1.0
-    factor: object = 1.0
+    scaling: Mapping[str, Any] = {}
     for rope in _rope_parameters(config):
-        if _rope_type(rope) not in _UNSCALED_ROPE:
-            factor = rope.get("factor", factor)
-    if factor is None:
-        return 1.0
-    if (
-        not isinstance(factor, int | float)
-        or isinstance(factor, bool)
-        or not 0 < factor <= MAX_LAYERS
-    ):
-        raise _BadField(
-            f"field 'rope_scaling.factor' is {_shown(factor)}, not a positive scaling factor; "
-            "fix it in config.json"
-        )
-    return float(factor)
+        if _rope_type(rope) not in _UNSCALED_ROPE and "factor" in rope:
+            scaling = rope
+    factor = _config_factor(scaling, "factor", maximum=MAX_LAYERS, label="rope_scaling.factor")
+    return 1.0 if factor is None else factor
 
 
 def _context_lengths(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
