@@ -524,6 +524,7 @@ def to_json(
                 "kind": group.kind,
                 "window": group.window,
                 "layers": group.num_layers,
+                "block_size": group.block_size or result.block_size,
                 "blocks_per_max_len_request": group.blocks_per_max_len_request,
             }
             for group in result.kv_groups
@@ -628,7 +629,13 @@ def render(
     ]
     if len(result.kv_groups) > 1 or result.kv_groups[0].kind != "full":
         kinds = ", ".join(
-            f"{g.kind}{'/' + str(g.window) if g.window else ''}" for g in result.kv_groups
+            f"{g.kind}{'/' + str(g.window) if g.window else ''}"
+            + (
+                f" ({g.block_size}-token blocks)"
+                if g.block_size not in (None, result.block_size)
+                else ""
+            )
+            for g in result.kv_groups
         )
         lines.append(f"  KV-cache groups            {len(result.kv_groups)}: {kinds}")
     if result.mamba_cache_mode is not None:

@@ -24,8 +24,10 @@ out: no I/O, no clock, no logging. The chain, per GPU:
 Sliding-window and chunked-local layers (Mistral v0.1, Gemma 2/3, gpt-oss, Llama 4) are modelled
 the way vLLM's hybrid allocator groups them, and so are the Mamba / linear-attention layers of
 state-space hybrids (vLLM 0.32's arithmetic: see "hybrid state layers" below), and so are
-DeepSeek V3.2's sparse-attention indexer caches ("sparse-attention MLA" below); what is not
-modelled is :class:`Declined` with the reason.
+DeepSeek V3.2's sparse-attention indexer caches ("sparse-attention MLA" below), and so are
+layers whose KV pages differ in size (Gemma 4: raised block sizes per group or padded pages,
+"layers of different page sizes" below); what is not modelled is :class:`Declined` with the
+reason.
 """
 
 from __future__ import annotations
@@ -249,6 +251,10 @@ class ModelArch:
     mtp_layers: int | None = None
     #: DeepSeek V3.2's sparse-attention indexer, on every layer (None: dense attention).
     indexer: SparseIndexer | None = None
+    #: (KV heads, head_dim) of every KV-holding layer, parallel to :attr:`kinds`, where layers
+    #: differ (Gemma 4's full-attention layers); empty when all have ``num_kv_heads`` x
+    #: ``head_dim``.
+    layer_shapes: tuple[tuple[int, int], ...] = ()
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -293,6 +299,9 @@ class ModelArch:
             base += f" + {self.kv_shared_layers} KV-sharing layers"
         if self.attention_free_layers:
             base += f" + {self.attention_free_layers} layers without attention"
+        if self.layer_shapes:
+            shapes = sorted(set(self.layer_shapes))
+            base += " + per-layer KV heads x head_dim " + "/".join(f"{h}x{d}" for h, d in shapes)
         return base
 
     @property
@@ -400,6 +409,9 @@ class KvCacheGroup:
     num_layers: int
     #: Blocks one request of ``max_model_len`` tokens needs in this group (vLLM's admission).
     blocks_per_max_len_request: int
+    #: Tokens per block of this group where vLLM raised it to unify page sizes (Gemma 4's
+    #: smaller pages); None: the result's ``block_size``.
+    block_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,7 +585,10 @@ class SizingResult:
         if context_tokens < 1:
             raise UsageError(f"context length must be at least 1 token, got {context_tokens}")
         tokens = context_tokens + self.lookahead_tokens
-        return sum(_blocks_for_tokens(group, tokens, self.block_size) for group in self.kv_groups)
+        return sum(
+            _blocks_for_tokens(group, tokens, group.block_size or self.block_size)
+            for group in self.kv_groups
+        )
 
     def sequences_at(self, context_tokens: int) -> int:
         """How many sequences of ``context_tokens`` the KV pool holds at once (usable blocks)."""
@@ -1233,6 +1248,9 @@ class _Layout:
     requested_block_size: int | None = None
     mamba_cache_mode: str | None = None
     assumptions: list[str] = field(default_factory=list)
+    #: Bytes of one block and KV bytes per token where layers' pages differ (None: uniform).
+    block_bytes: int | None = None
+    bytes_per_token: int | None = None
 
 
 def _hybrid_layout(
@@ -1307,6 +1325,153 @@ def _hybrid_layout(
     )
 
 
+# --- layers of different page sizes (Gemma 4) ---------------------------------------------------
+#
+# vLLM 0.32's arithmetic, read from its source (v1/core/kv_cache_utils.py of the 0.32.0 package):
+# - each KV-holding layer's spec is its own AttentionSpec: KV heads on this rank x head_dim, K and
+#   V both stored (Gemma 4's attention_k_eq_v only loads K's weights into V: gemma4.py
+#   Gemma4Attention passes k and v to Attention), page = 2 x heads x head_dim x B_kv x block.
+# - layout: specs of mixed (heads, head size, page) shapes narrow vLLM's layout choice to
+#   block-compact ones (v1/attention/backends/utils.py resolve_kv_cache_layout); CPU_ATTN takes
+#   LBHNC only, FlashAttention / Triton none in particular (LBNHC first): layer-outermost either
+#   way, so _get_packed_kv_cache_groups (block-outermost only) returns None.
+# - all layers of one attention type (UniformTypeKVCacheSpecs.from_specs, same block size): one
+#   group whose page is the sum of every layer's page (get_kv_cache_groups).
+# - else unify_kv_cache_spec_page_size: a layer whose page divides the largest gets block_size x
+#   (largest / its page) tokens per block; any other non-MLA attention page is padded to the
+#   largest (page_size_padded). Then _get_kv_cache_groups_uniform_page_size: one bucket per
+#   distinct spec, group size = the smallest bucket (the largest when within 1.5x), each bucket in
+#   cdiv(layers, group size) groups; num_blocks = budget // (group size x largest page)
+#   (_get_kv_cache_bytes_per_block; layer-outer strides need no extra alignment here).
+# - a group's blocks per max-length request use its own block size
+#   (get_max_concurrency_for_kv_cache_config: cdiv(max_memory_usage_bytes, page_size_bytes)); the
+#   log's "kv cache group sizes" lists each group's block size.
+# Verified on real vLLM 0.32.0 (CPU) with tiny Gemma 4 models (tests/fixtures/configs/README.md).
+
+
+def _mixed_shape_layout(
+    arch: ModelArch,
+    deployment: Deployment,
+    *,
+    kv_element: int,
+    block_size: int,
+    max_model_len: int,
+    batched: int,
+) -> _Layout | Declined:
+    """Groups, per-group block sizes and block bytes when layers' KV pages differ, or why not."""
+    version, tp = deployment.vllm_version, deployment.tensor_parallel
+    if version < STATE_ARITHMETIC_OF:
+        return Declined(
+            arch.name,
+            f"layers of different KV head shapes on vLLM {version}: their pages are unified the "
+            f"way vLLM {STATE_ARITHMETIC_OF} does it (read from its source); give --vllm-version "
+            f"{STATE_ARITHMETIC_OF} or later",
+        )
+    if deployment.pipeline_parallel > 1:
+        return Declined(
+            arch.name,
+            "pipeline parallelism with layers of different KV head shapes: each stage's page "
+            "unification is not modelled; size it with --pp 1",
+        )
+    for heads in sorted({heads for heads, _ in arch.layer_shapes}):
+        if tp % heads if tp > heads else heads % tp:
+            raise UsageError(
+                f"--tp {tp} and the {heads} KV heads of some of the model's layers do not divide "
+                "each other; vLLM refuses this: pick a TP that divides every layer's KV heads"
+            )
+    window_of: dict[LayerKind, int | None] = {
+        "full": None,
+        "sliding": arch.sliding_window,
+        "chunked": arch.attention_chunk_size,
+    }
+    # One spec per KV-holding layer: (kind, KV heads on this rank, head_dim).
+    specs = [
+        (kind, kv_heads_per_gpu(heads, tp), head_dim)
+        for kind, (heads, head_dim) in zip(arch.kinds, arch.layer_shapes, strict=True)
+    ]
+    token_bytes = {spec: 2 * spec[1] * spec[2] * kv_element for spec in specs}
+    total_token_bytes = sum(token_bytes[spec] for spec in specs)
+    notes: list[str] = []
+    if version > STATE_ARITHMETIC_OF:
+        notes.append(
+            f"pages of different sizes unified as vLLM {STATE_ARITHMETIC_OF} does (read from its "
+            f"source), assumed unchanged in {version}"
+        )
+    if deployment.device == "cuda" and deployment.block_size is None:
+        notes.append(
+            "block size assumed 16 (vLLM's default with its Triton or FlashAttention kernels); "
+            "on Blackwell its FA4 head-dim-256 kernel takes 128-token blocks, and with an FP8 "
+            "cache on Hopper its head-dim-512 kernel 64-token pages: give --block-size to match"
+        )
+    if len({kind for kind, _, _ in specs}) == 1:
+        # UniformTypeKVCacheSpecs: one group, one block holds every layer's page.
+        kind = specs[0][0]
+        window = window_of[kind]
+        group = KvCacheGroup(
+            kind=kind,
+            window=window,
+            num_layers=len(specs),
+            blocks_per_max_len_request=_admission_blocks(
+                kind, window, max_model_len, block_size, batched
+            ),
+        )
+        return _Layout(
+            (group,),
+            len(specs),
+            block_size,
+            assumptions=notes,
+            block_bytes=block_size * total_token_bytes,
+            bytes_per_token=total_token_bytes,
+        )
+    pages = {spec: block_size * token_bytes[spec] for spec in specs}
+    largest = max(pages.values())
+    # spec -> (its block size, whether its page is padded to the largest)
+    unified = {
+        spec: (block_size * (largest // page), False) if largest % page == 0 else (block_size, True)
+        for spec, page in pages.items()
+    }
+    buckets: dict[tuple[tuple[LayerKind, int, int], int, bool], int] = {}
+    for spec in specs:
+        key = (spec, *unified[spec])
+        buckets[key] = buckets.get(key, 0) + 1
+    smallest_bucket, largest_bucket = min(buckets.values()), max(buckets.values())
+    group_size = largest_bucket if largest_bucket < smallest_bucket * 1.5 else smallest_bucket
+    groups: list[KvCacheGroup] = []
+    for ((kind, _, _), group_block, _), layers in buckets.items():
+        window = window_of[kind]
+        need = _admission_blocks(kind, window, max_model_len, group_block, batched)
+        groups.extend(
+            KvCacheGroup(
+                kind=kind,
+                window=window,
+                num_layers=group_size,
+                blocks_per_max_len_request=need,
+                block_size=group_block,
+            )
+            for _ in range(math.ceil(layers / group_size))
+        )
+    raised = sorted({b for (_, b, padded) in buckets if b != block_size and not padded})
+    padded_layers = sum(layers for (_, _, padded), layers in buckets.items() if padded)
+    if raised:
+        notes.append(
+            f"pages of different sizes: vLLM raises the smaller pages' blocks to "
+            f"{'/'.join(map(str, raised))} tokens so every page is {largest:,} bytes"
+        )
+    if padded_layers:
+        notes.append(
+            f"pages of different sizes: {padded_layers} layers' pages are padded to the largest "
+            f"({largest:,} bytes), the padding holding no KV"
+        )
+    return _Layout(
+        tuple(groups),
+        group_size,
+        block_size,
+        assumptions=notes,
+        block_bytes=group_size * largest,
+        bytes_per_token=total_token_bytes,
+    )
+
+
 def _declined_for(arch: ModelArch, deployment: Deployment) -> Declined | None:
     """Why this model, or this model under this deployment, is not sized; None when it is."""
     if arch.declined is not None:
@@ -1319,6 +1484,48 @@ def _declined_for(arch: ModelArch, deployment: Deployment) -> Declined | None:
             "--pp 1",
         )
     return None
+
+
+def _layout_for(
+    arch: ModelArch,
+    deployment: Deployment,
+    *,
+    model_dtype: str,
+    kv_element: int,
+    layer_bytes: int,
+    block_size: int,
+    max_model_len: int,
+    batched: int,
+) -> _Layout | Declined:
+    """KV-cache groups, group size and block size: hybrid, per-layer shapes, or uniform pages."""
+    if arch.state is not None:
+        return _hybrid_layout(
+            arch,
+            arch.state,
+            deployment,
+            model_dtype=model_dtype,
+            attention_token_bytes=layer_bytes,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            batched=batched,
+        )
+    if arch.layer_shapes:
+        return _mixed_shape_layout(
+            arch,
+            deployment,
+            kv_element=kv_element,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            batched=batched,
+        )
+    groups, group_size = kv_cache_groups(
+        arch,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        max_num_batched_tokens=batched,
+        hybrid_allocator=deployment.vllm_version >= HYBRID_ALLOCATOR_SINCE,
+    )
+    return _Layout(groups, group_size, block_size)
 
 
 def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult | Declined:
@@ -1354,30 +1561,19 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         )
     scheduler = batch_limits(deployment, max_model_len=max_model_len)
     max_num_seqs, batched = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
-    layout = _Layout((), 0, block_size)
-    if arch.state is not None:
-        found = _hybrid_layout(
-            arch,
-            arch.state,
-            deployment,
-            model_dtype=model_dtype,
-            attention_token_bytes=layer_bytes,
-            block_size=block_size,
-            max_model_len=max_model_len,
-            batched=batched,
-        )
-        if isinstance(found, Declined):
-            return found
-        layout = found
-        assumptions.extend(layout.assumptions)
-    else:
-        layout.groups, layout.group_size = kv_cache_groups(
-            arch,
-            max_model_len=max_model_len,
-            block_size=block_size,
-            max_num_batched_tokens=batched,
-            hybrid_allocator=version >= HYBRID_ALLOCATOR_SINCE,
-        )
+    layout = _layout_for(
+        arch,
+        deployment,
+        model_dtype=model_dtype,
+        kv_element=kv_element,
+        layer_bytes=layer_bytes,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        batched=batched,
+    )
+    if isinstance(layout, Declined):
+        return layout
+    assumptions.extend(layout.assumptions)
     groups, group_size, block_size = layout.groups, layout.group_size, layout.block_size
     claimants = _claimants(
         arch, deployment, model_dtype=model_dtype, kv_element=kv_element, assumptions=assumptions
@@ -1418,10 +1614,14 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
             last=index == len(layers) - 1,
             weights=weights[index] + draft.weights_bytes,
             usable=usable,
-            block_bytes=block_size
-            * layer_bytes
-            * max(1, math.ceil(group_size * stage_layers / arch.num_layers))
-            + block_size * draft.bytes_per_token,
+            block_bytes=(
+                layout.block_bytes
+                if layout.block_bytes is not None
+                else block_size
+                * layer_bytes
+                * max(1, math.ceil(group_size * stage_layers / arch.num_layers))
+                + block_size * draft.bytes_per_token
+            ),
             vocab=vocab,
             max_num_seqs=max_num_seqs,
             lora=(
@@ -1456,8 +1656,11 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         kv_heads_per_gpu=1 if arch.mla is not None else kv_heads_per_gpu(arch.num_kv_heads, tp),
         # A hybrid's KV per token is its attention layers'; the state is per sequence.
         layers_per_gpu=arch.attention_layers or max(layers),
-        bytes_per_token=layer_bytes * (arch.attention_layers or max(layers))
-        + draft.bytes_per_token,
+        bytes_per_token=(
+            layout.bytes_per_token
+            if layout.bytes_per_token is not None
+            else layer_bytes * (arch.attention_layers or max(layers)) + draft.bytes_per_token
+        ),
         block_size=block_size,
         gpu_memory_bytes=deployment.gpu_memory_bytes,
         gpu_memory_utilization=util,
@@ -1551,7 +1754,7 @@ class _Draft:
 
 
 def _only_full_attention(model: ModelArch) -> bool:
-    return model.state is None and set(model.kinds) == {"full"}
+    return model.state is None and set(model.kinds) == {"full"} and not model.layer_shapes
 
 
 def _draft_costs(
@@ -1653,7 +1856,7 @@ def _lora_shape(
     """The layer sizes vLLM's LoRA buffers follow, or why they cannot be sized."""
     settings.validate()
     unmodelled = arch.moe is not None or arch.mla is not None or arch.state is not None
-    if unmodelled or arch.kv_free_layers:
+    if unmodelled or arch.kv_free_layers or arch.layer_shapes:
         what = (
             "MoE experts"
             if arch.moe
@@ -1661,6 +1864,8 @@ def _lora_shape(
             if arch.mla
             else "state layers"
             if arch.state
+            else "layers of different head shapes"
+            if arch.layer_shapes and not arch.kv_free_layers
             else "layers without their own attention or KV"
         )
         return Declined(

@@ -20,15 +20,22 @@ hybrid state-space models (Qwen3-Next, Granite-4.0-H, Falcon-H1, Nemotron-H, LFM
 state-space families being declined with a reason; DeepSeek V3.2's sparse-attention indexer
 (``index_topk``, ``index_head_dim``), other sparse-attention variants (DeepSeek V4's
 ``compress_ratios``, shared indexers) being declined; layers that hold no KV of their own, as
-vLLM 0.32 lays them out: Gemma 3n's KV-sharing layers (``num_kv_shared_layers``) and
-Nemotron-NAS's attention-free blocks (``block_configs``, with per-block ``n_heads_in_group``).
+vLLM 0.32 lays them out: Gemma 3n's and Gemma 4's KV-sharing layers (``num_kv_shared_layers``)
+and Nemotron-NAS's attention-free blocks (``block_configs``, with per-block
+``n_heads_in_group``); Gemma 4's per-layer head shapes (``gemma4``, ``gemma4_text``): each
+layer's KV heads and head size from ``per_layer_config``, or as transformers' ``Gemma4TextConfig``
+derives them from ``global_head_dim`` (512 when absent) and, with ``attention_k_eq_v``,
+``num_global_key_value_heads``, for the model's pages of different sizes
+(:attr:`~exporter.sizing.model.ModelArch.layer_shapes`).
 
 Declined, whatever the model_type, so that a new family with the same feature is not sized as
-plain GQA: per-layer head shapes (Gemma 4; ``per_layer_config``, ``global_head_dim``,
+plain GQA: per-layer head shapes outside Gemma 4 (``per_layer_config``, ``global_head_dim``,
 ``num_global_key_value_heads``, ``*_per_layer`` head counts, MiMo-V2's ``swa_*``, Step-3.5's
-``attention_other_setting``, a non-MLA ``v_head_dim`` other than the head size), KV sharing
-outside Gemma 3n, ``block_configs`` outside Nemotron-NAS, cross-layer attention (``use_cla``,
-``cla_share_factor``), encoder-decoder models and ``cross_attention_layers``.
+``attention_other_setting``, a non-MLA ``v_head_dim`` other than the head size), classes built
+on Gemma 4 whose layout was not read (``gemma4_unified``, ``diffusion_gemma``) and Gemma 4 with
+``use_bidirectional_attention`` "all", KV sharing outside Gemma 3n and 4, ``block_configs``
+outside Nemotron-NAS, cross-layer attention (``use_cla``, ``cla_share_factor``),
+encoder-decoder models and ``cross_attention_layers``.
 """
 
 from __future__ import annotations
@@ -356,16 +363,29 @@ def _patterned_kinds(config: Mapping[str, Any], num_layers: int) -> list[LayerKi
     return ["full"] * num_layers
 
 
+def _gemma4_kinds(num_layers: int) -> list[LayerKind]:
+    """Gemma4TextConfig.__post_init__'s layer_types when absent: 5 sliding layers to 1 full."""
+    return ["full" if (i + 1) % _GEMMA4_PATTERN == 0 else "sliding" for i in range(num_layers)]
+
+
 def _layer_kinds(
     config: Mapping[str, Any], num_layers: int, *, source: str
 ) -> tuple[tuple[LayerKind, ...], int | None, int | None]:
     """Per-layer attention kinds (empty when all full), the sliding window and the chunk size."""
     layer_types = config.get("layer_types")
+    model_type = str(config.get("model_type", ""))
     if isinstance(layer_types, list) and layer_types:
         kinds = _listed_kinds(layer_types, num_layers, source=source)
+    elif model_type in _GEMMA4_SIZED:
+        kinds = _gemma4_kinds(num_layers)
     else:
         kinds = _patterned_kinds(config, num_layers)
+    if model_type in _GEMMA4_SIZED and kinds:
+        # Gemma4TextConfig.__post_init__ forces the last layer to full attention.
+        kinds[-1] = "full"
     window = _opt_int(config, "sliding_window", minimum=0) if "sliding" in kinds else None
+    if window is None and "sliding" in kinds and model_type in _GEMMA4_SIZED:
+        window = None if "sliding_window" in config else _GEMMA4_WINDOW
     chunk = _opt_int(config, "attention_chunk_size", minimum=0) if "chunked" in kinds else None
     if all(kind == "full" for kind in kinds):
         return (), None, None
@@ -554,27 +574,30 @@ def _hybrid(config: Mapping[str, Any], *, source: str) -> tuple[int, int, StateL
 # --- per-layer KV features ---------------------------------------------------------------------
 #
 # Fields that change which layers hold KV, or how much one layer's token takes. The families whose
-# layout vLLM 0.32 lays out with pages of one size are read below (Gemma 3n's KV sharing,
-# Nemotron-NAS's block_configs); any other config that carries one of these fields is declined,
-# whatever its model_type, so a new family with the same feature is not sized as plain GQA.
+# layout vLLM 0.32's source was read for are read below (Gemma 3n's and Gemma 4's KV sharing,
+# Gemma 4's per-layer head shapes, Nemotron-NAS's block_configs); any other config that carries
+# one of these fields is declined, whatever its model_type, so a new family with the same feature
+# is not sized as plain GQA.
 
-#: Gemma 3n: its last ``num_kv_shared_layers`` layers read earlier layers' KV and hold none
-#: (vllm/model_executor/models/gemma3n.py, ``kv_sharing_target_layer_name``).
-_KV_SHARING_TYPES = {"gemma3n", "gemma3n_text"}
+#: Gemma 4's decoders (vllm/model_executor/models/gemma4.py, Gemma4ForCausalLM and the multimodal
+#: Gemma4ForConditionalGeneration): per-layer head shapes (``per_layer_config``, or
+#: ``global_head_dim`` / ``num_global_key_value_heads``) and KV sharing, sized.
+_GEMMA4_SIZED = {"gemma4", "gemma4_text"}
+#: Gemma 3n and Gemma 4: their last ``num_kv_shared_layers`` layers read earlier layers' KV and
+#: hold none (gemma3n.py, gemma4.py: ``kv_sharing_target_layer_name``).
+_KV_SHARING_TYPES = {"gemma3n", "gemma3n_text", *_GEMMA4_SIZED}
 #: Nemotron-NAS / DeciLM: per-layer ``block_configs`` (vllm/model_executor/models/nemotron_nas.py).
 _BLOCK_CONFIG_TYPES = {"nemotron-nas", "deci"}
-#: Gemma 4 (and the classes built on it): per-layer head sizes, KV sharing.
+#: Classes built on Gemma 4 whose own layouts were not read: declined.
 _GEMMA4_TYPES = {
-    "gemma4",
-    "gemma4_text",
-    "gemma4_unified",
     "gemma4_unified_text",
     "diffusion_gemma",
     "diffusion_gemma_text",
 }
 _PAGE_SIZES_REASON = (
-    "{what}: layers whose KV pages differ in size, which vLLM 0.32 unifies by raising block "
-    "sizes or padding pages (v1/core/kv_cache_utils.py); that layout is not modelled"
+    "{what}: layers whose KV pages differ in size; vLLM 0.32 unifies them by raising block "
+    "sizes or padding pages (v1/core/kv_cache_utils.py), which plan models only for Gemma 4 "
+    "(gemma4, gemma4_text), whose per-layer shapes it reads"
 )
 #: Per-layer head counts or sizes (key -> what it is), each declined in one line.
 _PER_LAYER_SHAPE_KEYS = {
@@ -590,6 +613,89 @@ _PER_LAYER_SHAPE_KEYS = {
 }
 
 
+#: The per-layer shape fields Gemma 4 is read with (:func:`_gemma4_layer_shapes`).
+_GEMMA4_SHAPE_KEYS = {"per_layer_config", "global_head_dim", "num_global_key_value_heads"}
+#: transformers' ``Gemma4TextConfig`` defaults: full-attention head size without
+#: ``global_head_dim``, sliding window, and one full layer in this many without ``layer_types``.
+_GEMMA4_GLOBAL_HEAD_DIM = 512
+_GEMMA4_WINDOW = 512
+_GEMMA4_PATTERN = 6
+
+
+def _layer_index(key: object, num_layers: int) -> int:
+    """A ``per_layer_config`` key as transformers reads it (``int(key)``), checked."""
+    text = key.strip() if isinstance(key, str) else None
+    if text is None or not text.isdigit() or int(text) >= num_layers:
+        raise _BadField(
+            f"per_layer_config key {_shown(key)} is not a layer index from 0 to "
+            f"{num_layers - 1}; transformers refuses it: fix it in config.json"
+        )
+    return int(text)
+
+
+def _gemma4_layer_shapes(
+    config: Mapping[str, Any],
+    kinds: Sequence[LayerKind],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    source: str,
+) -> list[tuple[int, int]]:
+    """(KV heads, head_dim) of every Gemma 4 decoder layer, as vLLM 0.32 builds them.
+
+    gemma4.py reads ``config.per_layer_config[i].head_dim`` and ``.num_key_value_heads``
+    (Gemma4DecoderLayer), transformers' per-layer overrides over the global fields. A config
+    without ``per_layer_config`` gets one from ``Gemma4TextConfig.__post_init__``: every full-
+    attention layer takes ``global_head_dim`` (512 when absent) and, only when
+    ``attention_k_eq_v`` is true, ``num_global_key_value_heads`` KV heads.
+    """
+    overrides: dict[int, tuple[int | None, int | None]] = {}
+    if "per_layer_config" in config:
+        listed = config.get("per_layer_config") or {}
+        if not isinstance(listed, Mapping):
+            raise _BadField(
+                f"field 'per_layer_config' is {_shown(listed)}, not an object of layer "
+                "overrides; fix it in config.json"
+            )
+        for key, layer in listed.items():
+            index = _layer_index(key, len(kinds))
+            if not isinstance(layer, Mapping):
+                raise _BadField(
+                    f"per_layer_config[{key!r}] is {_shown(layer)}, not an object of overrides; "
+                    "fix it in config.json"
+                )
+            overrides[index] = (
+                _config_int(layer, "head_dim", label=f"per_layer_config.{key}.head_dim"),
+                _config_int(
+                    layer,
+                    "num_key_value_heads",
+                    label=f"per_layer_config.{key}.num_key_value_heads",
+                ),
+            )
+    else:
+        if "global_head_dim" in config and config["global_head_dim"] is None:
+            raise _BadField(
+                "field 'global_head_dim' is null: transformers gives the full-attention layers "
+                "no head size and vLLM cannot build them; fix it in config.json"
+            )
+        global_dim = _config_int(config, "global_head_dim") or _GEMMA4_GLOBAL_HEAD_DIM
+        k_eq_v = _config_bool(config, "attention_k_eq_v", default=False)
+        global_kv = _config_int(config, "num_global_key_value_heads") if k_eq_v else None
+        overrides = {i: (global_dim, global_kv) for i, kind in enumerate(kinds) if kind == "full"}
+    shapes = []
+    for index in range(len(kinds)):
+        dim, kv = overrides.get(index, (None, None))
+        kv, dim = kv or kv_heads, dim or head_dim
+        if kv > heads or heads % kv:
+            raise ModelConfigError(
+                f"{source}: layer {index}'s {kv} KV heads do not divide num_attention_heads "
+                f"{heads}; fix it in config.json"
+            )
+        shapes.append((kv, dim))
+    return shapes
+
+
 def _kv_feature_declined(config: Mapping[str, Any]) -> str | None:
     """Why a config with a KV-changing field the reader does not model is declined, or None."""
     return _layer_shape_declined(config) or _attention_declined(config)
@@ -599,20 +705,26 @@ def _layer_shape_declined(config: Mapping[str, Any]) -> str | None:
     """Per-layer head shapes, KV sharing or block_configs this reader does not model."""
     model_type = str(config.get("model_type", ""))
     if model_type in _GEMMA4_TYPES:
-        shared = _count(config, "num_kv_shared_layers")
-        sharing = f", and its last {shared} layers reuse others' KV" if shared else ""
         return _PAGE_SIZES_REASON.format(
-            what=f"Gemma 4 ({model_type}): its full-attention layers have their own head_dim "
-            f"(512) and KV heads next to the sliding ones' (256){sharing}"
+            what=f"{model_type} (a class built on Gemma 4): its full-attention layers have their "
+            "own head_dim and KV heads, and this class's layout was not read from vLLM's source"
+        )
+    gemma4 = model_type in _GEMMA4_SIZED
+    if gemma4 and config.get("use_bidirectional_attention") == "all":
+        return (
+            "Gemma 4 with use_bidirectional_attention 'all' (non-causal attention, a halved "
+            "sliding window): how vLLM caches it is not modelled"
         )
     for key, what in _PER_LAYER_SHAPE_KEYS.items():
+        if gemma4 and key in _GEMMA4_SHAPE_KEYS:
+            continue
         if config.get(key) not in (None, {}, []):
             return _PAGE_SIZES_REASON.format(what=what)
     shared = _count(config, "num_kv_shared_layers")
     if shared and model_type not in _KV_SHARING_TYPES:
         return (
             f"num_kv_shared_layers {shared} (KV sharing) in a {model_type or 'model'} config: "
-            "which layers hold KV in this family is not modelled (only Gemma 3n's is)"
+            "which layers hold KV in this family is not modelled (only Gemma 3n's and 4's are)"
         )
     if config.get("block_configs") is not None and model_type not in _BLOCK_CONFIG_TYPES:
         return (
@@ -763,9 +875,9 @@ def _nas_blocks(config: Mapping[str, Any], *, source: str) -> _NasBlocks | str:
 
 
 def _kv_shared_layers(config: Mapping[str, Any], num_layers: int, *, source: str) -> int:
-    """Gemma 3n's KV-sharing layers: the last ``num_kv_shared_layers``, holding no KV.
+    """Gemma 3n's and 4's KV-sharing layers: the last ``num_kv_shared_layers``, holding no KV.
 
-    vLLM 0.32 gives such a layer a ``kv_sharing_target_layer_name`` (gemma3n.py), and
+    vLLM 0.32 gives such a layer a ``kv_sharing_target_layer_name`` (gemma3n.py, gemma4.py), and
     ``GPUModelRunner.get_kv_cache_spec`` skips it: no cache spec, no pages, no group.
     """
     shared = _count(config, "num_kv_shared_layers") or 0
@@ -776,6 +888,51 @@ def _kv_shared_layers(config: Mapping[str, Any], num_layers: int, *, source: str
             f"{num_layers} layers holding KV; fix it in config.json"
         )
     return shared
+
+
+def _kv_sharing_targets_exist(
+    kinds: Sequence[LayerKind], kept: int, *, shared: int, source: str
+) -> None:
+    """Gemma 4: a sharing layer reads the last KV-holding layer of its own type; there must be one.
+
+    gemma4.py looks it up with ``list.index``, which raises (vLLM fails to build the model) when
+    no KV-holding layer has that type.
+    """
+    missing = sorted(set(kinds[kept:]) - set(kinds[:kept]))
+    if missing:
+        raise ModelConfigError(
+            f"{source}: num_kv_shared_layers {shared} leaves no KV-holding {missing[0]} layer "
+            "for the sharing layers of that type to read; fix it in config.json"
+        )
+
+
+def _kv_sharing(
+    config: Mapping[str, Any],
+    model_type: str,
+    kinds: Sequence[LayerKind],
+    shape: tuple[int, int, int],
+    source: str,
+) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, int]]:
+    """Gemma 3n / 4: the KV-sharing layers, the KV layers' shapes where they differ, the shape.
+
+    ``shape`` is (heads, KV heads, head_dim) from the global fields; what comes back is the
+    number of sharing layers, (KV heads, head_dim) of every KV-holding layer when they differ
+    (else empty), and the (KV heads, head_dim) of the layers when they are all one.
+    """
+    heads, kv_heads, head_dim = shape
+    shared = _kv_shared_layers(config, len(kinds), source=source)
+    kept = len(kinds) - shared
+    if model_type not in _GEMMA4_SIZED:
+        return shared, (), (kv_heads, head_dim)
+    if shared:
+        _kv_sharing_targets_exist(kinds, kept, shared=shared, source=source)
+    shapes = _gemma4_layer_shapes(
+        config, kinds, heads=heads, kv_heads=kv_heads, head_dim=head_dim, source=source
+    )[:kept]
+    if len(set(shapes)) == 1:
+        # Every KV-holding layer has one shape: plain GQA of that shape.
+        return shared, (), shapes[0]
+    return shared, tuple(shapes), (kv_heads, head_dim)
 
 
 def _declined(config: Mapping[str, Any]) -> str | None:
@@ -916,14 +1073,18 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         kinds = tuple("full" for _ in range(attention_layers))
     elif declined is None:
         kinds, window, chunk = _layer_kinds(text, num_layers, source=name)
-    kv_shared = 0
+    kv_shared, shapes, (kv_heads, head_dim) = (
+        _kv_sharing(
+            text, model_type, kinds or _all_full(num_layers), (heads, kv_heads, head_dim), name
+        )
+        if declined is None and model_type in _KV_SHARING_TYPES
+        else (0, (), (kv_heads, head_dim))
+    )
     attention_free = 0
-    if declined is None and model_type in _KV_SHARING_TYPES:
-        kv_shared = _kv_shared_layers(text, num_layers, source=name)
-        if kv_shared:
-            attention_layers = num_layers - kv_shared
-            kinds = (kinds or _all_full(num_layers))[:attention_layers]
-            window = window if "sliding" in kinds else None
+    if kv_shared:
+        attention_layers = num_layers - kv_shared
+        kinds = (kinds or _all_full(num_layers))[:attention_layers]
+        window = window if "sliding" in kinds else None
     if nas is not None:
         attention_layers = nas.attention_layers
         attention_free = num_layers - attention_layers
@@ -966,7 +1127,7 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         attention_layers=attention_layers,
         kv_shared_layers=kv_shared,
         attention_free_layers=attention_free,
-        multimodal=any(key in config for key in ("vision_config", "audio_config")),
+        multimodal=any(config.get(key) is not None for key in ("vision_config", "audio_config")),
         architecture=_architecture(config),
         mtp_layers=_count(text, "num_nextn_predict_layers"),
         indexer=(
@@ -974,6 +1135,7 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
             if declined is None and "index_topk" in text
             else None
         ),
+        layer_shapes=shapes,
     )
 
 

@@ -201,17 +201,18 @@ def test_lora_over_layers_without_attention_is_declined() -> None:
 # --- declined families and fields --------------------------------------------------------------
 
 
-def test_gemma4_is_declined_for_its_two_page_sizes() -> None:
-    """Gemma 4: full-attention layers of head_dim 512 next to sliding ones of 256: declined.
+def test_gemma4_is_sized_not_declined() -> None:
+    """Gemma 4 is sized now (tests/sizing/test_gemma4.py); a class built on it is declined.
 
-    transformers 5.19's Gemma4Config() gives them per_layer_config; pages of two sizes, which
-    vLLM 0.32 unifies in ways not modelled. It was sized as 30 layers of head_dim 256 (122,880 B
-    per token) before.
+    A class whose layout was not read from vLLM's source (gemma4_unified) keeps the decline.
     """
-    arch = load_model_arch(CONFIGS / "gemma4-transformers-default")
-    assert arch.declined is not None
-    assert "head_dim (512)" in arch.declined
-    assert "\n" not in arch.declined
+    assert load_model_arch(CONFIGS / "gemma4-transformers-default").declined is None
+    config = json.loads((CONFIGS / "gemma4-transformers-default" / "config.json").read_text())
+    config["text_config"]["model_type"] = "gemma4_unified_text"
+    declined = parse_model_config(config, name="g").declined
+    assert declined is not None
+    assert "gemma4_unified_text" in declined
+    assert "\n" not in declined
 
 
 _LLAMA: dict[str, Any] = json.loads((CONFIGS / "llama-3.1-8b-instruct" / "config.json").read_text())

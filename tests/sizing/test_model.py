@@ -487,6 +487,9 @@ def test_multimodal_encoder_cache_is_named_not_sized() -> None:
     gemma = arch("gemma-3-12b-it")
     assert gemma.multimodal
     assert not arch("llama-3.1-8b-instruct").multimodal
+    text_only = {**json.loads((CONFIGS / "gemma-3-12b-it" / "config.json").read_text())}
+    text_only["vision_config"] = None  # a wrapper config written without its encoder
+    assert not parse_model_config(text_only, name="text-only").multimodal
     h100 = Deployment(gpu_memory_bytes=int(79.19 * GIB), max_model_len=8192)
     notes = sized(gemma, h100).assumptions
     (note,) = [n for n in notes if n.startswith("multimodal model")]
