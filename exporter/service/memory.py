@@ -28,6 +28,7 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from exporter.core.derive import detect_restart
 from exporter.core.footprint import sample_bytes
 from exporter.core.reasons import EvictionReason
 
@@ -196,15 +197,22 @@ class Window:
         """Add ``sample``; bounded by age, by count through ``spacing``, and by bytes.
 
         A sample closer than ``spacing`` to the one before the latest replaces the latest
-        (carrying a restart seen by either). One sample older than ``keep_seconds`` stays: the
-        baseline of the first increase.
+        (carrying a restart seen by either, or one between the sample it now follows and it:
+        counters lower by float noise at each poll may be lower by more across the polls
+        replaced). One sample older than ``keep_seconds`` stays: the baseline of the first
+        increase.
         """
         before = self.held_bytes
         samples = self._samples
         if len(samples) >= MIN_SAMPLES and sample.t - samples[-2].t < spacing:
             latest = samples.pop()
             self.bytes -= self._sizes.pop()
-            sample = replace(sample, restarted=sample.restarted or latest.restarted)
+            restarted = (
+                sample.restarted
+                or latest.restarted
+                or detect_restart(samples[-1].snapshot, sample.snapshot)
+            )
+            sample = replace(sample, restarted=restarted)
         previous = samples[-1].snapshot if samples else None
         size = sample_bytes(sample.snapshot, previous)
         samples.append(sample)

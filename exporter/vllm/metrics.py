@@ -257,6 +257,17 @@ def _valid(value: float) -> str | None:
     return None
 
 
+def _valid_count(value: float) -> str | None:
+    """Why a counter's value cannot be vLLM's, or None when it can.
+
+    Past 2**53 no count is exact, and no vLLM's comes near (as for the histograms' counts):
+    two readings of 1e308 a reset apart would add up to an infinite rate.
+    """
+    if (reason := _valid(value)) is not None:
+        return reason
+    return DropReason.OUT_OF_RANGE if value > MAX_EXACT_WHOLE else None
+
+
 class _Fold:
     """Folds the samples of one payload into per-engine and per-server parts, as they come."""
 
@@ -416,6 +427,7 @@ class _ServerParts:
                 else:
                     dropped[reason] += 1
         elif sample.suffix == "_total":
+            reason = _valid_count(sample.value)
             split = sample.labels.get("reason", "")
             if split in self.reasons:
                 raise _error(sample, _TWICE)
@@ -506,7 +518,7 @@ def _add_counter(parts: _EngineParts, sample: TextSample, limits: CardinalityLim
             if _split_full(parts, len(values), value, limits):
                 return DropReason.TOO_MANY_SERIES
             values.add(value)
-    reason = _valid(sample.value)
+    reason = _valid_count(sample.value)
     if reason is not None:
         parts.invalid.add(target)
         return reason

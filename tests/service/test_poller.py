@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import tracemalloc
 from typing import TYPE_CHECKING
 
@@ -554,3 +555,59 @@ def test_counters_a_hair_lower_under_the_same_start_time_keep_the_target_up() ->
     assert view.derived is not None
     # 15 -> 14.999999999 -> 15 over 10 s: the noise, never the lifetime's 15 / 5 s.
     assert view.derived.engines[0].preemptions_per_second == pytest.approx(0.0, abs=1e-9)
+
+
+def test_counters_creeping_down_by_noise_never_count_their_lifetime_as_new() -> None:
+    """Noise that adds up across the polls a kept sample stands for is a decrease all the same.
+
+    Each poll reads the preemptions a hair lower than the one before (within float noise, so
+    no restart between two polls), while the window keeps one sample per 300 s: the newest
+    sample replaces the one before it, and the kept pair is lower by more than noise. That is
+    a restart between the kept samples (checked against the ceiling of what one process could
+    count, as every restart is), never the lifetime's 15 counted again as 15 / 10 s.
+    """
+    step = 15.0 * 0.9e-9  # within went_down's noise for one poll, past it over two
+    served: list[int] = []
+
+    def creeping(index: int) -> bytes:
+        served.append(index)
+        value = 15.0 - step * index
+        return AFTER_LOAD.replace(
+            b'vllm:num_preemptions_total{engine="0",model_name="tiny"} 15.0',
+            f'vllm:num_preemptions_total{{engine="0",model_name="tiny"}} {value!r}'.encode(),
+        )
+
+    fake = fake_vllm()
+    fake.payload = creeping
+    # one engine, 2 samples: a spacing of 300 s, so every later poll replaces the latest
+    poller = poll(fake, Clock(), times=4, settings=PollSettings(max_engine_samples=2))
+    view = poller.view
+    assert len(set(served)) == 4
+    assert view.up
+    assert view.window_samples == 2
+    assert view.derived is not None
+    assert view.derived.engines[0].preemptions_per_second == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_counter_past_any_vllms_never_makes_an_infinite_rate() -> None:
+    """Readings of 1.7e308 a reset apart (the series missing between) would add up to inf.
+
+    A counter past 2**53 is no vLLM's: the parser leaves it out (``out_of_range``), so the
+    preemption rate is never +Inf, which an alert on it would take for real preemptions.
+    """
+    line = b'vllm:num_preemptions_total{engine="0",model_name="tiny"} 15.0'
+    payloads = [
+        AFTER_LOAD.replace(line, line.replace(b"15.0", b"0.0")),
+        AFTER_LOAD.replace(line, line.replace(b"15.0", b"1.7e308")),
+        AFTER_LOAD.replace(line + b"\n", b""),
+        AFTER_LOAD.replace(line, line.replace(b"15.0", b"0.0")),
+        AFTER_LOAD.replace(line, line.replace(b"15.0", b"1.7e308")),
+    ]
+    assert all(p != AFTER_LOAD for p in payloads)
+    fake = fake_vllm()
+    fake.payload = lambda served: payloads[min(served, len(payloads) - 1)]
+    poller = poll(fake, Clock(), times=len(payloads))
+    view = poller.view
+    assert view.derived is not None
+    rate = view.derived.engines[0].preemptions_per_second
+    assert rate is None or math.isfinite(rate)

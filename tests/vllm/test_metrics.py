@@ -371,6 +371,10 @@ def test_a_series_written_twice_is_refused_as_prometheus_refuses_it() -> None:
         ("vllm:kv_cache_usage_perc", "1.5", "out_of_range"),
         ("vllm:num_preemptions_total", "-1", "out_of_range"),
         ("vllm:num_preemptions_total", "Inf", "not_finite"),
+        # past 2**53 no count is exact, and no vLLM's comes near: two such readings, a reset
+        # apart, would add up to an infinite rate
+        ("vllm:num_preemptions_total", "1.7e308", "out_of_range"),
+        ("vllm:num_preemptions_total", "9007199254740994", "out_of_range"),
     ],
 )
 def test_an_impossible_value_leaves_its_figure_absent_and_is_counted(
@@ -531,6 +535,18 @@ def test_admission_rejections_are_summed_per_server() -> None:
         'vllm:admission_rejections_created{model_name="m",reason="max_num_queued_reqs"} 1.7e9\n'
     )
     assert parse_vllm_metrics(text).admission_rejections_total == 5
+
+
+def test_a_rejection_count_past_2_53_is_left_out_as_any_counters() -> None:
+    """A reason's count of 1e308 is no vLLM's: out of the total and the split, counted."""
+    text = (
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 1e308\n'
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_tokens"} 3\n'
+    )
+    snapshot = parse_vllm_metrics(text)
+    assert snapshot.admission_rejections_total == 3
+    assert snapshot.admission_rejections_by_reason == {"max_num_queued_tokens": 3.0}
+    assert snapshot.dropped == {"out_of_range": 1}
 
 
 def test_the_033_capture_keeps_the_rejections_by_the_cap_that_refused() -> None:
