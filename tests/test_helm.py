@@ -22,6 +22,7 @@ import copy
 import functools
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -42,6 +43,7 @@ from kubernetes_validate.utils import all_versions, latest_version
 
 import exporter
 from alerts.generate import CHART_COPY, generate
+from exporter.core.exact import MAX_EXACT_WHOLE
 from exporter.service.allowlist import AllowlistError, parse_allowlist
 from exporter.service.fleet import parse_gpu_params
 from exporter.service.settings import DEFAULT_PORT, Settings, load_settings
@@ -2177,6 +2179,25 @@ def test_poll_check_uses_the_exporter_defaults(helm: Path) -> None:
     render_error(helm, sets=(model, f"--set exporter.settings.poll_timeout_seconds={interval + 1}"))
 
 
+@pytest.mark.e2e
+def test_context_window_check_uses_the_exporter_default(helm: Path) -> None:
+    """A longest context window shorter than the window fails the render, not the sidecar.
+
+    The exporter refuses to start so (its default window, 600 s, counts when only the longest
+    is given): ``helm install`` would succeed and the sidecar crash-loop.
+    """
+    window = Settings.model_fields["context_window_seconds"].default
+    model = "--set vllm.model=m"
+    longest = "--set exporter.settings.context_max_window_seconds"
+    render(helm, sets=(model, f"{longest}={window:g}"))
+    render(
+        helm, sets=(model, f"{longest}=300", "--set exporter.settings.context_window_seconds=300")
+    )
+    assert "must not be shorter than context_window_seconds (600)" in render_error(
+        helm, sets=(model, f"{longest}=300")
+    )
+
+
 @pytest.fixture(scope="module")
 def notes_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the chart that renders NOTES.txt into a ConfigMap (helm template skips it)."""
@@ -2465,3 +2486,110 @@ def test_every_object_name_is_one_kubernetes_takes(
         assert label.fullmatch(name), (manifest["kind"], name)
     services = [m["metadata"]["name"] for m in manifests if m["kind"] == "Service"]
     assert base in services
+
+
+def _setting_bounds(name: str) -> tuple[float, float]:
+    """(lowest, highest) the exporter takes for a number setting; 2**53 where it has no top."""
+    low, high = -math.inf, float(MAX_EXACT_WHOLE)
+    for rule in Settings.model_fields[name].metadata:
+        low = max(low, getattr(rule, "ge", -math.inf), getattr(rule, "gt", -math.inf))
+        high = min(high, getattr(rule, "le", math.inf), getattr(rule, "lt", math.inf))
+    return low, high
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        name
+        for name, node in json.loads((CHART / "values.schema.json").read_text())["properties"][
+            "exporter"
+        ]["properties"]["settings"]["properties"].items()
+        if {"number", "integer"}
+        & set(node["type"] if isinstance(node["type"], list) else [node["type"]])
+    ),
+)
+def test_a_number_setting_the_schema_takes_is_one_the_exporter_starts_with(name: str) -> None:
+    """exporter.settings' numbers are bounded as the exporter bounds them at start-up.
+
+    Otherwise ``helm install`` succeeds and the sidecar refuses to start (a tensor_parallel_size
+    of 2048, a max_response_bytes of 2 GiB). Where the exporter has no top, the schema stops at
+    2**53: Helm holds numbers as float64, so a larger whole number is not the one given (and
+    past 2**63 it renders as -9223372036854775808).
+    """
+    node = json.loads((CHART / "values.schema.json").read_text())["properties"]["exporter"][
+        "properties"
+    ]["settings"]["properties"][name]
+    low, high = _setting_bounds(name)
+    schema_low = node.get("minimum", node.get("exclusiveMinimum", -math.inf))
+    assert schema_low >= low, (name, schema_low, low)
+    assert node.get("maximum", math.inf) <= high, (name, node.get("maximum"), high)
+
+
+def _string_settings() -> list[str]:
+    """exporter.settings' numbers that may also be strings (``--set`` gives 0.5 as "0.5")."""
+    nodes = json.loads((CHART / "values.schema.json").read_text())["properties"]["exporter"][
+        "properties"
+    ]["settings"]["properties"]
+    return sorted(
+        name for name, node in nodes.items() if "string" in node["type"] and "minimum" in node
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", _string_settings())
+def test_a_number_setting_given_as_text_is_bounded_as_a_number(helm: Path, name: str) -> None:
+    """A value --set gives as text ("0.04") is held to the same range as the number 0.04.
+
+    The schema's minimum and maximum apply to numbers only: without the render's own check,
+    ``--set exporter.settings.poll_interval_seconds=0.04`` installed a sidecar that refused to
+    start.
+    """
+    low, high = _setting_bounds(name)
+    sets = ("--set vllm.model=m", *_BESIDE.get(name, ()))
+    for value in (low, high):
+        render(helm, sets=(*sets, f"--set exporter.settings.{name}={value:g}"))
+    # text with a fraction: --set keeps it a string (a whole number it makes an integer)
+    for text in ([f"{low * 0.8:g}"] if low > 0 else []) + [f"{high:g}.5"]:
+        error = render_error(helm, sets=(*sets, f"--set exporter.settings.{name}={text}"))
+        assert f"exporter.settings.{name} ({text})" in error
+
+
+#: What the settings tried as text need beside them to be taken at both ends of their range
+#: (the poll timeout within the interval, the longest context window at least the window).
+_BESIDE: dict[str, tuple[str, ...]] = {
+    "poll_interval_seconds": ("--set exporter.settings.poll_timeout_seconds=0.01",),
+    "poll_timeout_seconds": ("--set exporter.settings.poll_interval_seconds=86400",),
+    "context_max_window_seconds": ("--set exporter.settings.context_window_seconds=0.1",),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("memory", "taken"),
+    [
+        ("32Mi", True),
+        ("33554432", True),
+        ("256Mi", True),
+        ("0.5Gi", True),
+        ("31Mi", False),
+        ("33554431", False),
+        ("32M", False),  # 32,000,000 bytes: under 32 MiB
+        ("0.03Gi", False),
+    ],
+)
+def test_an_exporter_memory_limit_under_the_exporters_least_fails_the_render(
+    helm: Path, memory: str, taken: bool
+) -> None:
+    """The sidecar reads its memory limit and refuses one under 32 MiB at start-up.
+
+    So does the render: ``helm install`` with ``exporter.resources.limits.memory=16Mi``
+    succeeded and the sidecar then crash-looped on memory_limit_bytes.
+    """
+    least = _setting_bounds("memory_limit_bytes")[0]
+    assert least == 32 * 1024 * 1024
+    sets = ("--set vllm.model=m", f"--set-string exporter.resources.limits.memory={memory}")
+    if taken:
+        render(helm, sets=sets)
+    else:
+        error = render_error(helm, sets=sets)
+        assert f"exporter.resources.limits.memory ({memory}) is under 32Mi" in error

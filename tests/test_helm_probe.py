@@ -522,6 +522,10 @@ BAD_VALUES = [
     (("--set probe.report.format=pdf",), "probe.report.format"),
     (("--set probe.resources.limits=null",), "probe.resources"),
     (("--set probe.stepSeconds=0",), "probe.stepSeconds"),
+    # past 2**63 Helm renders a whole float as -9223372036854775808: a negative deadline, a
+    # level the probe refuses; past 2**53 it is not the number given
+    (("--set-json probe.waitForVllmSeconds=1e20",), "probe.waitForVllmSeconds"),
+    (("--set-json probe.levels=[1e20]",), "probe.levels"),
 ]
 
 

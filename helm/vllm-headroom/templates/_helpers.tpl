@@ -301,10 +301,39 @@ line naming the value and the fix.
 {{- fail (printf "gpu.uuids entry %q is not a GPU UUID: use the GPU-... or MIG-... form nvidia-smi -L prints" .) -}}
 {{- end -}}
 {{- end -}}
+{{- $memory := include "vllm-headroom.quantityBytes" $v.exporter.resources.limits.memory -}}
+{{- if and $memory (lt (int64 $memory) 33554432) -}}
+{{- fail (printf "exporter.resources.limits.memory (%s) is under 32Mi: the exporter reads its limit and refuses to start with less; give it 32Mi or more (256Mi by default)" (include "vllm-headroom.settingValue" $v.exporter.resources.limits.memory)) -}}
+{{- end -}}
+{{- /* The schema bounds these as numbers only; --set gives 0.5 as the text "0.5". */ -}}
+{{- $textBounds := dict
+  "poll_interval_seconds" (list 0.05 86400.0)
+  "poll_timeout_seconds" (list 0.01 86400.0)
+  "context_window_seconds" (list 0.1 86400.0)
+  "context_max_window_seconds" (list 0.1 86400.0)
+  "rate_window_seconds" (list 0.1 86400.0)
+  "context_refresh_seconds" (list 0.0 86400.0)
+  "probe_target_ttl_seconds" (list 0.1 86400.0)
+-}}
+{{- range $name, $bounds := $textBounds -}}
+{{- $given := index $v.exporter.settings $name -}}
+{{- if kindIs "string" $given -}}
+{{- if or (lt (float64 $given) (index $bounds 0)) (gt (float64 $given) (index $bounds 1)) -}}
+{{- fail (printf "exporter.settings.%s (%s) is not from %v to %v seconds: the exporter refuses to start so" $name $given (index $bounds 0) (index $bounds 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $interval := $v.exporter.settings.poll_interval_seconds | default 5.0 | float64 -}}
 {{- $timeout := $v.exporter.settings.poll_timeout_seconds | default 3.0 | float64 -}}
 {{- if gt $timeout $interval -}}
 {{- fail (printf "exporter.settings.poll_timeout_seconds (%v) must not exceed poll_interval_seconds (%v): the exporter refuses to start so; lower the timeout or raise the interval" $timeout $interval) -}}
+{{- end -}}
+{{- if hasKey $v.exporter.settings "context_max_window_seconds" -}}
+{{- $window := $v.exporter.settings.context_window_seconds | default 600.0 | float64 -}}
+{{- $longest := $v.exporter.settings.context_max_window_seconds | float64 -}}
+{{- if lt $longest $window -}}
+{{- fail (printf "exporter.settings.context_max_window_seconds (%v) must not be shorter than context_window_seconds (%v): the exporter refuses to start so; raise it, or set context_min_requests to 0 to keep the window fixed" $longest $window) -}}
+{{- end -}}
 {{- end -}}
 {{- if eq $v.shape "fleet" -}}
 {{- if not $v.fleet.allowlist -}}
@@ -468,6 +497,22 @@ the random one at 58 characters: a long name loses the hash's end and its dash, 
 {{- end -}}
 
 {{/* A setting value as an environment variable's string: maps and lists as JSON. */}}
+{{/*
+A Kubernetes memory quantity in bytes (256Mi, 0.5Gi, 32M, 268435456), or "" for a form this does
+not read (an exponent, milli-bytes): those are left to the API server.
+*/}}
+{{- define "vllm-headroom.quantityBytes" -}}
+{{- $text := include "vllm-headroom.settingValue" . -}}
+{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
+{{- $form := "^([0-9]+(\\.[0-9]+)?)([A-Za-z]*)$" -}}
+{{- if regexMatch $form $text -}}
+{{- $unit := regexReplaceAll $form $text "${3}" -}}
+{{- if hasKey $units $unit -}}
+{{- mulf (float64 (regexReplaceAll $form $text "${1}")) (index $units $unit) | floor | int64 -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "vllm-headroom.settingValue" -}}
 {{- if or (kindIs "map" .) (kindIs "slice" .) -}}
 {{- toJson . -}}
