@@ -46,6 +46,17 @@ def quoted(text: str) -> str:
     return f"{text[:SHOWN_CHARS]!r} (the first {SHOWN_CHARS} of {len(text):,} characters)"
 
 
+def shown(value: object) -> str:
+    """A value built without the parser, as a refusal shows it: :func:`quoted`, or an int by size.
+
+    ``str()`` of an int past 4,300 digits raises ValueError; past :data:`LONGEST_TEXT` digits
+    none would be shown anyway.
+    """
+    if isinstance(value, int) and value.bit_length() > 4 * LONGEST_TEXT:
+        return f"an integer of {value.bit_length():,} bits"
+    return quoted(str(value))
+
+
 def figure(value: float) -> str:
     """A bound as a message writes it: ``86,400``, ``0.05``, ``2**53``."""
     if abs(value) == MAX_EXACT_WHOLE:

@@ -443,6 +443,20 @@ def _check_fits(result: SizingResult) -> None:
             f"sampler warm-up alone take {overhead.activation_bytes / GIB:,.2f} GiB of the "
             f"{result.usable_bytes / GIB:,.2f} GiB usable; lower --max-num-seqs"
         )
+    exact = result.kv_budget_source == "kv-cache-memory-bytes"
+    if exact or result.kv_budget_bytes > 0:
+        # The weights and overhead fit (or are not subtracted): the budget holds under 2 blocks.
+        fix = (
+            "raise --kv-cache-memory-bytes"
+            if exact
+            else "lower --block-size, or leave the KV cache more memory (--gpu-util, --tp)"
+        )
+        raise UsageError(
+            f"{result.model} has no room to serve: its KV budget of "
+            f"{max(result.kv_budget_bytes, 0):,} bytes holds {result.kv_blocks} block(s) of "
+            f"{result.block_size:,} tokens ({result.block_bytes:,} bytes each), and vLLM needs "
+            f"at least 2 (one is its null block); {fix}"
+        )
     raise UsageError(
         f"{result.model} does not fit: weights {result.weights_bytes / GIB:.2f} GiB + "
         + (f"LoRA {result.lora_bytes / GIB:.2f} GiB + " if result.lora is not None else "")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from exporter.boundedread import FileReadError, read_bounded
-from exporter.cli.numbers import SEED, Bounded, quoted, whole
+from exporter.cli.numbers import SEED, Bounded, shown, whole
 from exporter.core.ceiling import RunningLimit
 from exporter.core.derive import Sample, WindowSettings, derive_target
 from exporter.core.reasons import MaxNumSeqsSource
@@ -360,7 +360,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     for name, bounded in (FLOAT_FLAGS | WHOLE_FLAGS).items():
         value = getattr(args, name)
         if value is not None and not (isinstance(value, float | int) and bounded.accepts(value)):
-            raise UsageError(bounded.refusal(f"{_flag(name)} {quoted(str(value))}"))
+            raise UsageError(bounded.refusal(f"{_flag(name)} {shown(value)}"))
     lengths_given = args.prompt_tokens is not None or args.lengths is not None
     source = args.shape_from or args.target
     if args.shape_window > 0 and (lengths_given or not source.startswith(("http://", "https://"))):

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from exporter.cli.main import main
-from exporter.cli.numbers import NO_CAP, SEED, Bounded, figure, positive, quoted, whole
+from exporter.cli.numbers import NO_CAP, SEED, Bounded, figure, positive, quoted, shown, whole
 from exporter.core.exact import MAX_EXACT_WHOLE
 
 #: A wait: above 0 (0 is no wait at all), at most a day.
@@ -198,6 +198,14 @@ def test_quoting_keeps_40_characters() -> None:
     """40 characters are quoted whole; past them the rest is counted."""
     assert quoted("x" * 40) == repr("x" * 40)
     assert quoted("x" * 45) == f"{'x' * 40!r} (the first 40 of 45 characters)"
+
+
+def test_a_value_built_without_the_parser_is_shown_as_text_is() -> None:
+    """Quoted as text is; an int too long for str() (4,300 digits) by its size, never a raise."""
+    assert shown(float("nan")) == "'nan'"
+    assert shown("x" * 50) == quoted("x" * 50)
+    assert shown(2**53 + 1) == "'9007199254740993'"
+    assert shown(10**5000) == "an integer of 16,610 bits"
 
 
 def test_refusal_names_what_it_is_given() -> None:

@@ -298,6 +298,30 @@ def test_the_counts_that_may_be_0_take_0_and_refuse_less(
     assert " from 0 to 2**53; give e.g. " in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "fix"),
+    [
+        (("--kv-cache-memory-bytes=0",), "raise --kv-cache-memory-bytes"),
+        (("--kv-cache-memory-bytes=8000",), "raise --kv-cache-memory-bytes"),
+        (("--block-size=100000000",), "lower --block-size"),
+    ],
+)
+def test_a_kv_budget_of_under_two_blocks_is_named_not_blamed_on_the_weights(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], fix: str
+) -> None:
+    """Where the weights and overhead fit but the KV budget holds under 2 blocks, plan says so.
+
+    vLLM keeps one block as its null block and needs another to serve anything. The weights
+    and overhead are not what failed: "0.00 GiB + overhead 0.00 GiB exceed 72.85 GiB" is false.
+    """
+    assert main(["plan", "--model", "tiny-llama-2l", "--gpu", "H100", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "exceed" not in err
+    assert "vLLM needs at least 2 (one is its null block)" in err
+    assert fix in err
+
+
 def test_the_largest_count_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
     """2**53 itself is in range (the sizing may then refuse it, in its own words)."""
     args = build_parser().parse_args(["plan", "--layers", str(2**53), "--tp", "1_000"])

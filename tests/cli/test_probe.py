@@ -484,6 +484,23 @@ def test_a_float_flag_set_past_the_parser_is_refused_too(name: str) -> None:
         probe.run(args)
 
 
+@pytest.mark.parametrize("name", list(probe.WHOLE_FLAGS))
+def test_a_whole_flag_set_past_the_parser_to_a_huge_number_is_refused_in_one_line(
+    name: str,
+) -> None:
+    """A 5,000-digit int in the namespace is refused as any other, never a ValueError.
+
+    ``str()`` of an int past 4,300 digits raises: the refusal names its size instead.
+    """
+    args = build_parser().parse_args(
+        ["probe", "--target", "http://127.0.0.1:9", "--prompt-tokens", "1", "--output-tokens", "1"]
+    )
+    setattr(args, name, 10**5000)
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(UsageError, match=f"^{flag} an integer of 16,610 bits is not a whole"):
+        probe.run(args)
+
+
 def _bad_whole_values(bounded: Bounded) -> list[str]:
     """Every kind of bad value for one whole-number flag: a fraction, a float, past each end."""
     values = ["1.5", "1e3", "0x10", "nan", "many", "", str(int(bounded.high) + 1)]

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from exporter.cli.numbers import quoted
 from exporter.errors import UsageError
 from exporter.sweep.plan import (
     FALLBACK_CONCURRENCY,
@@ -38,6 +39,25 @@ def test_bad_levels_are_one_line_with_an_example(text: str, mode: Mode) -> None:
     with pytest.raises(UsageError, match=r"e\.g\. 1,2,4") as caught:
         parse_levels(text, mode)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\uff15", "1,\u0663", "\U0001d7d3", "\uff11e\uff13"],
+)
+def test_levels_are_ascii_numbers_as_every_other_number_flag(text: str) -> None:
+    """Digits of other scripts, which float() reads, are refused as the number flags refuse them."""
+    with pytest.raises(UsageError, match=r"e\.g\. 1,2,4"):
+        parse_levels(text, Mode.RATE)
+
+
+def test_a_bad_level_is_quoted_in_40_characters() -> None:
+    """A long bad level is cut as the number flags cut theirs: the line stays one screen wide."""
+    with pytest.raises(UsageError) as caught:
+        parse_levels("1," + "x" * 5000, Mode.RATE)
+    assert f"--levels has {quoted('x' * 5000)};" in str(caught.value)
+    assert f"'{'x' * 40}' (the first 40 of 5,000 characters)" in str(caught.value)
+    assert len(str(caught.value)) < 200
 
 
 def test_concurrency_levels_span_a_quarter_to_twice_the_ceiling() -> None:
