@@ -119,7 +119,6 @@ class DemoTally:
     max_waiting: float = 0.0
     #: Limits that bound the p95 ceiling, in the order seen (each change of limit).
     limits: list[str] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +219,6 @@ async def _report(
             line = status_line(
                 simulated_s, speed, status, phase=None if phase is None else phase.name
             )
-            tally.lines.append(line)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
             tally.max_preemptions_per_second = max(

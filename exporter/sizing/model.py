@@ -1172,6 +1172,12 @@ def _validate(arch: ModelArch, deployment: Deployment) -> None:
         raise UsageError(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
     if pp > arch.num_layers:
         raise UsageError(f"--pp {pp} exceeds the model's {arch.num_layers} layers")
+    heads = arch.num_attention_heads
+    if heads % tp:
+        raise UsageError(
+            f"--tp {tp} does not divide the model's {heads} attention heads; vLLM refuses this "
+            "(verify_with_parallel_config): pick a TP that divides them"
+        )
     kv = arch.num_kv_heads
     if arch.mla is None and (tp % kv if tp > kv else kv % tp):
         raise UsageError(

@@ -113,7 +113,8 @@ def test_explicit_shape_and_model_directory(capsys: pytest.CaptureFixture[str]) 
         (["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--kv-lora-rank", "512"], "MLA"),
         (["plan", "--layers", "32", "--gpu", "H100"], "missing --kv-heads"),
         (["plan", "--model", "llama-3.1-8b"], "--gpu"),
-        (["plan", "--model", "qwen2.5-7b", "--gpu", "H100", "--tp", "3"], "do not divide"),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "H100", "--tp", "3"], "does not divide"),
+        (["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "64"], "32 attention heads"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

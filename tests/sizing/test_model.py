@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -196,8 +197,16 @@ def test_utilization_outside_range_is_refused() -> None:
 
 def test_tp_that_does_not_divide_kv_heads_is_refused() -> None:
     """vLLM refuses a TP that neither divides the KV heads nor is a multiple of them."""
-    with pytest.raises(UsageError, match="do not divide"):
-        sized(arch("qwen2.5-7b-instruct"), replace(LLAMA, tensor_parallel=3))
+    heads_divide = replace(arch("qwen2.5-7b-instruct"), num_attention_heads=84)  # 4 KV heads
+    with pytest.raises(UsageError, match="KV heads do not divide"):
+        sized(heads_divide, replace(LLAMA, tensor_parallel=3))
+
+
+@pytest.mark.parametrize("tp", [3, 64, 2**53])
+def test_tp_that_does_not_divide_the_attention_heads_is_refused(tp: int) -> None:
+    """vLLM refuses a TP that does not divide the attention heads (Qwen2.5 7B: 28), KV aside."""
+    with pytest.raises(UsageError, match="does not divide the model's 28 attention heads"):
+        sized(arch("qwen2.5-7b-instruct"), replace(LLAMA, tensor_parallel=tp))
 
 
 def test_declined_model_says_why() -> None:
@@ -273,6 +282,8 @@ def test_tp_beyond_kv_heads_stops_shrinking(model: ModelArch, tp: int) -> None:
     """Once TP reaches the KV heads, doubling it no longer shrinks bytes per token."""
     if tp < model.num_kv_heads or tp % model.num_kv_heads:
         return
+    # As many query heads as both TPs divide (vLLM refuses a TP that does not divide them).
+    model = replace(model, num_attention_heads=math.lcm(model.num_attention_heads, 2 * tp))
     one = sized(model, replace(PROP, tensor_parallel=tp))
     two = sized(model, replace(PROP, tensor_parallel=tp * 2))
     assert one.bytes_per_token == two.bytes_per_token == 2 * model.num_layers * model.head_dim * 2
