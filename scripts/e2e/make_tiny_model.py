@@ -8,7 +8,9 @@ Run it with the vLLM venv's python (it needs torch, transformers and tokenizers)
 
 It prints the model directory on stdout (progress goes to stderr). A directory holds
 ``config.json``, ``model.safetensors`` (random weights, bf16) and the tokenizer files
-(``tokenizer.json`` and friends, a byte-level BPE trained here with ``tokenizers``).
+(``tokenizer.json`` and friends, a byte-level BPE trained here with ``tokenizers``);
+``nemotron-nas`` also ``configuration_decilm.py``, the stand-in for its checkpoints' remote code
+(serve it with ``--trust-remote-code``).
 
 Deterministic: the same preset, overrides and seed give byte-identical weights and tokenizer, and
 the directory's name carries a hash of exactly those inputs. Built models are cached under
@@ -56,6 +58,64 @@ _SHAPE: dict[str, Any] = {
     "eos_token_id": EOS_ID,
     "pad_token_id": UNK_ID,
 }
+
+#: Gemma 3n / Gemma 4 presets: 4 sliding + 1 full, twice (the last layer must be full).
+_GEMMA_LAYER_TYPES = (["sliding_attention"] * 4 + ["full_attention"]) * 2
+#: Shared by the Gemma 4 presets; they differ in the full layers' head_dim.
+_GEMMA4: dict[str, Any] = {
+    "num_hidden_layers": 10,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "head_dim": 32,
+    "sliding_window": 64,
+    "layer_types": _GEMMA_LAYER_TYPES,
+    "num_kv_shared_layers": 4,
+    "hidden_size_per_layer_input": 8,
+    "vocab_size_per_layer_input": VOCAB_SIZE,
+    "tie_word_embeddings": True,
+}
+
+#: Stands for the configuration class of the Nemotron-NAS checkpoints' remote code.
+_DECILM_CLASS = "DeciLMConfig"
+#: The remote code's stand-in, written next to config.json: a LlamaConfig whose block_configs
+#: read as attributes (vLLM's DeciLM model reads ``block.attention.no_op``).
+_DECILM_CONFIG_MODULE = '''\
+"""A minimal DeciLM (Nemotron-NAS) configuration: stand-in for the remote code."""
+
+from transformers import LlamaConfig
+
+
+class _Section(dict):
+    """A block_configs entry that also reads as attributes (block.attention.no_op)."""
+
+    def __getattr__(self, name):
+        try:
+            value = self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return _Section(value) if isinstance(value, dict) else value
+
+
+class DeciLMConfig(LlamaConfig):
+    model_type = "nemotron-nas"
+
+    def __init__(self, block_configs=None, **kwargs):
+        self.block_configs = [_Section(block) for block in block_configs or []]
+        super().__init__(**kwargs)
+'''
+
+
+def _decilm_block(n_heads_in_group: int | None) -> dict[str, Any]:
+    """One DeciLM block: attention with that grouping, or a no-op attention when None."""
+    return {
+        "attention": {
+            "n_heads_in_group": n_heads_in_group,
+            "no_op": n_heads_in_group is None,
+            "replace_with_linear": False,
+        },
+        "ffn": {"ffn_mult": 1.5, "no_op": False, "replace_with_linear": False},
+    }
+
 
 #: preset name -> (transformers config class, keyword arguments, one line saying what it is).
 PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -214,6 +274,51 @@ PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
         },
         "Nemotron-H-like: Mamba2 layer + attention layer (pattern M*)",
     ),
+    # KV sharing and per-layer KV shapes. Gemma 3n and Gemma 4 cost 2 KV heads x 32 x 2 bytes x 2
+    # (K and V) = 256 B per token and sliding layer; 10 layers (4 sliding + 1 full, twice), of
+    # which the last ones read earlier layers' KV and own none.
+    "gemma3n": (
+        "Gemma3nTextConfig",
+        {
+            "num_hidden_layers": 10,
+            "hidden_size": 64,
+            "intermediate_size": [128] * 10,
+            "head_dim": 32,
+            "sliding_window": 64,
+            "layer_types": _GEMMA_LAYER_TYPES,
+            "num_kv_shared_layers": 5,
+            "activation_sparsity_pattern": [0.0] * 10,  # the default is for 35 layers
+            "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": VOCAB_SIZE,
+            "laurel_rank": 4,
+            "tie_word_embeddings": True,
+        },
+        "Gemma-3n-like text model: 10 layers, window 64, the last 5 sharing earlier layers' KV",
+    ),
+    "gemma4": (
+        "Gemma4TextConfig",
+        {**_GEMMA4, "global_head_dim": 64},
+        "Gemma-4-like text model: head_dim 64 on the full layers (pages twice the sliding ones)",
+    ),
+    "gemma4-padded": (
+        "Gemma4TextConfig",
+        {**_GEMMA4, "global_head_dim": 48},
+        "Gemma-4-like text model: head_dim 48 on the full layers (pages 1.5x: padded)",
+    ),
+    # No transformers class: config.json names a local DeciLMConfig (auto_map), served with
+    # --trust-remote-code, and the weights are written from vLLM's DeciLM parameter names.
+    "nemotron-nas": (
+        _DECILM_CLASS,
+        {
+            "num_attention_heads": 8,
+            "num_key_value_heads": None,  # as the real checkpoints: per block n_heads_in_group
+            "num_hidden_layers": 8,
+            "head_dim": None,
+            "intermediate_size": None,
+            "block_configs": [_decilm_block(group) for group in (2, None, 2, 2, None, None, 2, 2)],
+        },
+        "Nemotron-NAS-like (DeciLM): 8 blocks, 5 attending (4 KV heads x 32), 3 no-op",
+    ),
 }
 
 
@@ -295,6 +400,9 @@ def build_model(inputs: dict[str, Any], out: Path) -> None:
     import torch  # noqa: PLC0415 - see build_tokenizer
     import transformers  # noqa: PLC0415
 
+    if inputs["class"] == _DECILM_CLASS:
+        build_decilm(inputs, out)
+        return
     config_class = getattr(transformers, inputs["class"])
     config = config_class(**inputs["config"])
     torch.manual_seed(inputs["seed"])
@@ -302,6 +410,65 @@ def build_model(inputs: dict[str, Any], out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     build_tokenizer(out)
     # What built it, for whoever finds the directory later.
+    (out / "headroom-tiny-model.json").write_text(json.dumps(inputs, indent=2, sort_keys=True))
+
+
+def build_decilm(inputs: dict[str, Any], out: Path) -> None:
+    """A Nemotron-NAS (DeciLM) model: no transformers class, so config and weights by hand.
+
+    config.json names :data:`_DECILM_CONFIG_MODULE`, written beside it, in ``auto_map`` (vLLM
+    and transformers load it with ``trust_remote_code``); fields left None (``head_dim``,
+    ``intermediate_size``: the blocks say) are left out, except ``num_key_value_heads``, null as in
+    the real checkpoints. The weights carry the Llama names vLLM's DeciLM model loads: no
+    attention weights in a no-op attention block.
+    """
+    import torch  # noqa: PLC0415 - see build_tokenizer
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    config = {
+        key: value
+        for key, value in inputs["config"].items()
+        if value is not None or key == "num_key_value_heads"
+    }
+    config.update(
+        architectures=["DeciLMForCausalLM"],
+        model_type="nemotron-nas",
+        auto_map={"AutoConfig": "configuration_decilm.DeciLMConfig"},
+        torch_dtype="bfloat16",
+    )
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = hidden // heads
+    torch.manual_seed(inputs["seed"])
+
+    def weight(*shape: int) -> Any:
+        return (torch.randn(*shape) * config["initializer_range"]).to(torch.bfloat16)
+
+    def norm() -> Any:
+        return torch.ones(hidden, dtype=torch.bfloat16)
+
+    tensors = {"model.embed_tokens.weight": weight(config["vocab_size"], hidden)}
+    for index, block in enumerate(config["block_configs"]):
+        prefix = f"model.layers.{index}"
+        attention = block["attention"]
+        if not attention["no_op"]:
+            kv = heads // attention["n_heads_in_group"] * head_dim
+            tensors[f"{prefix}.input_layernorm.weight"] = norm()
+            tensors[f"{prefix}.self_attn.q_proj.weight"] = weight(heads * head_dim, hidden)
+            tensors[f"{prefix}.self_attn.k_proj.weight"] = weight(kv, hidden)
+            tensors[f"{prefix}.self_attn.v_proj.weight"] = weight(kv, hidden)
+            tensors[f"{prefix}.self_attn.o_proj.weight"] = weight(hidden, heads * head_dim)
+        # vLLM's DeciLM rule: 2/3 of ffn_mult x hidden, rounded up to a multiple of 256.
+        intermediate = -(-int(2 * block["ffn"]["ffn_mult"] * hidden / 3) // 256) * 256
+        tensors[f"{prefix}.post_attention_layernorm.weight"] = norm()
+        tensors[f"{prefix}.mlp.gate_proj.weight"] = weight(intermediate, hidden)
+        tensors[f"{prefix}.mlp.up_proj.weight"] = weight(intermediate, hidden)
+        tensors[f"{prefix}.mlp.down_proj.weight"] = weight(hidden, intermediate)
+    tensors["model.norm.weight"] = norm()
+    tensors["lm_head.weight"] = weight(config["vocab_size"], hidden)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "configuration_decilm.py").write_text(_DECILM_CONFIG_MODULE)
+    build_tokenizer(out)
     (out / "headroom-tiny-model.json").write_text(json.dumps(inputs, indent=2, sort_keys=True))
 
 
@@ -367,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, (class_name, _, what) in PRESETS.items():
-            print(f"{name:12} {class_name:17} {what}")
+            print(f"{name:13} {class_name:17} {what}")
         return 0
     root = args.cache if args.cache is not None else cache_root() / "models"
     print(ensure_model(args.arch, dict(args.overrides), args.seed, root))

@@ -126,6 +126,28 @@ SURVEY = (
     SurveyCase("falcon-h1", "falcon-h1", why="attention and Mamba2 in every layer"),
     SurveyCase("lfm2", "lfm2", why="short conv: a 1 KiB state padded to the attention page"),
     SurveyCase("nemotron-h", "nemotron-h", why="Mamba2 + attention, fp32 SSM from config.json"),
+    SurveyCase(
+        "gemma3n",
+        "gemma3n",
+        why="KV sharing: the last 5 of 10 layers read earlier layers' KV (window 64)",
+    ),
+    SurveyCase(
+        "nemotron-nas",
+        "nemotron-nas",
+        # The checkpoints' config class is remote code (here a local stand-in beside config.json).
+        extra_args=("--trust-remote-code",),
+        why="DeciLM blocks: 3 of 8 no-op attention, 4 KV heads from n_heads_in_group",
+    ),
+    SurveyCase(
+        "gemma4",
+        "gemma4",
+        why="per-layer head_dim: full pages twice the sliding ones (raised blocks), KV sharing",
+    ),
+    SurveyCase(
+        "gemma4-padded",
+        "gemma4-padded",
+        why="per-layer head_dim 48 / 32: pages that do not divide, padded; KV sharing",
+    ),
 )
 
 #: Hybrids: the labels that say how vLLM keeps their state (the API server's copy, see

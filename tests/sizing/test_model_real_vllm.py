@@ -4,8 +4,9 @@
 vLLM arguments and the ``cache_config_info`` vLLM reported, all with ``--kv-cache-memory-bytes``
 4 MiB (recorded by ``scripts/e2e/record_vllm_fixtures.py``). The model must reproduce vLLM's
 blocks, block size, ``kv_cache_size_tokens`` and max concurrency exactly, sliding-window,
-Gemma-2 hybrid, MLA and state-space hybrids (Mamba2, gated delta net, short conv) included, and
-refuse what vLLM refused.
+Gemma-2 hybrid, MLA, state-space hybrids (Mamba2, gated delta net, short conv), KV sharing
+(Gemma 3n, Gemma 4), per-layer KV shapes (Gemma 4's raised and padded pages, Nemotron-NAS's no-op
+blocks) included, and refuse what vLLM refused.
 """
 
 from __future__ import annotations
