@@ -257,9 +257,10 @@ def _compressed_tensors_format(quant: Mapping[str, Any]) -> str:
                 f"field 'quantization_config.config_groups.{name}.weights.num_bits' is null, "
                 "not a bit width; fix it in config.json"
             )
+        floats = str(weights.get("type", "int")) == "float"
         if bits == 4:
-            return "w4a16"
-        return "fp8" if str(weights.get("type", "int")) == "float" else "w8a8"
+            return "nvfp4" if floats else "w4a16"
+        return "fp8" if floats else "w8a8"
     return "w8a8"
 
 

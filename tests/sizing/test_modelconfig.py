@@ -668,6 +668,9 @@ def _compressed(weights: object) -> dict[str, object]:
         # compressed-tensors' QuantizationArgs (pydantic) reads "4" as 4 and defaults to 8 bits.
         ({"num_bits": "4", "type": "int"}, "w4a16"),
         ({"type": "float"}, "fp8"),
+        # NVFP4 (llm-compressor's scheme): 4-bit floats with an FP8 scale per 16 weights, not
+        # w4a16's integers with a 16-bit scale per 128 (which read 8 % fewer weight bytes).
+        ({"num_bits": 4, "type": "float", "group_size": 16}, "nvfp4"),
     ],
 )
 def test_compressed_tensors_width_as_its_quantization_args_read_it(
