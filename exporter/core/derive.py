@@ -1225,7 +1225,8 @@ def derive_engine(
         ),
         kv_usable_tokens=kv.usable,
         kv_used_tokens=kv.used,
-        kv_free_tokens=kv.free,
+        # Asleep, the cache is discarded (levels 1, 2) or takes nothing (0): none is free.
+        kv_free_tokens=0.0 if asleep and kv.free is not None else kv.free,
         kv_usage_ratio=engine.kv_cache_usage_ratio,
         context=context,
         p95_ceiling_sequences=ceiling_figure.sequences if ceiling_figure and has_context else None,

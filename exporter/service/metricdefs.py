@@ -189,9 +189,10 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef(
         "headroom_kv_free_tokens",
         Kind.GAUGE,
-        "KV-cache tokens free for new or growing requests (evictable prefix cache counts as free).",
+        "KV-cache tokens free for new or growing requests (evictable prefix cache counts as free;"
+        " 0 while the engine sleeps).",
         ENGINE,
-        source="usable - used tokens",
+        source="usable - used tokens; 0 asleep",
         row=Row.ENGINE,
         field="kv_free_tokens",
         check_key="kv_tokens_free",

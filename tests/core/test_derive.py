@@ -505,12 +505,17 @@ def test_a_sleeping_engine_has_no_ceiling_and_no_headroom() -> None:
     assert e.p95_ceiling_sequences == 0.0
     assert e.p95_available_sequences == 0.0
     assert e.p95_ceiling_limit == Limit.ENGINE_ASLEEP
+    assert e.kv_free_tokens == 0.0  # the pool is configured (usable), but nothing is free
+    assert e.kv_usable_tokens is not None
+    assert e.kv_usable_tokens > 0
     awake = replace(
         asleep, sleep_state={"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
     )
     (e,) = derive_target([Sample(0.0, snap(awake))], windows=WINDOWS).engines
     assert e.engine_asleep == 0.0
     assert e.p95_ceiling_limit == Limit.KV_CACHE
+    assert e.kv_free_tokens is not None
+    assert e.kv_free_tokens > 0
 
 
 def test_sleep_state_absent_before_0_12_means_unknown_not_asleep() -> None:
