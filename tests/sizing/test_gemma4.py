@@ -50,6 +50,7 @@ from exporter.sizing.model import Declined, Deployment, SizingResult, size_deplo
 from exporter.sizing.modelconfig import load_model_arch, parse_model_config
 from exporter.vllm.version import VllmVersion
 from tests import paths
+from tests.sizing.startups import sized_as_started
 
 CONFIGS = paths.CONFIGS
 DEFAULT = CONFIGS / "gemma4-transformers-default"
@@ -122,18 +123,7 @@ def test_the_model_reproduces_what_vllm_logged(
     fixture: str, groups: tuple[int, ...], blocks: int, tokens: int, concurrency: float
 ) -> None:
     """vLLM 0.32 (CPU) started on these configs with a 1 GiB KV budget (fixtures README)."""
-    result = size_deployment(
-        load_model_arch(CONFIGS / fixture),
-        deployment=Deployment(
-            gpu_memory_bytes=8 * GIB,
-            device="cpu",
-            kv_cache_memory_bytes=GIB,
-            max_model_len=1024,
-            max_num_batched_tokens=1024,
-            vllm_version=V032,
-        ),
-    )
-    assert isinstance(result, SizingResult), result
+    result = sized_as_started(fixture)
     assert _group_blocks(result) == groups  # vLLM's "kv cache group sizes"
     assert result.kv_blocks == blocks  # cache_config.num_gpu_blocks
     assert result.reported_capacity_tokens == tokens

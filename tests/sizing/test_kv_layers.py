@@ -41,8 +41,8 @@ from exporter.errors import ModelConfigError
 from exporter.sizing.lora import LoraSettings
 from exporter.sizing.model import Declined, Deployment, SizingResult, size_deployment
 from exporter.sizing.modelconfig import load_model_arch, parse_model_config
-from exporter.vllm.version import VllmVersion
 from tests import paths
+from tests.sizing.startups import sized_as_started
 
 CONFIGS = paths.CONFIGS
 GEMMA3N = CONFIGS / "gemma3n-transformers-default"
@@ -315,18 +315,7 @@ def test_the_model_reproduces_what_vllm_logged(
     fixture: str, blocks: int, tokens: int, concurrency: float
 ) -> None:
     """vLLM 0.32 (CPU) started on these configs with a 1 GiB KV budget (fixtures README)."""
-    result = size_deployment(
-        load_model_arch(CONFIGS / fixture),
-        deployment=Deployment(
-            gpu_memory_bytes=8 * GIB,
-            device="cpu",
-            kv_cache_memory_bytes=GIB,
-            max_model_len=1024,
-            max_num_batched_tokens=1024,
-            vllm_version=VllmVersion(0, 32, 0),
-        ),
-    )
-    assert isinstance(result, SizingResult), result
+    result = sized_as_started(fixture)
     assert (result.block_size, result.kv_blocks) == (128, blocks)
     assert result.reported_capacity_tokens == tokens
     assert result.max_concurrency == pytest.approx(concurrency)
