@@ -7,6 +7,19 @@ names the problem and the fix. Anything else escaping to the CLI is a bug in vll
 
 from __future__ import annotations
 
+#: Most characters of a refused value a message repeats (the rest is counted, not shown).
+SHOWN_CHARS = 40
+
+
+def quoted(text: str) -> str:
+    """``text`` as a message may quote it: its ``repr``, cut at :data:`SHOWN_CHARS` characters.
+
+    The ``repr`` keeps a newline or an escape sequence from breaking the line or the terminal.
+    """
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r} (the first {SHOWN_CHARS} of {len(text):,} characters)"
+
 
 class HeadroomError(Exception):
     """Base class for every error vllm-headroom raises on purpose."""

@@ -17,7 +17,8 @@ What a value may look like, on purpose:
   refused. A finite number is what ``float()`` reads (``.5``, ``1e-3``), but never NaN nor
   infinite; ``-0.0`` is 0.
 - Text longer than :data:`LONGEST_TEXT` is refused unread (no number in range needs it; a
-  4,300-digit ``int()`` is quadratic), and a refusal shows at most :data:`SHOWN_CHARS` of it.
+  4,300-digit ``int()`` is quadratic), and a refusal shows at most
+  :data:`exporter.errors.SHOWN_CHARS` of it (:func:`exporter.errors.quoted`).
 """
 
 from __future__ import annotations
@@ -27,23 +28,12 @@ import math
 from dataclasses import dataclass
 
 from exporter.core.exact import MAX_EXACT_WHOLE
+from exporter.errors import quoted
 
 #: Longest text read as a number: more than any number in range needs to be written.
 LONGEST_TEXT = 100
-#: Most characters of a refused value a message repeats (the rest is counted, not shown).
-SHOWN_CHARS = 40
 #: The way out of a queue cap's refusal: vLLM has none unless it is given.
 NO_CAP = "leave it out for no cap"
-
-
-def quoted(text: str) -> str:
-    """``text`` as a message may quote it: its ``repr``, cut at :data:`SHOWN_CHARS` characters.
-
-    The ``repr`` keeps a newline or an escape sequence from breaking the line or the terminal.
-    """
-    if len(text) <= SHOWN_CHARS:
-        return repr(text)
-    return f"{text[:SHOWN_CHARS]!r} (the first {SHOWN_CHARS} of {len(text):,} characters)"
 
 
 def shown(value: object) -> str:

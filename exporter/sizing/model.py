@@ -261,7 +261,7 @@ class ModelArch:
         """The attention kind of every layer (all ``full`` when ``layer_kinds`` is empty)."""
         if self.layer_kinds:
             return self.layer_kinds
-        return _all_full(self.num_layers)
+        return all_full(self.num_layers)
 
     @property
     def context_limit(self) -> int | None:
@@ -606,7 +606,8 @@ class SizingResult:
         return found or Ceiling(kv, Limit.KV_CACHE, kv)
 
 
-def _all_full(num_layers: int) -> tuple[LayerKind, ...]:
+def all_full(num_layers: int) -> tuple[LayerKind, ...]:
+    """``num_layers`` full-attention layers' kinds (a model, or a group, with no window)."""
     full: LayerKind = "full"
     return tuple(full for _ in range(num_layers))
 
@@ -708,7 +709,7 @@ def kv_cache_groups(
     }
     # Only the layers that hold KV join a group (a KV-sharing or attention-free layer has no
     # spec: GPUModelRunner.get_kv_cache_spec skips it).
-    kinds = arch.kinds if hybrid_allocator else _all_full(len(arch.kinds))
+    kinds = arch.kinds if hybrid_allocator else all_full(len(arch.kinds))
     counts: dict[LayerKind, int] = {}
     for kind in kinds:
         counts[kind] = counts.get(kind, 0) + 1

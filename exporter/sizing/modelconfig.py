@@ -58,6 +58,7 @@ from exporter.sizing.model import (
     MoeSpec,
     SparseIndexer,
     StateLayers,
+    all_full,
 )
 from exporter.sizing.modelroot import within
 
@@ -190,11 +191,6 @@ def _int(config: Mapping[str, Any], key: str, *, source: str, maximum: int = MAX
 def _opt_int(config: Mapping[str, Any], key: str, *, minimum: int = 1) -> int | None:
     """An optional integer field; with ``minimum=0`` a 0 means absent (a window of 0: none)."""
     return _config_int(config, key, minimum=minimum) or None
-
-
-def _all_full(num_layers: int) -> tuple[LayerKind, ...]:
-    full: LayerKind = "full"
-    return tuple(full for _ in range(num_layers))
 
 
 def _layers(config: Mapping[str, Any]) -> int | None:
@@ -1071,12 +1067,12 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
     attention_layers: int | None = None
     if hybrid is not None:
         num_layers, attention_layers, state = hybrid
-        kinds = tuple("full" for _ in range(attention_layers))
+        kinds = all_full(attention_layers)
     elif declined is None:
         kinds, window, chunk = _layer_kinds(text, num_layers, source=name)
     kv_shared, shapes, (kv_heads, head_dim) = (
         _kv_sharing(
-            text, model_type, kinds or _all_full(num_layers), (heads, kv_heads, head_dim), name
+            text, model_type, kinds or all_full(num_layers), (heads, kv_heads, head_dim), name
         )
         if declined is None and model_type in _KV_SHARING_TYPES
         else (0, (), (kv_heads, head_dim))
@@ -1084,12 +1080,12 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
     attention_free = 0
     if kv_shared:
         attention_layers = num_layers - kv_shared
-        kinds = (kinds or _all_full(num_layers))[:attention_layers]
+        kinds = (kinds or all_full(num_layers))[:attention_layers]
         window = window if "sliding" in kinds else None
     if nas is not None:
         attention_layers = nas.attention_layers
         attention_free = num_layers - attention_layers
-        kinds = _all_full(attention_layers)
+        kinds = all_full(attention_layers)
         params = params if params is not None else nas.params
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     default_len, limit = _context_lengths(text)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from exporter.errors import UsageError
+from exporter.errors import UsageError, quoted
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -115,18 +115,6 @@ class SweepPlan:
             raise UsageError(f"--baseline-requests is {self.baseline_requests}; give at least 1")
 
 
-#: Most characters of a bad level a refusal repeats, as for every number flag
-#: (``exporter.cli.numbers.SHOWN_CHARS``; the command line sits above this floor).
-_SHOWN_CHARS = 40
-
-
-def _quoted(text: str) -> str:
-    """``text`` as a refusal quotes it: its ``repr``, cut at :data:`_SHOWN_CHARS` characters."""
-    if len(text) <= _SHOWN_CHARS:
-        return repr(text)
-    return f"{text[:_SHOWN_CHARS]!r} (the first {_SHOWN_CHARS} of {len(text):,} characters)"
-
-
 def parse_levels(text: str, mode: Mode) -> tuple[float, ...]:
     """``--levels 1,2,4``: positive numbers (whole ones in concurrency mode), sorted, unique.
 
@@ -144,8 +132,7 @@ def parse_levels(text: str, mode: Mode) -> tuple[float, ...]:
         if not (math.isfinite(value) and value > 0) or (mode == Mode.CONCURRENCY and not whole):
             kind = "whole numbers of requests" if mode == Mode.CONCURRENCY else "requests/s"
             raise UsageError(
-                f"--levels has {_quoted(word)}; give positive {kind} separated by commas, "
-                "e.g. 1,2,4"
+                f"--levels has {quoted(word)}; give positive {kind} separated by commas, e.g. 1,2,4"
             )
         levels.add(value)
     return tuple(sorted(levels))

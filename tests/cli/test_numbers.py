@@ -13,8 +13,9 @@ import math
 import pytest
 
 from exporter.cli.main import main
-from exporter.cli.numbers import NO_CAP, SEED, Bounded, figure, positive, quoted, shown, whole
+from exporter.cli.numbers import NO_CAP, SEED, Bounded, figure, positive, shown, whole
 from exporter.core.exact import MAX_EXACT_WHOLE
+from exporter.errors import quoted
 
 #: A wait: above 0 (0 is no wait at all), at most a day.
 WAIT = positive("seconds", 86_400.0, "30")

@@ -8,8 +8,7 @@ from collections import Counter
 
 import pytest
 
-from exporter.cli.numbers import quoted
-from exporter.errors import UsageError
+from exporter.errors import UsageError, quoted
 from exporter.sweep.plan import (
     FALLBACK_CONCURRENCY,
     Load,
