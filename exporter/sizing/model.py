@@ -224,6 +224,8 @@ class ModelArch:
     moe: MoeSpec | None = None
     #: Weight format from ``quantization_config`` (``fp8``, ``awq``...), None if unquantized.
     quantization: str | None = None
+    #: The model's own length: the smallest of the config's length fields vLLM reads
+    #: (``max_position_embeddings``, ``seq_length``, ``n_positions``...).
     max_position_embeddings: int | None = None
     #: A longer context vLLM accepts (rope scaling's, or the config's ``model_max_length``).
     derived_max_len: int | None = None

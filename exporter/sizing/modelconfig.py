@@ -1116,7 +1116,7 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
         ),
         moe=_moe(text, num_layers),
         quantization=_quantization(text),
-        max_position_embeddings=_opt_int(text, "max_position_embeddings"),
+        max_position_embeddings=_config_length(text),
         derived_max_len=limit,
         default_max_len=default_len,
         declined=declined,
@@ -1239,17 +1239,38 @@ def _rope_factor(config: Mapping[str, Any]) -> float:
     return 1.0 if factor is None else factor
 
 
+#: The fields vLLM 0.32 reads a model's length from, in its order; the smallest present is the
+#: length (``derive_max_model_len_and_key``): Qwen's ``seq_length``, GPT-2's ``n_positions``...
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def _config_length(config: Mapping[str, Any]) -> int | None:
+    """The model's own length: the smallest of :data:`_LENGTH_KEYS` present, as vLLM takes it."""
+    lengths = [length for key in _LENGTH_KEYS if (length := _opt_int(config, key)) is not None]
+    return min(lengths, default=None)
+
+
 def _context_lengths(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """vLLM's default ``max_model_len`` and the longest it accepts, each None when the same.
 
-    "The same" is the config's ``max_position_embeddings``. vLLM 0.32 derives the length from
-    it, or from the config's ``model_max_length`` when it has one (Command-R: 8,192 positions,
-    131,072 accepted; ``derive_max_model_len_and_key``), times :func:`_rope_factor`; with no
-    ``--max-model-len`` it serves that length, or ``original_max_position_embeddings`` for
-    LongRoPE models (Phi-3), and it accepts a ``--max-model-len`` up to that length or up to
-    ``model_max_length``.
+    "The same" is :func:`_config_length`, the smallest of the config's length fields. vLLM 0.32
+    derives the length from it, or from the config's ``model_max_length`` when it has one
+    (Command-R: 8,192 positions, 131,072 accepted; ``derive_max_model_len_and_key``), times
+    :func:`_rope_factor`; with no ``--max-model-len`` it serves that length, or
+    ``original_max_position_embeddings`` for LongRoPE models (Phi-3), and it accepts a
+    ``--max-model-len`` up to that length or up to ``model_max_length``.
     """
-    positions = _opt_int(config, "max_position_embeddings")
+    positions = _config_length(config)
     model_max = _opt_int(config, "model_max_length")
     base = model_max or positions
     if base is None:

@@ -580,6 +580,10 @@ def test_a_width_vllm_cannot_serve_is_refused(quant: dict[str, object]) -> None:
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 32768),
         # and takes the config's model_max_length as a longer limit (Command-R: 8,192 -> 131,072)
         ({"model_max_length": 131072}, 131072),
+        # the smallest of the length fields vLLM reads is the model's length (Qwen: seq_length)
+        ({"seq_length": 8192}, 8192),
+        ({"n_positions": 2048, "max_seq_len": 4096}, 2048),
+        ({"seq_length": 65536}, 32768),
         ({}, 32768),
     ],
 )
@@ -625,8 +629,13 @@ def test_a_per_layer_intermediate_size_is_read_as_its_mean() -> None:
             },
             4096,
         ),
-        # ...model_max_length replaces the positions (derive_max_model_len_and_key)...
+        # ...model_max_length replaces the positions (derive_max_model_len_and_key), even where
+        # another length field is smaller...
         ({"model_max_length": 131072}, 131072),
+        ({"model_max_length": 131072, "seq_length": 8192}, 131072),
+        # ...otherwise the smallest length field wins, the rope factor applied to it...
+        ({"max_sequence_length": 4096}, 4096),
+        ({"seq_len": 16384, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 32768),
         # ...and a null factor counts 1.
         ({"rope_scaling": {"rope_type": "linear", "factor": None}}, 32768),
         ({}, 32768),
@@ -636,6 +645,27 @@ def test_the_default_context_is_the_one_vllm_serves(extra: dict[str, object], de
     """Without --max-model-len vLLM 0.32 serves the scaled length, not max_position_embeddings."""
     config = {**_LLAMA, "max_position_embeddings": 32768, **extra}
     assert parse_model_config(config, name="m").default_max_model_len == default
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "n_positions",
+        "max_seq_len",
+        "seq_length",
+        "max_target_positions",
+        "max_sequence_length",
+        "max_seq_length",
+        "seq_len",
+    ],
+)
+def test_a_config_without_max_position_embeddings_has_the_length_vllm_reads(key: str) -> None:
+    """vLLM 0.32 reads nine length fields (derive_max_model_len_and_key): any one is the length."""
+    config = {k: v for k, v in _LLAMA.items() if k != "max_position_embeddings"} | {key: 6144}
+    arch = parse_model_config(config, name="m")
+    assert (arch.default_max_model_len, arch.context_limit) == (6144, 6144)
+    with pytest.raises(ModelConfigError, match=key):
+        parse_model_config({**config, key: "6k"}, name="m")
 
 
 def test_gemma3_context_is_never_scaled_again() -> None:
