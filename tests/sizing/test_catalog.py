@@ -140,6 +140,51 @@ def test_qwen3_235b_a22b_is_sized_from_its_config_in_bf16_and_fp8(
     assert result.weights_bytes == pytest.approx(weights / 4, rel=0.001)
 
 
+# --- plain-attention entries added from vendored config.json copies ------------------------------
+#
+# Each row is worked by hand from the fields the entry cites (exporter/data/models.json), vLLM's
+# formula for full attention: 2 (K and V) x layers x KV heads x head_dim x 2 B (bf16, TP 1). The
+# context length is max_position_embeddings: Llama 3.2's llama3 rope type leaves it unscaled.
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    """One plain-attention entry: its shape and the bytes per token worked by hand."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_token: int
+    max_model_len: int
+
+
+ATTENTION_ROWS = [
+    # Llama-3.2-1B: 16 layers, 8 KV heads of 64 (head_dim given), tied embedding.
+    AttentionRow("llama-3.2-1b", 16, 8, 64, 2 * 16 * 8 * 64 * 2, 131_072),
+]
+
+
+@pytest.mark.parametrize("row", ATTENTION_ROWS, ids=lambda row: row.name)
+def test_attention_entries_are_sized_from_their_cited_fields(row: AttentionRow) -> None:
+    """32,768 B a token for Llama-3.2-1B, at its full length."""
+    entry = find_model(row.name)
+    assert entry is not None
+    arch = entry.arch()
+    assert arch.declined is None
+    assert arch.mla is None
+    assert (arch.num_layers, arch.num_kv_heads, arch.head_dim) == (
+        row.layers,
+        row.kv_heads,
+        row.head_dim,
+    )
+    deployment = Deployment(gpu_memory_bytes=int(79.19 * GIB), max_model_len=row.max_model_len)
+    result = require_sized(size_deployment(arch, deployment=deployment))
+    assert result.bytes_per_token == row.bytes_per_token
+    assert arch.derived_max_len is None
+    assert arch.max_position_embeddings == row.max_model_len
+
+
 # --- hybrid entries: Nemotron-H, Falcon-H1, Granite-4.0-H, LFM2 and Jamba -------------------------
 #
 # Each row is worked by hand from the fields the entry cites (exporter/data/models.json), the way
