@@ -52,7 +52,13 @@ from exporter.sizing.overhead import (
     estimate_overhead,
 )
 from exporter.sizing.scheduler import SchedulerInputs, SchedulerLimits, scheduler_limits
-from exporter.sizing.weights import ParamSplit, dtype_bytes, weight_format, weights_bytes_total
+from exporter.sizing.weights import (
+    ParamSplit,
+    PerLayerInputs,
+    dtype_bytes,
+    weight_format,
+    weights_bytes_total,
+)
 from exporter.vllm.version import LATEST_KNOWN, VllmVersion
 
 LayerKind = Literal["full", "sliding", "chunked"]
@@ -257,6 +263,8 @@ class ModelArch:
     #: differ (Gemma 4's full-attention layers); empty when all have ``num_kv_heads`` x
     #: ``head_dim``.
     layer_shapes: tuple[tuple[int, int], ...] = ()
+    #: Gemma 3n's and Gemma 4's per-layer input embeddings (None: the model has none).
+    per_layer_inputs: PerLayerInputs | None = None
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -1050,6 +1058,8 @@ def param_split(arch: ModelArch) -> tuple[ParamSplit, bool]:
     vocab = arch.vocab_size or 0
     embedding = vocab * arch.hidden_size
     lm_head = 0 if arch.tie_word_embeddings else embedding
+    if arch.per_layer_inputs is not None:
+        embedding += arch.per_layer_inputs.table_params(arch.num_layers)
     experts = 0
     if arch.moe is not None:
         moe = arch.moe
@@ -1061,23 +1071,41 @@ def param_split(arch: ModelArch) -> tuple[ParamSplit, bool]:
 
 
 def estimate_params(arch: ModelArch) -> int:
-    """Parameters implied by the shape alone (gated MLP, no biases): a fallback for planning."""
-    hidden, heads = arch.hidden_size, arch.num_attention_heads
+    """Parameters implied by the shape alone (gated MLP, no biases, no norms): for planning.
+
+    Gemma 3n's and 4's per-layer input embeddings and their projections count.
+    """
+    hidden = arch.hidden_size
     embedding = (arch.vocab_size or DEFAULT_VOCAB_SIZE) * hidden
-    if arch.mla is not None:
-        attention = hidden * (arch.mla.values_per_token + 3 * heads * arch.head_dim)
-    else:
-        q_and_o = 2 * hidden * heads * arch.head_dim
-        attention = q_and_o + 2 * hidden * arch.num_kv_heads * arch.head_dim
     mlp = 3 * hidden * (arch.intermediate_size or 4 * hidden)
-    dense = arch.num_layers * (attention + mlp)
+    dense = _attention_params(arch) + arch.num_layers * mlp
     experts = 0
     if arch.moe is not None:
         moe = arch.moe
         experts = moe.moe_layers * (moe.num_experts * 3 * hidden * moe.expert_intermediate_size)
         dense -= moe.moe_layers * mlp
     heads_out = 0 if arch.tie_word_embeddings else embedding
+    ple = arch.per_layer_inputs
+    if ple is not None:
+        dense += ple.table_params(arch.num_layers) + ple.projection_params(arch.num_layers, hidden)
     return embedding + heads_out + dense + experts
+
+
+def _attention_params(arch: ModelArch) -> int:
+    """The attention weights of every layer: Q, K, V and O at each KV layer's own shape.
+
+    A KV-sharing layer (Gemma 3n, Gemma 4) builds Q and O only (gemma3n.py, gemma4.py: no K or V
+    weights when ``is_kv_shared_layer``), at the model's ``head_dim``: its own is not kept.
+    """
+    hidden, heads = arch.hidden_size, arch.num_attention_heads
+    if arch.mla is not None:
+        return arch.num_layers * hidden * (arch.mla.values_per_token + 3 * heads * arch.head_dim)
+    shapes = arch.layer_shapes or ((arch.num_kv_heads, arch.head_dim),)
+    kv_layers = len(arch.layer_shapes) or arch.num_layers - arch.kv_shared_layers
+    per_shape = [2 * hidden * (heads + kv_heads) * head_dim for kv_heads, head_dim in shapes]
+    kv_attention = sum(per_shape) if arch.layer_shapes else kv_layers * per_shape[0]
+    shared = (arch.num_layers - kv_layers) * 2 * hidden * heads * arch.head_dim
+    return kv_attention + shared
 
 
 def _check_weights_cover_embeddings(

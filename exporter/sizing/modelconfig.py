@@ -61,6 +61,7 @@ from exporter.sizing.model import (
     all_full,
 )
 from exporter.sizing.modelroot import within
+from exporter.sizing.weights import PerLayerInputs
 
 # model_type values of models whose layers keep a fixed recurrent state per sequence.
 _STATE_SPACE_TYPES = {
@@ -871,6 +872,34 @@ def _nas_blocks(config: Mapping[str, Any], *, source: str) -> _NasBlocks | str:
     return _NasBlocks(len(kv_counts), kv_heads, params, intermediate)
 
 
+#: transformers' ``Gemma3nTextConfig`` and ``Gemma4TextConfig`` defaults for
+#: ``vocab_size_per_layer_input`` and ``hidden_size_per_layer_input`` (transformers 5.19).
+_PER_LAYER_INPUT_DEFAULTS = (262_144, 256)
+
+
+def _per_layer_inputs(config: Mapping[str, Any]) -> PerLayerInputs | None:
+    """Gemma 3n's and 4's per-layer embedding table, for the parameter count (None: none).
+
+    vLLM's ``hf_config`` is transformers' config class, so a field config.json leaves out takes
+    the class default. Gemma 4 builds the table only for a width above 0 and falls back to
+    ``vocab_size`` for a null vocabulary (gemma4.py).
+    """
+    vocab_default, width_default = _PER_LAYER_INPUT_DEFAULTS
+    width = (
+        _config_int(config, "hidden_size_per_layer_input", minimum=0)
+        if "hidden_size_per_layer_input" in config
+        else width_default
+    )
+    vocab = (
+        _config_int(config, "vocab_size_per_layer_input")
+        if "vocab_size_per_layer_input" in config
+        else vocab_default
+    )
+    if not width:
+        return None
+    return PerLayerInputs(vocab or _opt_int(config, "vocab_size") or 0, width)
+
+
 def _kv_shared_layers(config: Mapping[str, Any], num_layers: int, *, source: str) -> int:
     """Gemma 3n's and 4's KV-sharing layers: the last ``num_kv_shared_layers``, holding no KV.
 
@@ -1103,6 +1132,7 @@ def _parse(config: Mapping[str, Any], *, name: str, params: int | None) -> Model
             else _per_layer_size(text, "intermediate_size")
         ),
         params=params,
+        per_layer_inputs=_per_layer_inputs(text) if model_type in _KV_SHARING_TYPES else None,
         dtype=dtype.removeprefix("torch."),
         mla=mla,
         layer_kinds=kinds,

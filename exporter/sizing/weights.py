@@ -112,11 +112,37 @@ def dtype_bytes(dtype: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class PerLayerInputs:
+    """Gemma 3n's and Gemma 4's per-layer input embeddings (PLE): a second, wider token table.
+
+    vLLM 0.32 builds ``embed_tokens_per_layer`` (``vocab_size`` x layers x ``width``, a
+    ``VocabParallelEmbedding`` like the input embedding) and keeps it on the GPU (gemma3n.py,
+    gemma4.py). The model cards' "effective" sizes leave it out because phones can keep it off
+    the accelerator; vLLM does not, and at 2.3B parameters for Gemma 3n E4B it is GiBs of
+    weights that would otherwise be handed to the KV cache.
+    """
+
+    vocab_size: int
+    width: int  # hidden_size_per_layer_input
+
+    def table_params(self, layers: int) -> int:
+        """The embedding table: one ``width`` slice per layer for every token."""
+        return self.vocab_size * layers * self.width
+
+    def projection_params(self, layers: int, hidden: int) -> int:
+        """The linear layers around it: hidden -> layers x width, then per layer two more.
+
+        Each layer gates (hidden -> width) and projects back (width -> hidden).
+        """
+        return 3 * hidden * layers * self.width
+
+
+@dataclass(frozen=True, slots=True)
 class ParamSplit:
     """A parameter count split into the parts that weight formats and stages treat differently."""
 
     total: int
-    embedding: int  # input embedding (vocab x hidden)
+    embedding: int  # input embeddings (vocab x hidden, plus a per-layer table), in the model dtype
     lm_head: int  # separate output projection; 0 when tied to the embedding
     experts: int  # MoE expert weights (the part MXFP4 quantizes)
 
