@@ -679,7 +679,8 @@ def _two_piece(mean: float, variance: float, lowest: float, highest: float) -> _
     if a <= below and b <= above:
         return _knots(mean, (a, 0.0), (b, 0.0))
     if a > below and b > above:  # both cut: both flatten alike (the variance is ab(1 + f) / 6)
-        flat = min(max(6.0 * variance / (below * above) - 1.0, 0.0), 1.0)
+        room = below * above  # 0 only where a side is under 1e-154 tokens: even is all there is
+        flat = min(max(6.0 * variance / room - 1.0, 0.0), 1.0) if room > 0.0 else 1.0
         return _knots(mean, (below, flat), (above, flat))
     # One side cut: ``near`` is it, ``far`` the other, ``room`` how far the far one may go.
     lower_cut = a > below
@@ -1160,8 +1161,9 @@ def estimate_context_quantiles(
     it (see the module docstring for the method, its bias and when it is exact). ``quantiles``
     are within ``[0, 1]``. Values are capped at ``max_model_len`` when known. ``None`` when no
     request finished (either histogram counted nothing), or more than any vLLM finishes
-    (2**53). Figures are finite whatever finite values come in: sums are taken within what
-    their buckets allow, bounds and lengths at most ``_LONGEST``.
+    (2**53). Figures are finite whatever finite sums and bounds and whole counts come in (the
+    parser refuses a fraction of an observation): sums are taken within what their buckets
+    allow, bounds and lengths at most ``_LONGEST``.
     """
     for q in quantiles:
         if not 0.0 <= q <= 1.0:

@@ -731,6 +731,10 @@ def _impossible(histogram: Histogram) -> str | None:
     bounds, cumulative, total = histogram.bounds, histogram.cumulative, histogram.sum
     if histogram.count > MAX_EXACT_WHOLE or cumulative[-1] > MAX_EXACT_WHOLE:
         return DropReason.OUT_OF_RANGE
+    # Observations are counted by ones: 0.5 or 1e-320 of them is no vLLM's (and the context
+    # estimate's arithmetic, built on whole counts, has no meaning for them).
+    if not (histogram.count.is_integer() and all(map(float.is_integer, cumulative))):
+        return DropReason.OUT_OF_RANGE
     lowest = 0.0
     below = lower = 0.0
     for bound, at_or_below in zip(bounds, cumulative, strict=True):

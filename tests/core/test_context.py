@@ -503,6 +503,10 @@ def _counts(
             ],
             id="many-groups-sums-1e200",
         ),
+        pytest.param(  # whole counts, a subnormal sum: the two-piece shape divided by 0
+            [IntervalCounts(_counts((20, 0, 0, 0), 1e-320), _counts((6, 4, 3, 0), 0.0))],
+            id="sum-1e-320",
+        ),
     ],
 )
 @pytest.mark.parametrize("max_model_len", [None, 512])
@@ -515,6 +519,33 @@ def test_finite_inputs_never_make_a_figure_nan_or_infinite(
         assert all(math.isfinite(x) for x in (*found.quantiles.values(), found.mean))
         if max_model_len is not None:
             assert max(*found.quantiles.values(), found.mean) <= max_model_len
+
+
+# Whole counts only: the parser refuses a fraction of an observation (tests/vllm/test_metrics.py).
+_any_count = st.one_of(
+    st.integers(0, 50),
+    st.integers(0, 2**53).map(float),
+    st.sampled_from([0.0, 1.0, 2.0**52, 2.0**53, 1e15, 1e300]),
+)
+_any_histogram = st.builds(
+    lambda counts, total: _counts(tuple(counts), total),
+    st.lists(_any_count, min_size=4, max_size=4),
+    st.one_of(st.floats(0.0, 1e300, allow_subnormal=True), st.integers(0, 10**6)),
+)
+
+
+@given(
+    st.lists(st.builds(IntervalCounts, _any_histogram, _any_histogram), min_size=1, max_size=6),
+    st.sampled_from([None, 512]),
+)
+@settings(max_examples=300, deadline=None)
+def test_any_finite_counts_and_sums_give_finite_figures_or_none(
+    intervals: list[IntervalCounts], max_model_len: int | None
+) -> None:
+    """Whole counts of any size, sums subnormal to 1e300: finite figures or None, no error."""
+    found = estimate_context_quantiles(intervals, (0.5, 0.95, 0.99), max_model_len=max_model_len)
+    if found is not None:
+        assert all(math.isfinite(x) for x in (*found.quantiles.values(), found.mean))
 
 
 @pytest.mark.parametrize(

@@ -416,6 +416,22 @@ def test_a_histogram_with_an_impossible_value_is_absent_and_counted(line: str, r
     assert list(snapshot.dropped) == [reason]
 
 
+@pytest.mark.parametrize(
+    ("below", "total"), [("0.5", "4"), ("1e-320", "4"), ("1", "4.5"), ("5e-324", "5e-324")]
+)
+def test_a_histogram_counting_part_of_an_observation_is_absent(below: str, total: str) -> None:
+    """Observations are counted by ones: a fraction of one (1e-320 too) is no vLLM's."""
+    lines = [
+        f'vllm:request_prompt_tokens_bucket{{le="1"}} {below}',
+        f'vllm:request_prompt_tokens_bucket{{le="+Inf"}} {total}',
+        f"vllm:request_prompt_tokens_count {total}",
+        "vllm:request_prompt_tokens_sum 9",
+    ]
+    snapshot = parse_vllm_metrics("\n".join(lines) + "\n")
+    assert snapshot.engines["0"].prompt_tokens is None
+    assert snapshot.dropped == {"out_of_range": 4}  # the histogram's samples, each counted
+
+
 def test_a_label_value_longer_than_vllm_writes_is_dropped_and_counted() -> None:
     """A 1,000-character model name is not kept: the sample is dropped, and counted."""
     long = "x" * 1000
