@@ -140,6 +140,7 @@ def analyse(
         [Sample(0.0, snapshot)],
         windows=WindowSettings(),
         predicted_capacity_tokens=prediction.capacity_tokens,
+        pool_layout=prediction.layout,
         max_model_len=info.max_model_len,
         running_limit=running_limit,
     )

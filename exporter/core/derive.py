@@ -25,7 +25,9 @@ Definitions (documented for users in ``docs/metrics.md``):
   leaning high only where the data cannot say more). The mean is exact (the histograms' sums).
   When no request finished within the window, the figures fall back to everything vLLM has
   finished since it started; with nothing finished at all they are absent.
-- **Sequences at context T** need ``ceil(T / block_size)`` blocks each. The *ceiling* is the
+- **Sequences at context T** need ``ceil(T / block_size)`` blocks each where the pool is one
+  full-attention group; on other layouts only a max-length one's blocks are known
+  (:func:`max_len_blocks_per_request`), and the figures below it are absent. The *ceiling* is the
   smallest of every limit of vLLM's scheduler (:mod:`exporter.core.ceiling`): how many fit in
   the usable tokens, ``max_num_seqs``, 0 while the engine sleeps; the *available* figure (the
   headroom) how many more vLLM would start now under the same limits, both in whole sequences.
@@ -68,6 +70,7 @@ from exporter.core.windows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from exporter.core.pool import PoolLayout
     from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 
 
@@ -697,6 +700,27 @@ def _offload_blocks(engine: EngineMetrics) -> int | None:
     return config.simple_cpu_offload_num_blocks if config is not None else None
 
 
+def max_len_blocks_per_request(
+    blocks: float | None, concurrency: float | None, block_size: int | None, max_model_len: int
+) -> float | None:
+    """Blocks one ``max_model_len`` request takes where the pool is not one full-attention group.
+
+    vLLM states ``kv_cache_max_concurrency = num_blocks / (blocks one max-length request takes,
+    summed over KV-cache groups)``, so its labels give that sum exactly. When it is
+    ``ceil(max_model_len / block_size)`` the pool is one group of full attention (or behaves as
+    one) and a sequence of T tokens takes ``ceil(T / block_size)`` blocks: None, the token
+    arithmetic holds. Otherwise (sliding windows, chunked-local layers, KV sharing, raised or
+    padded blocks, state-space groups: tests/fixtures/vllm-cpu/architectures) the sum is
+    returned: what a shorter request takes depends on groups no label describes.
+    """
+    if blocks is None or not concurrency or block_size is None or concurrency <= 0:
+        return None  # before 0.24 no label says more: the token arithmetic as before
+    per_request = round(blocks / concurrency)
+    if per_request < 1 or per_request == math.ceil(max_model_len / block_size):
+        return None
+    return float(per_request)
+
+
 @dataclass(frozen=True, slots=True)
 class _KvState:
     capacity: float | None = None
@@ -705,28 +729,96 @@ class _KvState:
     usable: float | None = None
     used: float | None = None
     free: float | None = None
+    #: Tokens of the capacity one block stands for (capacity / blocks; None: block_size).
+    per_block: float | None = None
+    #: Not one full-attention group: blocks per max-length request, and that length.
+    max_len_blocks: float | None = None
+    max_model_len: int | None = None
+    #: The groups a sequence of any length takes blocks in, where they agree with vLLM's
+    #: ``max_len_blocks`` (None: only a max-length sequence's blocks are known).
+    layout: PoolLayout | None = None
 
 
 def _kv_state(
-    engine: EngineMetrics, engine_count: int, predicted_capacity_tokens: float | None
+    engine: EngineMetrics,
+    engine_count: int,
+    predicted_capacity_tokens: float | None,
+    max_model_len: int | None = None,
+    pool_layout: PoolLayout | None = None,
 ) -> _KvState:
     capacity, blocks = _capacity(engine, engine_count)
-    block_size = engine.cache_config.block_size if engine.cache_config else None
+    config = engine.cache_config
+    block_size = config.block_size if config else None
     if block_size is not None and (block_size <= 0 or _known(block_size) is None):
         block_size = None  # no block of 0, or 1e308, tokens: rounding to it means nothing
-    usable = used = free = None
+    usable = used = free = per_block = max_len_blocks = layout = None
     if capacity is not None:
         usable = capacity * ((blocks - 1) / blocks) if blocks and blocks > 1 else capacity
+        if blocks and config is not None and config.kv_cache_size_tokens is not None:
+            # vLLM's usage is blocks in use over usable blocks: a block is capacity / blocks
+            # tokens of its capacity, block_size only where the pool is one full-attention group.
+            per_block = capacity / blocks
+            concurrency = config.kv_cache_max_concurrency
+            length = max_model_len
+            if length is None and concurrency:
+                length = math.ceil(capacity / concurrency - 1e-9)  # int(concurrency x length)
+            if length is not None:
+                max_len_blocks = max_len_blocks_per_request(blocks, concurrency, block_size, length)
+                max_model_len = length
+                if (
+                    max_len_blocks is not None
+                    and pool_layout is not None
+                    and pool_layout.agrees(max_model_len=length, max_len_blocks=max_len_blocks)
+                ):
+                    # The config's groups take, at max_model_len, exactly the blocks vLLM says
+                    # such a request takes: trusted for shorter requests too.
+                    layout = pool_layout
     else:
         # No capacity from vLLM (e.g. V1 0.8.x labels num_gpu_blocks "None"): the prediction
         # stands in for the headroom arithmetic; the actual-capacity gauges stay absent.
         usable = _known(predicted_capacity_tokens)
     if usable is not None and engine.kv_cache_usage_ratio is not None:
-        granule = float(block_size or 1)
+        granule = per_block or float(block_size or 1)
         usage = min(max(engine.kv_cache_usage_ratio, 0.0), 1.0)
         used = min(round(usage * usable / granule) * granule, usable)
         free = usable - used
-    return _KvState(capacity, blocks, block_size, usable, used, free)
+    return _KvState(
+        capacity,
+        blocks,
+        block_size,
+        usable,
+        used,
+        free,
+        per_block,
+        max_len_blocks,
+        max_model_len,
+        layout,
+    )
+
+
+def _pool_sequences(kv: _KvState, tokens: float, context: float) -> float | None:
+    """Whole sequences of ``context`` tokens that ``tokens`` of the pool hold; None: unknown.
+
+    One full-attention group: ``tokens`` over whole blocks of the context. Any other layout:
+    the pool's whole blocks over the blocks the model's groups take at the context, where
+    those groups agree with vLLM's figures (:attr:`_KvState.layout`); without them known only
+    for a context that takes as many blocks as ``max_model_len`` (vLLM's figures say what such
+    a request takes): a shorter one may take fewer blocks than that or fewer than its share of
+    the capacity's tokens (a state group's blocks stay, a window's do not), and no label says
+    which, so no figure is made up.
+    """
+    if kv.max_len_blocks is None:
+        return sequences_that_fit(tokens, context, kv.block_size or 1)
+    size = kv.block_size or 1
+    if kv.max_model_len is None or kv.per_block is None:
+        return None
+    if kv.layout is not None:
+        held = round(max(tokens, 0.0) / kv.per_block)  # whole blocks, by construction
+        return float(held // kv.layout.blocks_per_sequence(math.ceil(context)))
+    if math.ceil(context / size) < math.ceil(kv.max_model_len / size):
+        return None
+    held = round(max(tokens, 0.0) / kv.per_block)  # whole blocks, by construction
+    return float(held // kv.max_len_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1084,11 +1176,15 @@ def _headroom(
     granularity = kv.block_size or 1
     if context is not None and kv.usable is not None and not asleep:
         p95 = context.quantiles[0.95]
-        kv_ceiling = sequences_that_fit(kv.usable, p95, granularity)
-        mean_ceiling = sequences_that_fit(kv.usable, context.mean, granularity)
+        kv_ceiling = _pool_sequences(kv, kv.usable, p95)
+        if kv_ceiling is None:
+            # The pool binds somewhere no label says: no ceiling under the other limits
+            # alone, which would name max_num_seqs while the pool may bind first.
+            return _Headroom(shared_tokens=shared_tokens)
+        mean_ceiling = _pool_sequences(kv, kv.usable, context.mean)
         if kv.free is not None:
-            kv_available = sequences_that_fit(kv.free, p95, granularity)
-        if shared_tokens is not None:
+            kv_available = _pool_sequences(kv, kv.free, p95)
+        if shared_tokens is not None and kv.max_len_blocks is None:
             effective = shared_ceiling(
                 kv.usable, context_tokens=p95, shared_tokens=shared_tokens, block_size=granularity
             )
@@ -1147,6 +1243,7 @@ def derive_engine(
     *,
     windows: WindowSettings,
     predicted_capacity_tokens: float | None = None,
+    pool_layout: PoolLayout | None = None,
     max_model_len: int | None = None,
     running_limit: RunningLimit | None = None,
     previous_context: ContextEstimate | None = None,
@@ -1155,14 +1252,16 @@ def derive_engine(
     """Derive one engine's figures from the target's samples (the last one is "now").
 
     ``running_limit`` is the scheduler's ``max_num_seqs`` as learnt by the caller; without it
-    only the KV pool limits the ceiling. ``previous_context`` is the engine's context figures
-    of the poll before, which may stand (:func:`_kept_context`). ``admission_room``: the
-    sequences the API server's admission caps still let in (:func:`_admission_room`).
+    only the KV pool limits the ceiling. ``pool_layout``: the KV-cache groups the sizing model
+    found in the model's config, if known (:func:`_kv_state` uses it only where it agrees with
+    vLLM's own figures). ``previous_context`` is the engine's context figures of the poll
+    before, which may stand (:func:`_kept_context`). ``admission_room``: the sequences the API
+    server's admission caps still let in (:func:`_admission_room`).
     """
     latest = samples[-1].snapshot
     engine = latest.engines[name]
     engine_count = sum(1 for e in latest.engines.values() if e.cache_config is not None) or 1
-    kv = _kv_state(engine, engine_count, predicted_capacity_tokens)
+    kv = _kv_state(engine, engine_count, predicted_capacity_tokens, max_model_len, pool_layout)
     traffic = _traffic(name, samples, windows)
     context = _kept_context(
         previous_context, traffic, samples, name, windows=windows, max_model_len=max_model_len
@@ -1320,6 +1419,7 @@ def derive_target(
     *,
     windows: WindowSettings,
     predicted_capacity_tokens: float | None = None,
+    pool_layout: PoolLayout | None = None,
     max_model_len: int | None = None,
     running_limit: RunningLimit | None = None,
     previous: TargetDerived | None = None,
@@ -1327,7 +1427,8 @@ def derive_target(
     """Derive every engine's figures at the latest of ``samples`` (oldest first).
 
     ``predicted_capacity_tokens`` is the sizing model's per-engine capacity in vLLM's own terms
-    (``None`` when the prediction is unavailable); ``running_limit`` the scheduler's
+    (``None`` when the prediction is unavailable), ``pool_layout`` its KV-cache groups (how
+    many blocks a sequence of a given length takes); ``running_limit`` the scheduler's
     ``max_num_seqs`` of each engine, where known; ``previous`` the figures of the poll before,
     whose context figures may stand for ``windows.context_refresh_seconds``. A
     ``max_model_len`` that is not a positive number within ``MAX_EXACT_WHOLE`` is unknown.
@@ -1345,6 +1446,7 @@ def derive_target(
             samples,
             windows=windows,
             predicted_capacity_tokens=predicted_capacity_tokens,
+            pool_layout=pool_layout,
             max_model_len=max_model_len,
             running_limit=running_limit,
             previous_context=contexts.get(name),

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from exporter.core.derive import TargetDerived
+    from exporter.core.pool import PoolLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,9 @@ class PredictionView:
     kv_budget_bytes: float | None = None
     #: Per engine, in vLLM's terms (``kv_cache_size_tokens`` semantics).
     capacity_tokens: float | None = None
+    #: The KV-cache groups a sequence takes blocks in, as the model's config lays them out:
+    #: how many sequences shorter than ``max_model_len`` a pool of several groups holds.
+    layout: PoolLayout | None = None
     #: Labels of ``headroom_sizing_info``; empty when the architecture is unknown.
     info: Mapping[str, str] = field(default_factory=dict)
 

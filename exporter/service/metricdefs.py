@@ -275,8 +275,7 @@ _DEFS: tuple[MetricDef, ...] = (
         "usable KV cache counting no block shared, max_num_seqs, the --max-num-queued-reqs "
         "admission cap where declared; 0 while the engine sleeps).",
         ENGINE,
-        source="min(usable tokens // (ceil(p95 / block_size) x block_size), max_num_seqs, "
-        "max_num_queued_reqs)",
+        source="min(headroom_p95_kv_ceiling_sequences, max_num_seqs, max_num_queued_reqs)",
         row=Row.ENGINE,
         field="p95_ceiling_sequences",
         check_key="p95_ceiling_sequences",
@@ -297,7 +296,10 @@ _DEFS: tuple[MetricDef, ...] = (
         Kind.GAUGE,
         "Sequences of p95 context length the usable KV cache alone holds, none sharing a block.",
         ENGINE,
-        source="usable tokens // (ceil(p95 / block_size) x block_size)",
+        source="usable tokens // (ceil(p95 / block_size) x block_size) on a pool of one "
+        "full-attention group; other layouts: usable blocks // the blocks the model's KV-cache "
+        "groups take at p95, where they match vLLM's num_gpu_blocks / kv_cache_max_concurrency "
+        "(absent without them, below max_model_len)",
         row=Row.ENGINE,
         field="p95_kv_ceiling_sequences",
         check_key="p95_kv_ceiling_sequences",
@@ -318,7 +320,8 @@ _DEFS: tuple[MetricDef, ...] = (
         Kind.GAUGE,
         "Sequences of mean context length vLLM runs at once (KV cache and max_num_seqs).",
         ENGINE,
-        source="min(usable tokens // (ceil(mean / block_size) x block_size), max_num_seqs)",
+        source="min(usable tokens // (ceil(mean / block_size) x block_size), max_num_seqs); "
+        "other layouts as headroom_p95_kv_ceiling_sequences",
         row=Row.ENGINE,
         field="mean_ceiling_sequences",
         check_key="mean_ceiling_sequences",
@@ -330,7 +333,8 @@ _DEFS: tuple[MetricDef, ...] = (
         "every limit (free KV cache counting no block shared, free max_num_seqs slots, room "
         "under the admission cap: 0 while vLLM refuses requests).",
         ENGINE,
-        source="min(free tokens // (ceil(p95 / block_size) x block_size), "
+        source="min(free tokens // (ceil(p95 / block_size) x block_size) (other layouts as "
+        "headroom_p95_kv_ceiling_sequences), "
         "max_num_seqs - running sequences, max_num_queued_reqs - running - waiting of the "
         "server; 0 when vllm:admission_rejections_total rose in the rate window)",
         row=Row.ENGINE,

@@ -65,9 +65,16 @@ class Predictor(Protocol):
         ...
 
     def predict(
-        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+        self,
+        snapshot: VllmSnapshot,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        flags: LaunchFlags | None = None,
     ) -> PredictionView:
-        """The prediction for the current snapshot (pure, given what ``load`` read)."""
+        """The prediction for the current snapshot (pure, given what ``load`` read).
+
+        ``flags``: what vLLM's command line says of its scheduler, where the sidecar can see it.
+        """
         ...
 
 
@@ -570,7 +577,7 @@ class TargetPoller:
 
         gpus = await self._read_gpus(snapshot)
         prediction = (
-            self._predictor.predict(snapshot, self._info, gpus)
+            self._predictor.predict(snapshot, self._info, gpus, self._flags)
             if self._predictor is not None
             else PredictionView(state="model_not_found", message="no predictor configured")
         )
@@ -578,6 +585,7 @@ class TargetPoller:
             self._window.samples,
             windows=self._settings.windows,
             predicted_capacity_tokens=prediction.capacity_tokens,
+            pool_layout=prediction.layout,
             max_model_len=self._info.max_model_len,
             running_limit=self._running_limit(snapshot, gpus),
             previous=self._previous,

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from exporter.core.ceiling import Ceiling, ceiling
+from exporter.core.pool import GroupBlocks, GroupKind, PoolLayout
 from exporter.core.reasons import Limit
 from exporter.errors import UnsupportedModelError, UsageError
 from exporter.sizing.lora import (
@@ -62,8 +63,6 @@ from exporter.sizing.weights import (
 from exporter.vllm.version import LATEST_KNOWN, VllmVersion
 
 LayerKind = Literal["full", "sliding", "chunked"]
-#: A KV-cache group's kind: an attention kind, or ``state`` (Mamba / linear-attention layers).
-GroupKind = Literal["full", "sliding", "chunked", "state"]
 StateKind = Literal["mamba1", "mamba2", "gated_delta_net", "short_conv"]
 Device = Literal["cuda", "cpu"]
 
@@ -586,19 +585,36 @@ class SizingResult:
         """
         return self.usable_blocks >= self.blocks_per_max_len_request
 
+    @property
+    def pool_layout(self) -> PoolLayout:
+        """The KV-cache groups as one sequence takes blocks in them (what the sidecar is given)."""
+        return PoolLayout(
+            groups=tuple(
+                GroupBlocks(
+                    kind=group.kind,
+                    window=group.window,
+                    block_size=group.block_size or self.block_size,
+                    max_blocks=(None if group.kind == "full" else group.blocks_per_max_len_request),
+                )
+                for group in self.kv_groups
+            ),
+            max_model_len=self.max_model_len,
+            max_len_blocks=self.blocks_per_max_len_request,
+            lookahead_tokens=self.lookahead_tokens,
+        )
+
     def blocks_per_sequence(self, context_tokens: int) -> int:
         """Blocks one sequence of ``context_tokens`` holds, over all KV-cache groups.
 
-        Each group rounds up to whole blocks; a sliding-window group holds at most the window
-        (plus the block the window straddles), a chunked-local group at most one chunk.
+        Each group rounds up to whole blocks; a sliding-window or chunked-local group at most
+        what vLLM's admission reserves for a request there (its window's blocks and the batch
+        budget's), a state group the same blocks whatever the length
+        (:class:`exporter.core.pool.GroupBlocks`): at ``max_model_len`` the blocks behind
+        vLLM's "Maximum concurrency" figure.
         """
         if context_tokens < 1:
             raise UsageError(f"context length must be at least 1 token, got {context_tokens}")
-        tokens = context_tokens + self.lookahead_tokens
-        return sum(
-            _blocks_for_tokens(group, tokens, group.block_size or self.block_size)
-            for group in self.kv_groups
-        )
+        return self.pool_layout.blocks_per_sequence(context_tokens)
 
     def sequences_at(self, context_tokens: int) -> int:
         """How many sequences of ``context_tokens`` the KV pool holds at once (usable blocks)."""
@@ -620,18 +636,6 @@ def all_full(num_layers: int) -> tuple[LayerKind, ...]:
     """``num_layers`` full-attention layers' kinds (a model, or a group, with no window)."""
     full: LayerKind = "full"
     return tuple(full for _ in range(num_layers))
-
-
-def _blocks_for_tokens(group: KvCacheGroup, tokens: int, block_size: int) -> int:
-    if group.kind == "state":
-        # A state group holds the same few blocks whatever the context length.
-        return group.blocks_per_max_len_request
-    full = math.ceil(tokens / block_size)
-    if group.kind == "sliding" and group.window is not None:
-        return min(full, math.ceil((group.window - 1) / block_size) + 1)
-    if group.kind == "chunked" and group.window is not None:
-        return min(full, math.ceil(group.window / block_size))
-    return full
 
 
 # --- dtypes ------------------------------------------------------------------------------------

@@ -30,7 +30,13 @@ from exporter.errors import (
     UsageError,
 )
 from exporter.sizing.lookup import FoundModel, catalogue_model, find_model_arch
-from exporter.sizing.model import Declined, Deployment, ModelArch, size_deployment
+from exporter.sizing.model import (
+    Declined,
+    Deployment,
+    ModelArch,
+    SizingResult,
+    size_deployment,
+)
 from exporter.sizing.modelroot import RootKind, classify_root
 from exporter.sizing.overrides import check_overrides
 from exporter.vllm.families import family, named
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
 
     from exporter.core.snapshot import CacheConfig, VllmSnapshot
     from exporter.core.views import GpuMemoryView, TargetInfo
+    from exporter.vllm.launch import LaunchFlags
 
 
 def _first_cache_config(snapshot: VllmSnapshot) -> CacheConfig | None:
@@ -65,6 +72,43 @@ def _state_settings(cache: CacheConfig | None) -> dict[str, Any]:
     return settings
 
 
+def _comparable_capacity(
+    outcome: SizingResult, *, snapshot_cache: CacheConfig | None, engines: int = 1
+) -> int:
+    """The predicted capacity in the terms of the live ``kv_cache_size_tokens``.
+
+    A sliding-window or chunked-local group shorter than ``max_model_len`` takes, per
+    max-length request, blocks for the window plus ``--max-num-batched-tokens``
+    (vLLM 0.32 ``max_memory_usage_bytes``), and no label carries that budget: the model's
+    default is a guess (a real 0.32 started with 128 reported 2,730 tokens where 2,048's
+    default gives 1,927: tests/fixtures/vllm-cpu/architectures/gemma2-batch128). There the
+    tokens a block stands for are vLLM's own (its capacity over its blocks) and the prediction
+    is of what the memory model does predict: the pool's blocks. ``engines``: the
+    data-parallel engines whose blocks ``num_gpu_blocks`` sums.
+    """
+    predicted = outcome.comparable_capacity_tokens
+    windowed = any(
+        group.kind in ("sliding", "chunked")
+        and group.window is not None
+        and group.window < outcome.max_model_len
+        for group in outcome.kv_groups
+    )
+    cache = snapshot_cache
+    if not windowed or cache is None or predicted != outcome.kv_cache_size_tokens:
+        return predicted
+    if cache.kv_cache_size_tokens is None or not cache.num_gpu_blocks:
+        return predicted
+    if cache.kv_cache_max_concurrency is None or cache.kv_cache_max_concurrency <= 0:
+        return predicted
+    # Per engine: vLLM's blocks per max-length request is blocks / concurrency (exact).
+    live_per_request = round(
+        cache.num_gpu_blocks / max(1, engines) / cache.kv_cache_max_concurrency
+    )
+    if live_per_request < 1:
+        return predicted
+    return int(outcome.kv_blocks / live_per_request * outcome.max_model_len)
+
+
 def _sized_facts(cache: CacheConfig | None) -> tuple[object, ...] | None:
     """What the prediction reads of a cache config: a few values, not its labels.
 
@@ -78,6 +122,8 @@ def _sized_facts(cache: CacheConfig | None) -> tuple[object, ...] | None:
         cache.cache_dtype,
         cache.block_size,
         tuple(sorted(_state_settings(cache).items())),
+        cache.num_gpu_blocks,
+        cache.kv_cache_max_concurrency,
     )
 
 
@@ -218,12 +264,19 @@ class ModelPredictor:
         return SourceError(reason, message)
 
     def predict(
-        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+        self,
+        snapshot: VllmSnapshot,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        flags: LaunchFlags | None = None,
     ) -> PredictionView:
         """Size the deployment vLLM describes (pure, given what ``load`` read).
 
-        The inputs of a running vLLM seldom change (its cache config and facts are fixed for
-        its life): the last answer is kept with them and given again while they are equal.
+        ``flags``: vLLM's command line where the sidecar sees it; its ``--max-num-seqs`` and
+        ``--max-num-batched-tokens`` (no label carries them) size the activations and a window's
+        blocks as vLLM did, instead of vLLM's defaults. The inputs of a running vLLM seldom
+        change (its cache config and facts are fixed for its life): the last answer is kept
+        with them and given again while they are equal.
         """
         loaded = self._loaded
         if loaded.arch is None:
@@ -232,7 +285,14 @@ class ModelPredictor:
         memory = self._gpu_memory_bytes or cuda_total_bytes(gpus)
         claimants = tuple(unaccounted_claimants(snapshot))
         gpu_name = gpus[0].name if gpus else None
-        inputs = (loaded, _sized_facts(cache), memory, len(gpus), gpu_name, info, claimants)
+        engines = sum(1 for e in snapshot.engines.values() if e.cache_config is not None)
+        facts = _sized_facts(cache)
+        scheduler = (
+            (flags.max_num_seqs, flags.max_num_batched_tokens)
+            if flags is not None
+            else (None, None)
+        )
+        inputs = (loaded, facts, memory, len(gpus), gpu_name, info, claimants, engines, scheduler)
         last = self._last
         if last is not None and last[0] == inputs:
             return last[1]
@@ -244,6 +304,8 @@ class ModelPredictor:
             info=info,
             gpus=gpus,
             claimants=claimants,
+            engines=engines,
+            scheduler=scheduler,
         )
         self._last = (inputs, view)
         return view
@@ -258,6 +320,8 @@ class ModelPredictor:
         info: TargetInfo,
         gpus: Sequence[GpuMemoryView],
         claimants: tuple[str, ...],
+        engines: int = 1,
+        scheduler: tuple[int | None, int | None] = (None, None),
     ) -> PredictionView:
         exact = cache.kv_cache_memory_bytes if cache else None
         if memory is None and exact is None:
@@ -279,6 +343,8 @@ class ModelPredictor:
             kv_cache_dtype=(cache.cache_dtype if cache and cache.cache_dtype else "auto"),
             block_size=cache.block_size if cache else None,
             max_model_len=info.max_model_len,
+            max_num_seqs=scheduler[0],
+            max_num_batched_tokens=scheduler[1],
             kv_cache_memory_bytes=exact,
             weights_bytes=self._weights_bytes or loaded.weights_bytes,
             overhead_bytes=self._overhead_bytes,
@@ -323,7 +389,8 @@ class ModelPredictor:
             weights_bytes=outcome.weights_bytes,
             overhead_bytes=outcome.overhead.total_bytes,
             kv_budget_bytes=outcome.kv_budget_bytes,
-            capacity_tokens=outcome.comparable_capacity_tokens,
+            capacity_tokens=_comparable_capacity(outcome, snapshot_cache=cache, engines=engines),
+            layout=outcome.pool_layout,
             info=labels,
         )
 

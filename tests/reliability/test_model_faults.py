@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
     from exporter.errors import SourceError
+    from exporter.vllm.launch import LaunchFlags
 
     from .conftest import Figures
 
@@ -200,7 +201,11 @@ class CrashingPredictor:
         raise KeyError("num_hidden_layers")
 
     def predict(
-        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+        self,
+        snapshot: VllmSnapshot,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        flags: LaunchFlags | None = None,
     ) -> PredictionView:
         return PredictionView(state="model_config_invalid", message="not loaded")
 

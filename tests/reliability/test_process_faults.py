@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from exporter.core.views import GpuMemoryView, PredictionView, TargetInfo
     from exporter.errors import SourceError
     from exporter.testing.fakevllm import FakeVllm
+    from exporter.vllm.launch import LaunchFlags
 
     from .conftest import Figures
 
@@ -126,7 +127,11 @@ class BuggyPredictor:
         return None
 
     def predict(
-        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+        self,
+        snapshot: VllmSnapshot,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        flags: LaunchFlags | None = None,
     ) -> PredictionView:
         raise ZeroDivisionError("a derivation bug")
 

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from exporter.core.ceiling import QueueCaps
 from exporter.core.derive import WindowSettings
+from exporter.core.pool import GroupBlocks, PoolLayout
 from exporter.core.reasons import Limit
 from exporter.core.views import PredictionView, TargetInfo, TargetView
 from exporter.service.memory import MemoryBudget
@@ -359,7 +360,11 @@ class StubPredictor:
         return None
 
     def predict(
-        self, snapshot: VllmSnapshot, info: TargetInfo, gpus: Sequence[GpuMemoryView]
+        self,
+        snapshot: VllmSnapshot,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        flags: LaunchFlags | None = None,
     ) -> PredictionView:
         return PredictionView(state="ok", capacity_tokens=1024.0, bytes_per_token=1024.0)
 
@@ -372,6 +377,70 @@ def test_the_predictor_loads_after_discovery_and_feeds_the_derivation() -> None:
     assert poller.view.derived is not None
     assert poller.view.derived.engines[0].kv_capacity_error_ratio == 0.0
     assert poller.view.sources["model_config"].up
+
+
+#: The real Qwen3-Next's pool (tests/fixtures/vllm-cpu/architectures/qwen3-next): 32 blocks of
+#: 256 tokens in a full-attention group and a state group, 5.33 max-length requests at once.
+_HYBRID_CACHE = (
+    'vllm:cache_config_info{block_size="256",engine="0",num_gpu_blocks="32",'
+    'kv_cache_size_tokens="5461",kv_cache_max_concurrency="5.333333333333333"} 1.0'
+)
+
+
+def _hybrid_vllm() -> FakeVllm:
+    """The real 0.32 capture with the cache config of a hybrid pool, served at 1,024 tokens."""
+    lines = [
+        _HYBRID_CACHE if line.startswith("vllm:cache_config_info{") else line
+        for line in AFTER_LOAD.decode().splitlines()
+    ]
+    state = VllmState(model="tiny", root="/models/tiny", max_model_len=1024)
+    return FakeVllm(state=state, payload=("\n".join(lines) + "\n").encode(), listen=False)
+
+
+class LayoutPredictor(StubPredictor):
+    """Predicts the hybrid pool's layout; records the command-line flags it was given."""
+
+    def __init__(self, layout: PoolLayout | None) -> None:
+        super().__init__()
+        self.layout = layout
+        self.flags: list[LaunchFlags | None] = []
+
+    def predict(
+        self,
+        snapshot: VllmSnapshot,
+        info: TargetInfo,
+        gpus: Sequence[GpuMemoryView],
+        flags: LaunchFlags | None = None,
+    ) -> PredictionView:
+        self.flags.append(flags)
+        return PredictionView(state="ok", capacity_tokens=5461.0, layout=self.layout)
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["groups-known", "groups-unknown"])
+def test_the_predictions_kv_groups_count_a_hybrid_pools_sequences(known: bool) -> None:
+    """The prediction's groups reach the derivation: a hybrid's p95 ceiling in blocks, or absent.
+
+    A full-attention group of 256-token blocks and a state group of two: 3 blocks a sequence of
+    up to 256 tokens, 6 at 1,024 (vLLM's 32 / 5.33). The command line's flags reach the
+    predictor (its --max-num-batched-tokens sizes a window's blocks).
+    """
+    layout = PoolLayout(
+        groups=(GroupBlocks("full", None, 256), GroupBlocks("state", None, 256, max_blocks=2)),
+        max_model_len=1024,
+        max_len_blocks=6,
+    )
+    predictor = LayoutPredictor(layout if known else None)
+    launch = Launch(["vllm", "serve", "/models/tiny", "--max-num-batched-tokens", "128"])
+    poller = poll(_hybrid_vllm(), Clock(), times=2, predictor=predictor, launch=launch)
+    assert poller.view.derived is not None
+    (engine,) = poller.view.derived.engines
+    assert engine.context_p95_tokens is not None
+    if known:
+        per_sequence = layout.blocks_per_sequence(math.ceil(engine.context_p95_tokens))
+        assert engine.p95_kv_ceiling_sequences == 31 // per_sequence
+    else:
+        assert engine.p95_kv_ceiling_sequences is None
+    assert [f.max_num_batched_tokens for f in predictor.flags if f is not None][-1] == 128
 
 
 # --- max_num_seqs: learnt from the vLLM process, else the setting, else the default ----------

@@ -148,11 +148,18 @@ def test_gemma3_vlm_groups_and_concurrency() -> None:
 
 
 def test_mistral_sliding_window_bounds_sequence_blocks() -> None:
-    """Mistral 7B v0.1 windows every layer: a long sequence holds only about the window."""
+    """Mistral 7B v0.1 windows every layer: a long sequence takes what admission reserves.
+
+    vLLM 0.32 admits a request of T tokens with min(ceil(T / 16), cap) free blocks, the cap
+    being the window's blocks and the in-flight tokens' (max_admission_blocks_per_request:
+    out-of-window blocks are freed only as tokens are processed): 4,095 + 8,192 tokens.
+    """
     result = sized(arch("mistral-7b-v0.1"), replace(LLAMA, max_model_len=32768))
     assert result.attention_kind == "GQA (sliding window)"
     assert result.blocks_per_sequence(2000) == 125
-    assert result.blocks_per_sequence(30000) == 4095 // 16 + 1 + 1
+    assert result.max_num_batched_tokens == 8192
+    assert result.blocks_per_sequence(30000) == math.ceil((4095 + 8192) / 16) + 1
+    assert result.blocks_per_sequence(30000) == result.blocks_per_max_len_request
     assert result.sequences_at(30000) > result.usable_tokens // 30000
 
 
