@@ -258,7 +258,7 @@ def _valid(value: float) -> str | None:
 
 
 def _valid_count(value: float) -> str | None:
-    """Why a counter's value cannot be vLLM's, or None when it can.
+    """Why a counter's (or a count gauge's) value cannot be vLLM's, or None when it can.
 
     Past 2**53 no count is exact, and no vLLM's comes near (as for the histograms' counts):
     two readings of 1e308 a reset apart would add up to an infinite rate.
@@ -495,7 +495,7 @@ def _add_gauge(parts: _EngineParts, sample: TextSample, limits: CardinalityLimit
         return DropReason.UNEXPECTED_SERIES
     target = _GAUGES[sample.family]
     _once(parts, target, sample)
-    reason = _valid(sample.value)
+    reason = _valid_count(sample.value)  # requests running, waiting...: counts, as counters
     if reason is None:
         parts.sums[target] = sample.value
     return reason

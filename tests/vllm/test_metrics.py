@@ -375,6 +375,9 @@ def test_a_series_written_twice_is_refused_as_prometheus_refuses_it() -> None:
         # apart, would add up to an infinite rate
         ("vllm:num_preemptions_total", "1.7e308", "out_of_range"),
         ("vllm:num_preemptions_total", "9007199254740994", "out_of_range"),
+        # requests running or waiting are counts too: past 2**53 none is exact
+        ("vllm:num_requests_running", "1e16", "out_of_range"),
+        ("vllm:num_requests_waiting", "1e308", "out_of_range"),
     ],
 )
 def test_an_impossible_value_leaves_its_figure_absent_and_is_counted(
