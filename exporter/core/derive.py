@@ -715,8 +715,13 @@ def max_len_blocks_per_request(
     """
     if blocks is None or not concurrency or block_size is None or concurrency <= 0:
         return None  # before 0.24 no label says more: the token arithmetic as before
-    per_request = round(blocks / concurrency)
-    if per_request < 1 or per_request == math.ceil(max_model_len / block_size):
+    # A request takes at least one block, so the concurrency is at most the blocks; labels
+    # that say otherwise (5e-324 gives an infinite ratio) are no vLLM's: the token arithmetic.
+    ratio = _known(blocks / concurrency)
+    if ratio is None or ratio < 1.0:
+        return None
+    per_request = round(ratio)
+    if per_request == math.ceil(max_model_len / block_size):
         return None
     return float(per_request)
 
@@ -761,7 +766,10 @@ def _kv_state(
             concurrency = config.kv_cache_max_concurrency
             length = max_model_len
             if length is None and concurrency:
-                length = math.ceil(capacity / concurrency - 1e-9)  # int(concurrency x length)
+                # int(concurrency x length) = capacity; past 2**53 (a concurrency of 5e-324) the
+                # labels are no vLLM's and no length is read from them.
+                ratio = _known(capacity / concurrency)
+                length = math.ceil(ratio - 1e-9) if ratio is not None else None
             if length is not None:
                 max_len_blocks = max_len_blocks_per_request(blocks, concurrency, block_size, length)
                 max_model_len = length

@@ -290,3 +290,29 @@ def test_groups_that_disagree_with_vllms_figures_are_not_used(case: str) -> None
     assert layout.max_len_blocks != max_len_blocks(case)
     figures = derived(case, context=128, used_blocks=1, layout=layout)
     assert figures.p95_kv_ceiling_sequences is None
+
+
+@pytest.mark.parametrize("max_model_len", [None, MAX_MODEL_LEN])
+@pytest.mark.parametrize("blocks", ["32", "9007199254740992"])
+@pytest.mark.parametrize("concurrency", ["5e-324", "1e-320", "1e-300", "1e-7", "64", "33"])
+def test_a_concurrency_no_vllm_gives_is_never_an_error(
+    concurrency: str, blocks: str, max_model_len: int | None
+) -> None:
+    """A concurrency no vLLM gives (over the blocks, or 5e-324) is never an error.
+
+    A request takes at least a block, so vLLM's concurrency is at most its blocks; 5e-324 made
+    an infinite ratio (an OverflowError every poll). The figures that rest on it are not made.
+    """
+    body = (
+        f'block_size="128",engine="0",num_gpu_blocks="{blocks}",kv_cache_size_tokens="5461",'
+        f'kv_cache_max_concurrency="{concurrency}"'
+    )
+    text = f'vllm:cache_config_info{{{body}}} 1.0\nvllm:kv_cache_usage_perc{{engine="0"}} 0.5\n'
+    snapshot = parse_vllm_metrics(text)
+    target = derive_target(
+        [next_sample(None, 0.0, snapshot)], windows=WindowSettings(), max_model_len=max_model_len
+    )
+    (engine,) = target.engines
+    assert engine.kv_capacity_tokens == 5461
+    assert engine.kv_used_tokens is not None
+    assert math.isfinite(engine.kv_used_tokens)
