@@ -821,8 +821,11 @@ def _pool_sequences(kv: _KvState, tokens: float, context: float) -> float | None
     if kv.max_model_len is None or kv.per_block is None:
         return None
     if kv.layout is not None:
+        per_sequence = kv.layout.blocks_per_sequence(math.ceil(context))
+        if per_sequence < 1 or kv.per_block <= 0:
+            return None  # a layout of no blocks: no sizing model makes one
         held = round(max(tokens, 0.0) / kv.per_block)  # whole blocks, by construction
-        return float(held // kv.layout.blocks_per_sequence(math.ceil(context)))
+        return float(held // per_sequence)
     if math.ceil(context / size) < math.ceil(kv.max_model_len / size):
         return None
     held = round(max(tokens, 0.0) / kv.per_block)  # whole blocks, by construction

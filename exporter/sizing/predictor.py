@@ -18,8 +18,10 @@ parallel config).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.exact import MAX_EXACT_WHOLE
 from exporter.core.reasons import ModelReason, PredictionState
 from exporter.core.views import PredictionView
 from exporter.errors import (
@@ -100,12 +102,14 @@ def _comparable_capacity(
         return predicted
     if cache.kv_cache_max_concurrency is None or cache.kv_cache_max_concurrency <= 0:
         return predicted
-    # Per engine: vLLM's blocks per max-length request is blocks / concurrency (exact).
-    live_per_request = round(
-        cache.num_gpu_blocks / max(1, engines) / cache.kv_cache_max_concurrency
-    )
-    if live_per_request < 1:
+    # Per engine: vLLM's blocks per max-length request is blocks / concurrency (exact). A
+    # request takes at least a block, so a ratio under 1 (a concurrency over the blocks) or
+    # past 2**53 (5e-324 made it infinite: an OverflowError every poll) is no vLLM's; its
+    # labels are not read, as max_len_blocks_per_request does not read them.
+    ratio = cache.num_gpu_blocks / max(1, engines) / cache.kv_cache_max_concurrency
+    if not (math.isfinite(ratio) and 1.0 <= ratio <= MAX_EXACT_WHOLE):
         return predicted
+    live_per_request = round(ratio)
     return int(outcome.kv_blocks / live_per_request * outcome.max_model_len)
 
 
@@ -113,6 +117,8 @@ def _sized_facts(cache: CacheConfig | None) -> tuple[object, ...] | None:
     """What the prediction reads of a cache config: a few values, not its labels.
 
     They are kept with the last prediction: a target's whole ``cache_config_info`` never is.
+    Whether vLLM states ``kv_cache_size_tokens`` is one (:func:`_comparable_capacity` puts a
+    windowed model's prediction in its block's tokens only then): else a stale answer stands.
     """
     if cache is None:
         return None
@@ -124,6 +130,7 @@ def _sized_facts(cache: CacheConfig | None) -> tuple[object, ...] | None:
         tuple(sorted(_state_settings(cache).items())),
         cache.num_gpu_blocks,
         cache.kv_cache_max_concurrency,
+        cache.kv_cache_size_tokens is None,
     )
 
 
