@@ -85,6 +85,10 @@ HYBRID_ALLOCATOR_SINCE = VllmVersion(0, 10, 0)
 #: The release whose state-layer arithmetic (state pages, raised block size, align-mode blocks)
 #: the hybrid sizing follows, read from its source; older releases are declined.
 STATE_ARITHMETIC_OF = VllmVersion(0, 32, 0)
+#: From this release (the source read) a window's admission cap counts every batch in flight,
+#: ``max_concurrent_batches x max_num_batched_tokens`` (``VllmConfig.max_in_flight_tokens``);
+#: earlier releases are modelled with one batch, as their recordings agree.
+IN_FLIGHT_BATCHES_SINCE = VllmVersion(0, 32, 0)
 
 _FP8_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
 
@@ -748,6 +752,21 @@ def kv_cache_groups(
     for kind, layers in counts.items():
         groups.extend(group(kind, group_size) for _ in range(math.ceil(layers / group_size)))
     return tuple(groups), group_size
+
+
+def in_flight_tokens(deployment: Deployment, batched: int) -> int:
+    """Tokens scheduled but not yet settled, which a window's admission cap reserves beyond it.
+
+    vLLM 0.32's ``max_in_flight_tokens``: every concurrent batch may hold ``batched`` tokens.
+    Async scheduling, on by default except on the CPU backend (``platforms/cpu.py`` turns it
+    off), keeps one batch more in flight than the pipeline has stages (the V2 model runner,
+    CUDA's default: ``max_concurrent_batches`` in vllm/config/vllm.py); without it, one a stage.
+    """
+    if deployment.vllm_version < IN_FLIGHT_BATCHES_SINCE:
+        return batched
+    stages = deployment.pipeline_parallel
+    batches = stages if deployment.device == "cpu" else stages + 1
+    return batches * batched
 
 
 def _admission_blocks(
@@ -1610,7 +1629,7 @@ def size_deployment(arch: ModelArch, *, deployment: Deployment) -> SizingResult 
         layer_bytes=layer_bytes,
         block_size=block_size,
         max_model_len=max_model_len,
-        batched=batched,
+        batched=in_flight_tokens(deployment, batched),
     )
     if isinstance(layout, Declined):
         return layout

@@ -17,6 +17,7 @@ from exporter.sizing.model import (
     MlaDims,
     ModelArch,
     SizingResult,
+    in_flight_tokens,
     kv_bytes_per_element,
     kv_heads_per_gpu,
     pipeline_partition,
@@ -152,15 +153,42 @@ def test_mistral_sliding_window_bounds_sequence_blocks() -> None:
 
     vLLM 0.32 admits a request of T tokens with min(ceil(T / 16), cap) free blocks, the cap
     being the window's blocks and the in-flight tokens' (max_admission_blocks_per_request:
-    out-of-window blocks are freed only as tokens are processed): 4,095 + 8,192 tokens.
+    out-of-window blocks are freed only as tokens are processed): 4,095 + 2 x 8,192 tokens on a
+    GPU, where async scheduling keeps two batches in flight.
     """
     result = sized(arch("mistral-7b-v0.1"), replace(LLAMA, max_model_len=32768))
     assert result.attention_kind == "GQA (sliding window)"
     assert result.blocks_per_sequence(2000) == 125
     assert result.max_num_batched_tokens == 8192
-    assert result.blocks_per_sequence(30000) == math.ceil((4095 + 8192) / 16) + 1
+    assert result.blocks_per_sequence(30000) == math.ceil((4095 + 2 * 8192) / 16) + 1
     assert result.blocks_per_sequence(30000) == result.blocks_per_max_len_request
     assert result.sequences_at(30000) > result.usable_tokens // 30000
+
+
+@pytest.mark.parametrize(
+    ("device", "pipeline", "version", "batches"),
+    [
+        # async scheduling, on by default on GPUs: one batch more than the stages
+        ("cuda", 1, VllmVersion(0, 32, 0), 2),
+        ("cuda", 4, VllmVersion(0, 32, 0), 5),
+        # the CPU backend turns async scheduling off: one batch a stage
+        ("cpu", 1, VllmVersion(0, 32, 0), 1),
+        ("cpu", 2, VllmVersion(0, 32, 0), 2),
+        # before 0.32 (not read): one batch, as the recordings of older releases agree
+        ("cuda", 1, VllmVersion(0, 19, 0), 1),
+    ],
+)
+def test_a_windows_admission_counts_every_batch_in_flight(
+    device: str, pipeline: int, version: VllmVersion, batches: int
+) -> None:
+    """vLLM 0.32's max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens."""
+    deployment = replace(
+        LLAMA,
+        device=device,  # type: ignore[arg-type]
+        pipeline_parallel=pipeline,
+        vllm_version=version,
+    )
+    assert in_flight_tokens(deployment, 8192) == batches * 8192
 
 
 def test_kv_heads_replicated_beyond_tp() -> None:
