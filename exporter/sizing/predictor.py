@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
+    from exporter.core.pool import PoolLayout
     from exporter.core.snapshot import CacheConfig, VllmSnapshot
     from exporter.core.views import GpuMemoryView, TargetInfo
     from exporter.vllm.launch import LaunchFlags
@@ -111,6 +112,31 @@ def _comparable_capacity(
         return predicted
     live_per_request = round(ratio)
     return int(outcome.kv_blocks / live_per_request * outcome.max_model_len)
+
+
+#: The GPU memory, and the KV budget within it, that a sizing for the KV-cache groups alone
+#: assumes: a sequence's blocks per group depend on the model, the block size, the length and
+#: the batch budget, never on the memory.
+_LAYOUT_ONLY_BYTES = 1 << 40
+
+
+def _layout_only(arch: ModelArch, deployment: Deployment) -> PoolLayout | None:
+    """The KV-cache groups of ``deployment`` where no GPU memory is known (fleet mode).
+
+    The capacity cannot be predicted there, but the groups still say how many sequences of a
+    given length a live pool holds (the derivation uses them only where they agree with vLLM's
+    own figures): sized with a KV budget stated, for the groups only.
+    """
+    probe = dataclasses.replace(
+        deployment,
+        gpu_memory_bytes=_LAYOUT_ONLY_BYTES,
+        kv_cache_memory_bytes=_LAYOUT_ONLY_BYTES // 2,
+    )
+    try:
+        outcome = size_deployment(arch, deployment=probe)
+    except UsageError:
+        return None
+    return None if isinstance(outcome, Declined) else outcome.pool_layout
 
 
 def _sized_facts(cache: CacheConfig | None) -> tuple[object, ...] | None:
@@ -331,12 +357,6 @@ class ModelPredictor:
         scheduler: tuple[int | None, int | None] = (None, None),
     ) -> PredictionView:
         exact = cache.kv_cache_memory_bytes if cache else None
-        if memory is None and exact is None:
-            return PredictionView(
-                state=PredictionState.NO_GPU_MEMORY,
-                message="NVML reports no GPU memory: set gpu_memory_bytes (fleet mode needs it)",
-                info=self._info(arch, info, cache, None),
-            )
         tp = self._tp or (max(1, len(gpus) // self._pp) if gpus else 1)
         try:
             version = parse_vllm_version(info.vllm_version) if info.vllm_version else LATEST_KNOWN
@@ -360,6 +380,13 @@ class ModelPredictor:
             vllm_version=version,
             **_state_settings(cache),
         )
+        if memory is None and exact is None:
+            return PredictionView(
+                state=PredictionState.NO_GPU_MEMORY,
+                message="NVML reports no GPU memory: set gpu_memory_bytes (fleet mode needs it)",
+                info=self._info(arch, info, cache, None),
+                layout=_layout_only(arch, deployment),
+            )
         try:
             outcome = size_deployment(arch, deployment=deployment)
         except UsageError as exc:
@@ -382,6 +409,7 @@ class ModelPredictor:
                 bytes_per_token=outcome.bytes_per_token,
                 weights_bytes=outcome.weights_bytes,
                 overhead_bytes=outcome.overhead.total_bytes,
+                layout=outcome.pool_layout,  # vLLM runs: its groups are the model's still
                 info=labels,
             )
         unsized = [] if exact is not None else list(claimants)

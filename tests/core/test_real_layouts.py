@@ -316,3 +316,30 @@ def test_a_concurrency_no_vllm_gives_is_never_an_error(
     assert engine.kv_capacity_tokens == 5461
     assert engine.kv_used_tokens is not None
     assert math.isfinite(engine.kv_used_tokens)
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - LINEAR))
+def test_without_gpu_memory_the_groups_still_count_the_sequences(case: str) -> None:
+    """Fleet mode without gpu_memory_bytes: no capacity is predicted, the groups still are.
+
+    A sequence's blocks per group depend on the model, the block size, the length and the batch
+    budget, not on the memory; the live pool's ceilings at short contexts need only them.
+    """
+    predictor = ModelPredictor(model_roots=(SURVEY,))
+    info = TargetInfo(case, str(SURVEY / case), MAX_MODEL_LEN, "0.32.0")
+    assert predictor.load(info) is None
+    unsized = {k: v for k, v in labels(case).items() if k != "kv_cache_memory_bytes"}
+    body = ",".join(f'{key}="{value}"' for key, value in sorted(unsized.items()))
+    snapshot = parse_vllm_metrics(f"vllm:cache_config_info{{{body}}} 1.0\n".encode())
+    argv = json.loads((SURVEY / case / "vllm-args.json").read_text())
+    found = predictor.predict(snapshot, info, (), parse_launch_flags(argv))
+    assert found.state == "no_gpu_memory"
+    assert found.capacity_tokens is None
+    assert found.layout is not None
+    agrees = found.layout.agrees(max_model_len=MAX_MODEL_LEN, max_len_blocks=max_len_blocks(case))
+    # Without the memory's source nothing says these ran on a CPU: a GPU's two batches in flight
+    # are assumed. Where the window's cap counts them (the 128-token budgets; the default's is
+    # max_model_len), the caps differ from vLLM's and those groups are not used.
+    assert agrees == (case not in SMALL_BATCH)
+    figures = derived(case, context=128, used_blocks=1, layout=found.layout)
+    assert (figures.p95_kv_ceiling_sequences is not None) == agrees
