@@ -347,17 +347,39 @@ class TargetPoller:
             version = None
         else:
             self._record("vllm_version", started, None)
+        served_before = self._info.model_id
         self._info = TargetInfo(
             model_id=models.model_id if models else self._info.model_id,
             model_root=models.root if models else self._info.model_root,
             max_model_len=models.max_model_len if models else self._info.max_model_len,
             vllm_version=version or self._info.vllm_version,
         )
+        if served_before is not None and self._info.model_id not in (None, served_before):
+            self._forget_traffic(served_before)
         await self._read_launch()
         # Retry discovery on the next poll while a part of it is missing.
         self._needs_discovery = models is None or version is None
         if models is not None:
             await self._load_model()
+
+    def _forget_traffic(self, served_before: str) -> None:
+        """Another model answers here now: the window's traffic was the other model's.
+
+        Its requests' context lengths and rates say nothing of this model's (an hour of them
+        would otherwise set the p95 that the headroom is counted in): the window starts again
+        from the latest sample, and the previous poll's context figures do not stand.
+        """
+        latest = self._window.latest
+        self._window.clear()
+        if latest is not None:
+            self._add(latest)
+        self._previous = None
+        log.info(
+            "target_model_changed",
+            target=self.target,
+            model=self._info.model_id,
+            previous_model=served_before,
+        )
 
     async def _read_launch(self) -> None:
         """Re-read the vLLM server's command line (it may have restarted with other flags)."""

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import math
 import tracemalloc
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -27,7 +27,7 @@ from exporter.vllm.metrics import parse_vllm_metrics
 from tests import paths
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, MutableMapping, Sequence
 
     from exporter.core.snapshot import VllmSnapshot
     from exporter.core.views import GpuMemoryView
@@ -172,6 +172,42 @@ def test_a_restart_is_counted_and_triggers_rediscovery() -> None:
     poller = asyncio.run(go())
     assert poller.view.restarts_total == 1
     assert fake.counts.requests["/v1/models"] == 2
+
+
+@pytest.mark.parametrize("model", ["tiny", "other"], ids=["same-model", "another-model"])
+def test_a_restart_as_another_model_starts_the_window_again(model: str) -> None:
+    """Another model after a restart: the window's traffic was the other model's, forgotten.
+
+    The p95 context the headroom is counted in would otherwise be the previous model's for up
+    to an hour. A restart as the same model keeps the window (the same application's traffic).
+    """
+    fake = FakeVllm(
+        state=VllmState(model="tiny", root="/models/tiny", max_model_len=512), listen=False
+    )
+    clock = Clock()
+
+    async def go() -> tuple[TargetPoller, list[MutableMapping[str, Any]]]:
+        async with httpx.AsyncClient(transport=fake.transport()) as http:
+            client = VllmClient("http://v:1", client=http, timeout_seconds=1, max_bytes=1 << 20)
+            poller = TargetPoller(
+                "http://v:1", client=client, parse=parse_vllm_metrics, clock=clock
+            )
+            for _ in range(4):
+                await poller.poll_once()
+                clock.now += 5
+            fake.restart(model=model)
+            with capture_logs() as logs:
+                await poller.poll_once()
+            return poller, logs
+
+    poller, logs = asyncio.run(go())
+    changed = [e for e in logs if e["event"] == "target_model_changed"]
+    if model == "other":
+        assert poller.view.window_samples == 1
+        assert [(e["model"], e["previous_model"]) for e in changed] == [("other", "tiny")]
+    else:
+        assert poller.view.window_samples == 5
+        assert changed == []
 
 
 def test_recovery_after_an_outage_rereads_the_target_facts() -> None:
