@@ -26,8 +26,10 @@ Definitions (documented for users in ``docs/metrics.md``):
   When no request finished within the window, the figures fall back to everything vLLM has
   finished since it started; with nothing finished at all they are absent.
 - **Sequences at context T** need ``ceil(T / block_size)`` blocks each where the pool is one
-  full-attention group; on other layouts only a max-length one's blocks are known
-  (:func:`max_len_blocks_per_request`), and the figures below it are absent. The *ceiling* is the
+  full-attention group; on other layouts what the model's KV-cache groups take
+  (:mod:`exporter.core.pool`) where they agree with vLLM's figures, else only a max-length
+  one's blocks are known (:func:`max_len_blocks_per_request`), and the figures below that
+  length are absent. The *ceiling* is the
   smallest of every limit of vLLM's scheduler (:mod:`exporter.core.ceiling`): how many fit in
   the usable tokens, ``max_num_seqs``, 0 while the engine sleeps; the *available* figure (the
   headroom) how many more vLLM would start now under the same limits, both in whole sequences.
@@ -778,8 +780,8 @@ def _kv_state(
                     and pool_layout is not None
                     and pool_layout.agrees(max_model_len=length, max_len_blocks=max_len_blocks)
                 ):
-                    # The config's groups take, at max_model_len, exactly the blocks vLLM says
-                    # such a request takes: trusted for shorter requests too.
+                    # The config's groups reserve for a max-length request exactly what vLLM
+                    # says such a request takes: trusted for shorter requests too.
                     layout = pool_layout
     else:
         # No capacity from vLLM (e.g. V1 0.8.x labels num_gpu_blocks "None"): the prediction
