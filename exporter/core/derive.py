@@ -60,6 +60,7 @@ from exporter.core.ceiling import (
 )
 from exporter.core.context import IntervalCounts, estimate_context_quantiles
 from exporter.core.exact import MAX_EXACT_WHOLE
+from exporter.core.pool import PoolLayout, labelled_max_len_blocks
 from exporter.core.reasons import Limit
 from exporter.core.windows import (
     BucketCounts,
@@ -72,7 +73,6 @@ from exporter.core.windows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from exporter.core.pool import PoolLayout
     from exporter.core.snapshot import EngineMetrics, Histogram, VllmSnapshot
 
 
@@ -715,15 +715,11 @@ def max_len_blocks_per_request(
     padded blocks, state-space groups: tests/fixtures/vllm-cpu/architectures) the sum is
     returned: what a shorter request takes depends on groups no label describes.
     """
-    if blocks is None or not concurrency or block_size is None or concurrency <= 0:
+    if blocks is None or not concurrency or block_size is None:
         return None  # before 0.24 no label says more: the token arithmetic as before
-    # A request takes at least one block, so the concurrency is at most the blocks; labels
-    # that say otherwise (5e-324 gives an infinite ratio) are no vLLM's: the token arithmetic.
-    ratio = _known(blocks / concurrency)
-    if ratio is None or ratio < 1.0:
-        return None
-    per_request = round(ratio)
-    if per_request == math.ceil(max_model_len / block_size):
+    # Labels no vLLM gives (a concurrency over the blocks, or 5e-324): the token arithmetic.
+    per_request = labelled_max_len_blocks(blocks, concurrency)
+    if per_request is None or per_request == math.ceil(max_model_len / block_size):
         return None
     return float(per_request)
 

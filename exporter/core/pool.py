@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["GroupBlocks", "GroupKind", "PoolLayout"]
+from exporter.core.exact import MAX_EXACT_WHOLE
+
+__all__ = ["GroupBlocks", "GroupKind", "PoolLayout", "labelled_max_len_blocks"]
 
 #: A KV-cache group's kind: an attention kind, or ``state`` (Mamba / linear-attention layers).
 GroupKind = Literal["full", "sliding", "chunked", "state"]
@@ -76,3 +78,19 @@ class PoolLayout:
         """Blocks one sequence of ``context_tokens`` (at least 1) holds, over all groups."""
         tokens = max(1, context_tokens) + self.lookahead_tokens
         return sum(group.blocks_for(tokens) for group in self.groups)
+
+
+def labelled_max_len_blocks(blocks: float, concurrency: float) -> int | None:
+    """Blocks one ``max_model_len`` request takes by a live pool's labels, or None.
+
+    vLLM states ``kv_cache_max_concurrency = num_gpu_blocks / (blocks one max-length request
+    takes, summed over the groups)``, so the ratio is that sum. A request takes at least a
+    block, so a ratio under 1 (a concurrency over the blocks), not finite or past 2**53
+    (``5e-324`` makes it infinite) is no vLLM's: None.
+    """
+    if concurrency <= 0:
+        return None
+    ratio = blocks / concurrency
+    if not (math.isfinite(ratio) and 1.0 <= ratio <= MAX_EXACT_WHOLE):
+        return None
+    return round(ratio)

@@ -18,10 +18,9 @@ parallel config).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
-from exporter.core.exact import MAX_EXACT_WHOLE
+from exporter.core.pool import PoolLayout, labelled_max_len_blocks
 from exporter.core.reasons import ModelReason, PredictionState
 from exporter.core.views import PredictionView
 from exporter.errors import (
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from exporter.core.pool import PoolLayout
     from exporter.core.snapshot import CacheConfig, VllmSnapshot
     from exporter.core.views import GpuMemoryView, TargetInfo
     from exporter.vllm.launch import LaunchFlags
@@ -103,14 +101,12 @@ def _comparable_capacity(
         return predicted
     if cache.kv_cache_max_concurrency is None or cache.kv_cache_max_concurrency <= 0:
         return predicted
-    # Per engine: vLLM's blocks per max-length request is blocks / concurrency (exact). A
-    # request takes at least a block, so a ratio under 1 (a concurrency over the blocks) or
-    # past 2**53 (5e-324 made it infinite: an OverflowError every poll) is no vLLM's; its
-    # labels are not read, as max_len_blocks_per_request does not read them.
-    ratio = cache.num_gpu_blocks / max(1, engines) / cache.kv_cache_max_concurrency
-    if not (math.isfinite(ratio) and 1.0 <= ratio <= MAX_EXACT_WHOLE):
+    # Per engine, by the labels (none where they are no vLLM's: 5e-324 made an infinite ratio).
+    live_per_request = labelled_max_len_blocks(
+        cache.num_gpu_blocks / max(1, engines), cache.kv_cache_max_concurrency
+    )
+    if live_per_request is None:
         return predicted
-    live_per_request = round(ratio)
     return int(outcome.kv_blocks / live_per_request * outcome.max_model_len)
 
 
